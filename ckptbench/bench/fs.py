@@ -1,0 +1,177 @@
+"""The filesystem benchmark: a (threads x block size) sweep of durable writes and cold reads.
+
+Order of one run: allocate and fill the source buffer once (outside every timed region); for each
+configuration, ``warmup + repeat`` times: write all files (timed: open, pwrite, per-file fdatasync,
+close, directory fsync), read them back cold (timed; O_DIRECT, or fadvise DONTNEED after
+fdatasync), delete them (untimed). Warm-up runs are discarded. The first read is checked against
+the source bytes, so a number never comes from a broken read.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ckptbench import knobs, native
+from ckptbench.bench.environment import collect_environment
+from ckptbench.bench.progress import Progress
+from ckptbench.bench.records import ConfigResult, FsBenchReport, MetadataResult, PhaseResult
+from ckptbench.config import FsBenchSpec
+from ckptbench.errors import StorageIOError
+from ckptbench.storage.local import LocalDirectory
+from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
+
+_SOURCE_SEED = 0x636B7074
+
+
+def required_bytes(spec: FsBenchSpec) -> int:
+    """Free space a run needs: its files at once, a margin, and the metadata files."""
+    metadata = knobs.METADATA_FILES * max(knobs.METADATA_FILE_BYTES, 4096) if spec.metadata else 0
+    return int(spec.size_bytes * (1 + knobs.FREE_SPACE_MARGIN)) + metadata
+
+
+def _jobs(buffer: native.AlignedBuffer, paths: list[Path], sizes: list[int]) -> list[tuple[memoryview, str, int]]:
+    """Each file is written from (or read into) the buffer, in buffer-sized pieces."""
+    view = memoryview(buffer)
+    jobs = []
+    for path, size in zip(paths, sizes, strict=True):
+        for offset in range(0, size, len(view)):
+            jobs.append((view[: min(len(view), size - offset)], str(path), offset))
+    return jobs
+
+
+def _phase(op: str, results: list[native.IoResult]) -> PhaseResult:
+    first = results[0]
+    spans = tuple(
+        tuple(((t.start_ns - r.start_ns) / 1e9, (t.end_ns - r.start_ns) / 1e9, t.bytes) for t in r.threads)
+        for r in results
+    )
+    return PhaseResult(
+        op=op,
+        bytes_per_run=first.bytes,
+        runs_s=tuple(r.seconds for r in results),
+        latencies_ns=np.concatenate([np.asarray(r.latencies_ns) for r in results]),
+        thread_spans=spans,
+        direct_used=first.direct_used,
+        sync=first.sync,
+        fallback_reason=first.fallback_reason,
+    )
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def run_fs_bench(
+    spec: FsBenchSpec,
+    target: LocalDirectory,
+    *,
+    progress: Progress | None = None,
+    memcpy_bps: float | None = None,
+) -> FsBenchReport:
+    """Run ``spec`` inside a scratch directory of ``target`` and return the report.
+
+    Raises InsufficientSpaceError before writing anything when the target lacks space, and
+    StorageIOError when read-back data does not match what was written.
+    """
+    progress = progress or Progress()
+    target.require_free(required_bytes(spec))
+    if memcpy_bps is None:
+        memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)
+        log.info("memcpy bandwidth %.2f GB/s", memcpy_bps / 1e9)
+
+    sizes = spec.file_sizes()
+    align = knobs.ALIGNMENT_BYTES
+    buffer_bytes = -(-min(max(sizes), knobs.BENCH_BUFFER_MAX_BYTES) // align) * align
+    log.info("source buffer %s (allocated and filled before timing)", format_size(buffer_bytes))
+    source = native.AlignedBuffer(buffer_bytes)
+    native.fill_random(source, _SOURCE_SEED)
+    sink = native.AlignedBuffer(buffer_bytes) if spec.read else None
+
+    runs = spec.warmup + spec.repeat
+    progress.begin(len(spec.grid()) * runs * spec.size_bytes * (2 if spec.read else 1))
+    results: list[ConfigResult] = []
+    metadata: list[MetadataResult] = []
+    verified = False
+    with target.scratch() as scratch:
+        paths = [scratch / f"shard-{i:05d}.bin" for i in range(len(sizes))]
+        write_jobs = _jobs(source, paths, sizes)
+        read_jobs = _jobs(sink, paths, sizes) if sink is not None else []
+        sync = "fdatasync" if spec.fsync else "none"
+        for threads, block_size in spec.grid():
+            writes: list[native.IoResult] = []
+            reads: list[native.IoResult] = []
+            for run in range(runs):
+                label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
+                name = f"{threads} thr x {format_size(block_size)}"
+                progress.phase(f"{name}: write {label}")
+                w = native.run_interruptible(
+                    native.write, write_jobs, threads=threads, block_size=block_size, direct=spec.direct,
+                    sync=sync, sync_dir=spec.fsync, on_progress=progress.advance,
+                )
+                progress.end_step(w.bytes)
+                if sink is not None:
+                    check = not verified
+                    if check:
+                        native.fill_random(sink, _SOURCE_SEED + 1)
+                    progress.phase(f"{name}: read {label}")
+                    r = native.run_interruptible(
+                        native.read, read_jobs, threads=threads, block_size=block_size, direct=spec.direct,
+                        drop_cache=True, on_progress=progress.advance,
+                    )
+                    progress.end_step(r.bytes)
+                    if check:
+                        covered = min(len(source), max(sizes))
+                        if memoryview(sink)[:covered] != memoryview(source)[:covered]:
+                            raise StorageIOError(f"data read back from {scratch} differs from what was written")
+                        verified = True
+                    if run >= spec.warmup:
+                        reads.append(r)
+                if run >= spec.warmup:
+                    writes.append(w)
+                _remove(paths)
+            results.append(ConfigResult(threads, block_size, _phase("write", writes),
+                                        _phase("read", reads) if reads else None))
+        if spec.metadata:
+            metadata = _metadata(spec, scratch, progress)
+    return FsBenchReport(
+        target=str(target),
+        spec=spec,
+        memcpy_bps=memcpy_bps,
+        results=tuple(results),
+        metadata=tuple(metadata),
+        environment=collect_environment(target.path),
+        data_verified=verified,
+    )
+
+
+def _metadata(spec: FsBenchSpec, scratch: Path, progress: Progress) -> list[MetadataResult]:
+    """Small-file create+write+fsync+close rate, once per distinct thread count."""
+    out = []
+    sync = "fsync" if spec.fsync else "none"
+    for threads in sorted(set(spec.threads)):
+        runs: list[native.IoResult] = []
+        for run in range(spec.repeat):
+            progress.phase(f"metadata: {knobs.METADATA_FILES} files, {threads} thr, run {run + 1}/{spec.repeat}")
+            directory = scratch / f"metadata-{threads}-{run}"
+            directory.mkdir()
+            runs.append(native.run_interruptible(
+                native.metadata_bench, str(directory), knobs.METADATA_FILES, knobs.METADATA_FILE_BYTES,
+                threads=threads, sync=sync,
+            ))
+            shutil.rmtree(directory, ignore_errors=True)
+        out.append(MetadataResult(
+            threads=threads,
+            files=knobs.METADATA_FILES,
+            file_size_bytes=knobs.METADATA_FILE_BYTES,
+            sync=sync,
+            runs_s=tuple(r.seconds for r in runs),
+            latencies_ns=np.concatenate([np.asarray(r.latencies_ns) for r in runs]),
+        ))
+    return out

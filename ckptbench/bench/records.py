@@ -1,0 +1,223 @@
+"""The result schema: frozen records of what was measured, their checks, and their JSON form.
+
+A JSON document has ``schema``, ``tool``, ``created``, ``target``, ``spec``, ``units``,
+``environment``, ``memcpy_gbps``, ``results`` (one record per configuration, raw samples kept),
+``best`` (index into results), ``metadata`` and ``warnings`` (each with a remedy).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ckptbench import __version__, knobs
+from ckptbench.bench.stats import latency_percentiles_ms, relative_spread, summarize
+from ckptbench.units import format_rate, format_size
+
+SCHEMA = "ckptbench.bench.fs/1"
+
+UNITS = {
+    "gbps": "1e9 bytes per second",
+    "_bytes": "bytes",
+    "_s": "seconds",
+    "latency_ms": "milliseconds",
+    "ops_per_s": "operations per second",
+    "block_size": "bytes",
+}
+
+#: Repeats whose (max - min) / median exceeds this are called noisy.
+NOISY_SPREAD = 0.3
+
+
+@dataclass(frozen=True)
+class BenchWarning:
+    code: str
+    message: str
+    remedy: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message, "remedy": self.remedy}
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """Repeated runs of one direction (write or read) for one configuration."""
+
+    op: str
+    bytes_per_run: int
+    runs_s: tuple[float, ...]
+    latencies_ns: np.ndarray = field(repr=False, compare=False)
+    thread_spans: tuple[tuple[tuple[float, float, int], ...], ...]  # per run: (start_s, end_s, bytes) per thread
+    direct_used: bool
+    sync: str
+    fallback_reason: str
+
+    @property
+    def runs_gbps(self) -> list[float]:
+        return [self.bytes_per_run / s / 1e9 for s in self.runs_s]
+
+    @property
+    def gbps(self) -> float:
+        return summarize(self.runs_gbps)["median"]
+
+    def is_cached(self, memcpy_bps: float) -> bool:
+        return self.gbps * 1e9 > knobs.CACHED_FRACTION_OF_MEMCPY * memcpy_bps
+
+    def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
+        return {
+            "gbps": self.gbps,
+            "runs_gbps": self.runs_gbps,
+            "summary_gbps": summarize(self.runs_gbps),
+            "runs_s": list(self.runs_s),
+            "bytes_per_run": self.bytes_per_run,
+            "latency_ms": latency_percentiles_ms(self.latencies_ns),
+            "threads_per_run": [
+                [{"start_s": a, "end_s": b, "bytes": n} for a, b, n in run] for run in self.thread_spans
+            ],
+            "direct": self.direct_used,
+            "sync": self.sync,
+            "cached": self.is_cached(memcpy_bps),
+        }
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    threads: int
+    block_size: int
+    write: PhaseResult
+    read: PhaseResult | None
+
+    def label(self) -> str:
+        return f"{self.threads} thr x {format_size(self.block_size)}"
+
+    def to_dict(self, spec_dict: dict[str, Any], memcpy_bps: float) -> dict[str, Any]:
+        config = {
+            "threads": self.threads,
+            "block_size": self.block_size,
+            "size_bytes": spec_dict["size_bytes"],
+            "files": spec_dict["files"],
+            "file_size_bytes": spec_dict["file_size_bytes"],
+            "direct_requested": spec_dict["direct"],
+            "direct": self.write.direct_used,
+            "fsync": self.write.sync != "none",
+            "sync": self.write.sync,
+            "direct_fallback_reason": self.write.fallback_reason or None,
+        }
+        return {
+            "config": config,
+            "write": self.write.to_dict(memcpy_bps),
+            "read": self.read.to_dict(memcpy_bps) if self.read else None,
+        }
+
+
+@dataclass(frozen=True)
+class MetadataResult:
+    threads: int
+    files: int
+    file_size_bytes: int
+    sync: str
+    runs_s: tuple[float, ...]
+    latencies_ns: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def runs_ops_per_s(self) -> list[float]:
+        return [self.files / s for s in self.runs_s]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threads": self.threads,
+            "files": self.files,
+            "file_size_bytes": self.file_size_bytes,
+            "sync": self.sync,
+            "ops_per_s": summarize(self.runs_ops_per_s)["median"],
+            "runs_ops_per_s": self.runs_ops_per_s,
+            "summary_ops_per_s": summarize(self.runs_ops_per_s),
+            "latency_ms": latency_percentiles_ms(self.latencies_ns),
+        }
+
+
+@dataclass(frozen=True)
+class FsBenchReport:
+    target: str
+    spec: Any  # config.FsBenchSpec (kept loose to avoid a cycle in type-only imports)
+    memcpy_bps: float
+    results: tuple[ConfigResult, ...]
+    metadata: tuple[MetadataResult, ...]
+    environment: dict[str, Any]
+    data_verified: bool
+    created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+    @property
+    def best_index(self) -> int:
+        """The configuration with the highest median write rate."""
+        return max(range(len(self.results)), key=lambda i: self.results[i].write.gbps)
+
+    def warnings(self) -> list[BenchWarning]:
+        out: list[BenchWarning] = []
+        ceiling = format_rate(self.memcpy_bps)
+        for r in self.results:
+            for phase in (r.write, r.read):
+                if phase is None or not phase.is_cached(self.memcpy_bps):
+                    continue
+                remedy = (
+                    "drop --no-fsync so writes are durable inside the timed region, or use --direct"
+                    if phase.op == "write"
+                    else "use --direct, or a --size larger than RAM, so reads come from the device"
+                )
+                out.append(BenchWarning(
+                    f"cached-{phase.op}",
+                    f"{r.label()}: {phase.op} {format_rate(phase.gbps * 1e9)} is above "
+                    f"{knobs.CACHED_FRACTION_OF_MEMCPY:.0%} of this machine's memcpy bandwidth ({ceiling}): "
+                    "it was served by the page cache, not the storage",
+                    remedy,
+                ))
+        first = self.results[0].write
+        if self.spec.direct and not first.direct_used:
+            out.append(BenchWarning(
+                "direct-fallback",
+                f"O_DIRECT is not available here ({first.fallback_reason}); "
+                f"measured buffered I/O with {first.sync} instead",
+                "nothing to do if this is a FUSE/network filesystem; results stay durable",
+            ))
+        if not self.spec.fsync and not first.direct_used:
+            out.append(BenchWarning(
+                "not-durable",
+                "buffered writes without fsync: the numbers include data still in the page cache",
+                "drop --no-fsync (the default is durable)",
+            ))
+        if self.spec.repeat < 3:
+            out.append(BenchWarning(
+                "few-repeats", f"only {self.spec.repeat} measured run(s) per configuration: no spread to judge",
+                "use --repeat 3 or more",
+            ))
+        for r in self.results:
+            for phase in (r.write, r.read):
+                if phase is not None and relative_spread(phase.runs_gbps) > NOISY_SPREAD:
+                    out.append(BenchWarning(
+                        f"noisy-{phase.op}",
+                        f"{r.label()}: {phase.op} repeats differ by {relative_spread(phase.runs_gbps):.0%} "
+                        "of the median (a busy machine or a small --size)",
+                        "use a larger --size or more --repeat, on a quiet machine",
+                    ))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.spec.to_dict()
+        return {
+            "schema": SCHEMA,
+            "tool": {"name": "ckptbench", "version": __version__},
+            "created": self.created,
+            "target": self.target,
+            "spec": spec,
+            "units": UNITS,
+            "memcpy_gbps": self.memcpy_bps / 1e9,
+            "data_verified": self.data_verified,
+            "results": [r.to_dict(spec, self.memcpy_bps) for r in self.results],
+            "best": self.best_index,
+            "metadata": [m.to_dict() for m in self.metadata],
+            "warnings": [w.to_dict() for w in self.warnings()],
+            "environment": self.environment,
+        }

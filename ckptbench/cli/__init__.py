@@ -1,0 +1,148 @@
+"""The ``ckptbench`` command line: a click group whose subcommands are imported lazily.
+
+This package is the only place that prints or exits. Domain errors (``CkptbenchError``) and click's
+usage errors are caught once here and become one red line on stderr (traceback only with ``-v``).
+Exit codes: 0 ok, 1 failed check or runtime failure, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptbench import __version__
+from ckptbench.errors import CkptbenchError, ConfigError
+
+#: command name -> "module:attribute"; a command's module is imported only when it runs.
+COMMANDS: dict[str, str] = {
+    "bench": "ckptbench.cli.bench:bench",
+    "interval": "ckptbench.cli.interval:interval",
+    "goodput": "ckptbench.cli.goodput:goodput",
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports each subcommand's module on first use, so ``interval`` never pays for torch.
+
+    Its ``main`` owns error handling: every ``CkptbenchError`` and click usage error becomes one red
+    line on stderr and an exit code (console script, ``python -m ckptbench`` and CliRunner alike).
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        sys.exit(_run(self, argv, prog_name or "ckptbench", extra))
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if _module_exists(COMMANDS[name]))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None or not _module_exists(target):
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+def _module_exists(target: str) -> bool:
+    return importlib.util.find_spec(target.split(":")[0]) is not None
+
+
+def load_config_defaults(path: Path) -> dict[str, Any]:
+    """Read a ``--config`` TOML file into click's ``default_map`` (one table per command).
+
+    Keys use the option names with ``-`` or ``_`` (``block-size`` or ``block_size``); values go
+    through the same parameter types as the flags, so a bad value fails exactly like a bad flag.
+    """
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    defaults: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in COMMANDS:
+            raise ConfigError(
+                f"config file {str(path)!r}: unknown section [{section}]",
+                hint=f"sections are command names: {', '.join(sorted(COMMANDS))}",
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {str(path)!r}: [{section}] must be a table")
+        command = LazyGroup().get_command(click.Context(main), section)
+        known = {p.name: p for p in command.params} if command else {}
+        converted = {}
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(
+                    f"config file {str(path)!r}: [{section}] has no setting {key!r}",
+                    hint=f"known: {', '.join(sorted(k.replace('_', '-') for k in known))}",
+                )
+            converted[name] = value
+        defaults[section] = converted
+    return defaults
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ckptbench")
+@click.option("-v", "--verbose", count=True, help="More logging; -v also shows tracebacks on errors.")
+@click.option(
+    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    help="TOML file with defaults per command, e.g. [bench] threads = [1, 2, 4].",
+)
+@click.pass_context
+def main(ctx: click.Context, verbose: int, config_path: Path | None) -> None:
+    """ckptbench: measure checkpoint storage with a real checkpoint writer, then decide.
+
+    \b
+    ckptbench bench /mnt/nvme          throughput of a directory (durable writes, cold reads)
+    ckptbench interval --ckpt-time 140s --mtbf 3h
+                                       the optimal checkpoint interval
+    ckptbench goodput --params 70B ... goodput and wasted cost of a training run
+    """
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    ctx.obj = {"verbose": verbose}
+    if config_path is not None:
+        ctx.default_map = load_config_defaults(config_path)
+
+
+def _error_line(message: str) -> None:
+    click.secho(f"ckptbench: error: {message}", fg="red", err=True)
+
+
+def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
+    verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
+    try:
+        click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        hint = ""
+        if exc.ctx is not None and not isinstance(exc, click.BadParameter):
+            hint = f" (see '{exc.ctx.command_path} --help')"
+        _error_line(exc.format_message() + hint)
+        return 2
+    except click.ClickException as exc:
+        _error_line(exc.format_message())
+        return exc.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        _error_line("interrupted")
+        return 130
+    except CkptbenchError as exc:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        _error_line(str(exc))
+        return exc.exit_code
+    return 0

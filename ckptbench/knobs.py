@@ -1,0 +1,53 @@
+"""Internal constants, each overridable by a ``CKPTBENCH_*`` environment variable.
+
+User settings live in TOML configs and CLI flags (``config.py``); these are the tool's own tuning
+values. Every override is logged at INFO level so a run records what it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(f"CKPTBENCH_{name}")
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 0)
+    except ValueError as exc:
+        raise ValueError(f"CKPTBENCH_{name}={raw!r} is not an integer") from exc
+    log.info("knob CKPTBENCH_%s=%d (default %d)", name, value, default)
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(f"CKPTBENCH_{name}")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"CKPTBENCH_{name}={raw!r} is not a number") from exc
+    log.info("knob CKPTBENCH_%s=%g (default %g)", name, value, default)
+    return value
+
+
+#: Alignment of every host buffer and of O_DIRECT offsets/lengths (bytes).
+ALIGNMENT_BYTES = _env_int("ALIGNMENT_BYTES", 4096)
+#: Largest source buffer the filesystem benchmark allocates; bigger files are written from it in pieces.
+BENCH_BUFFER_MAX_BYTES = _env_int("BENCH_BUFFER_MAX_BYTES", 256 * 2**20)
+#: Bytes copied to measure memcpy bandwidth (the cache-suspicion ceiling).
+MEMCPY_PROBE_BYTES = _env_int("MEMCPY_PROBE_BYTES", 256 * 2**20)
+#: A measured rate above this fraction of memcpy bandwidth is flagged as served from cache.
+CACHED_FRACTION_OF_MEMCPY = _env_float("CACHED_FRACTION_OF_MEMCPY", 0.9)
+#: Extra free space the benchmark keeps beyond what it writes (fraction of the run size).
+FREE_SPACE_MARGIN = _env_float("FREE_SPACE_MARGIN", 0.05)
+#: Files written by the metadata benchmark, and their size.
+METADATA_FILES = _env_int("METADATA_FILES", 2000)
+METADATA_FILE_BYTES = _env_int("METADATA_FILE_BYTES", 4096)
+#: Seconds between progress updates while a native call runs.
+PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)

@@ -1,0 +1,83 @@
+"""The thin Python face of the compiled engine (``ckptbench._native``).
+
+Re-exports the engine and adds :func:`run_interruptible`: a blocking engine call runs on a worker
+thread while the calling thread polls its progress and stays able to receive Ctrl-C, which cancels
+the call between blocks instead of waiting for a multi-gigabyte write to finish.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ckptbench import knobs
+
+try:
+    from ckptbench._native import (
+        AlignedBuffer,
+        Control,
+        IoResult,
+        fill_random,
+        memcpy_bandwidth,
+        metadata_bench,
+        probe_direct,
+        read,
+        write,
+    )
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "ckptbench's native engine is not built; reinstall with `pip install .` (needs a C++17 compiler)"
+    ) from exc
+
+__all__ = [
+    "AlignedBuffer",
+    "Control",
+    "IoResult",
+    "fill_random",
+    "memcpy_bandwidth",
+    "metadata_bench",
+    "probe_direct",
+    "read",
+    "run_interruptible",
+    "write",
+]
+
+T = TypeVar("T")
+
+
+def run_interruptible(
+    call: Callable[..., T],
+    *args: Any,
+    on_progress: Callable[[int], None] | None = None,
+    **kwargs: Any,
+) -> T:
+    """Run ``call(*args, control=Control(), **kwargs)`` on a worker thread.
+
+    ``on_progress(bytes_done)`` is called from this thread every ``knobs.PROGRESS_POLL_S``.
+    On KeyboardInterrupt the engine is told to cancel, the worker is joined (so no file is still
+    open when the caller cleans up), and the interrupt is re-raised.
+    """
+    control = Control()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call(*args, control=control, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="ckptbench-io", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(knobs.PROGRESS_POLL_S)
+            if on_progress is not None:
+                on_progress(control.bytes_done)
+    except KeyboardInterrupt:
+        control.cancel()
+        worker.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

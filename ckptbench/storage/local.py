@@ -1,0 +1,106 @@
+"""Local and mounted filesystems (NVMe, CephFS/NFS/Lustre mounts): a directory driven by the engine."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptbench.errors import InsufficientSpaceError, TargetError
+from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
+
+SCRATCH_PREFIX = ".ckptbench-scratch-"
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """The /proc/mounts line whose mount point holds a path."""
+
+    mount_point: str
+    device: str
+    fstype: str
+    options: str
+
+
+def mount_of(path: Path) -> MountInfo | None:
+    """The mount holding ``path`` (longest mount-point prefix in /proc/mounts), or None off Linux."""
+    real = os.path.realpath(path)
+    best: MountInfo | None = None
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 4:
+                    continue
+                # /proc/mounts escapes spaces and friends as octal (\040).
+                point = fields[1].encode().decode("unicode_escape")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and (best is None or len(point) >= len(best.mount_point)):
+                    best = MountInfo(point, fields[0], fields[2], fields[3])
+    except OSError:
+        return None
+    return best
+
+
+@dataclass(frozen=True)
+class LocalDirectory:
+    """An existing, writable directory. Benchmarks write only inside a scratch directory of their own."""
+
+    path: Path
+
+    @classmethod
+    def from_string(cls, text: str) -> LocalDirectory:
+        if not text.strip():
+            raise TargetError("the target is empty", hint="give a directory path")
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise TargetError(f"{text!r} does not exist", hint="give an existing directory")
+        if not path.is_dir():
+            raise TargetError(f"{text!r} is a file, not a directory", hint="give the directory to benchmark")
+        return cls(path.resolve())
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.path).free
+
+    def require_free(self, needed_bytes: int) -> None:
+        """Raise InsufficientSpaceError when fewer than ``needed_bytes`` are free."""
+        free = self.free_bytes()
+        if free < needed_bytes:
+            raise InsufficientSpaceError(
+                f"{self.path} has {format_size(free)} free but the run needs {format_size(needed_bytes)}",
+                hint="free space, or lower --size",
+            )
+
+    @contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A fresh directory inside the target, removed on exit (also on Ctrl-C or error).
+
+        Never touches anything that existed before: the name is new (mkdir fails if it exists).
+        """
+        scratch = self.path / f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            scratch.mkdir()
+        except PermissionError:
+            raise TargetError(f"{self.path} is not writable", hint="pick a directory you can write to") from None
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise TargetError(f"{self.path} is not writable ({exc.strerror})", hint="pick a writable directory") from None
+            raise
+        log.info("scratch directory %s", scratch)
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if scratch.exists():
+                log.warning("could not remove scratch directory %s", scratch)

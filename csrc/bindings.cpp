@@ -1,0 +1,213 @@
+// The one Python boundary of the engine: named arguments with defaults, the GIL released around
+// every blocking call, IoError mapped to OSError (errno + path), AlignedBuffer exported through
+// the buffer protocol so numpy, memoryview and torch.frombuffer see its memory without copies.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+int aligned_buffer_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    auto *buf = nb::inst_ptr<ckpt::AlignedBuffer>(self);
+    return PyBuffer_FillInfo(view, self, buf->data(), static_cast<Py_ssize_t>(buf->size()), 0, flags);
+}
+
+PyType_Slot aligned_buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void *>(aligned_buffer_getbuffer)},
+    {0, nullptr},
+};
+
+// Py_buffer views held for the duration of a call; released (with the GIL held) on scope exit.
+struct HeldBuffers {
+    std::vector<Py_buffer> views;
+    ~HeldBuffers() {
+        for (auto &v : views) PyBuffer_Release(&v);
+    }
+    Py_buffer &acquire(nb::handle obj, bool writable) {
+        views.emplace_back();
+        Py_buffer &view = views.back();
+        int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+            views.pop_back();
+            throw nb::python_error();
+        }
+        return view;
+    }
+};
+
+// jobs: a sequence of (buffer, path, offset); the whole buffer is one job.
+std::vector<ckpt::Job> to_jobs(nb::handle jobs, HeldBuffers &held, bool writable) {
+    std::vector<ckpt::Job> out;
+    nb::sequence seq = nb::borrow<nb::sequence>(jobs);
+    std::size_t n = nb::len(seq);
+    held.views.reserve(n);  // no reallocation while Job.buf points into the views' memory
+    out.reserve(n);
+    for (nb::handle item : seq) {
+        nb::tuple t = nb::cast<nb::tuple>(item);
+        if (nb::len(t) != 3) throw nb::value_error("each job must be a (buffer, path, offset) tuple");
+        Py_buffer &view = held.acquire(t[0], writable);
+        out.push_back({static_cast<char *>(view.buf), static_cast<std::size_t>(view.len),
+                       nb::cast<std::string>(t[1]), nb::cast<std::uint64_t>(t[2])});
+    }
+    return out;
+}
+
+ckpt::SyncMode parse_sync(const std::string &sync) {
+    if (sync == "none") return ckpt::SyncMode::None;
+    if (sync == "fdatasync") return ckpt::SyncMode::Fdatasync;
+    if (sync == "fsync") return ckpt::SyncMode::Fsync;
+    throw nb::value_error(("sync must be 'none', 'fdatasync' or 'fsync', not '" + sync + "'").c_str());
+}
+
+const char *sync_name(ckpt::SyncMode mode) {
+    switch (mode) {
+        case ckpt::SyncMode::None: return "none";
+        case ckpt::SyncMode::Fdatasync: return "fdatasync";
+        case ckpt::SyncMode::Fsync: return "fsync";
+    }
+    return "none";
+}
+
+ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, const std::string &sync,
+                             bool sync_dir, bool drop_cache, bool record_latency) {
+    ckpt::IoOptions o;
+    o.threads = threads;
+    o.block_size = block_size;
+    o.direct = direct;
+    o.sync = parse_sync(sync);
+    o.sync_dir = sync_dir;
+    o.drop_cache = drop_cache;
+    o.record_latency = record_latency;
+    return o;
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+    m.doc() = "ckptbench native I/O engine (C++17). Blocking calls release the GIL.";
+
+    nb::register_exception_translator([](const std::exception_ptr &p, void *) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const ckpt::IoError &e) {
+            int err = e.code().value();
+            std::string msg = std::string(std::strerror(err)) + " (" + e.op() + ")";
+            // OSError(errno, strerror, filename) picks the matching subclass (FileNotFoundError...).
+            PyObject *exc = PyObject_CallFunction(PyExc_OSError, "iss", err, msg.c_str(), e.path().c_str());
+            if (exc != nullptr) {
+                PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc)), exc);
+                Py_DECREF(exc);
+            }
+        }
+    });
+
+    nb::class_<ckpt::AlignedBuffer>(m, "AlignedBuffer", nb::type_slots(aligned_buffer_slots),
+                                    "Page-aligned host memory, touched once at construction; supports the buffer protocol.")
+        .def(nb::init<std::size_t, std::size_t, bool>(), "nbytes"_a, "alignment"_a = 4096, "prefault"_a = true,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("nbytes", &ckpt::AlignedBuffer::size)
+        .def_prop_ro("alignment", &ckpt::AlignedBuffer::alignment)
+        .def_prop_ro("address", [](const ckpt::AlignedBuffer &b) { return reinterpret_cast<std::uintptr_t>(b.data()); })
+        .def("__len__", &ckpt::AlignedBuffer::size);
+
+    nb::class_<ckpt::Control>(m, "Control", "Progress counter and cancellation flag shared with a running call.")
+        .def(nb::init<>())
+        .def("cancel", [](ckpt::Control &c) { c.cancel.store(true); }, "Ask the running call to stop between blocks.")
+        .def_prop_ro("bytes_done", [](const ckpt::Control &c) { return c.bytes_done.load(); })
+        .def_prop_ro("cancel_requested", [](const ckpt::Control &c) { return c.cancel.load(); });
+
+    nb::class_<ckpt::ThreadStat>(m, "ThreadStat")
+        .def_ro("start_ns", &ckpt::ThreadStat::start_ns)
+        .def_ro("end_ns", &ckpt::ThreadStat::end_ns)
+        .def_ro("bytes", &ckpt::ThreadStat::bytes)
+        .def_ro("ops", &ckpt::ThreadStat::ops);
+
+    nb::class_<ckpt::IoResult>(m, "IoResult")
+        .def_ro("bytes", &ckpt::IoResult::bytes)
+        .def_ro("ops", &ckpt::IoResult::ops)
+        .def_ro("start_ns", &ckpt::IoResult::start_ns)
+        .def_ro("end_ns", &ckpt::IoResult::end_ns)
+        .def_prop_ro("seconds", &ckpt::IoResult::seconds)
+        .def_ro("threads", &ckpt::IoResult::threads)
+        .def_ro("files", &ckpt::IoResult::files)
+        .def_ro("direct_requested", &ckpt::IoResult::direct_requested)
+        .def_ro("direct_used", &ckpt::IoResult::direct_used)
+        .def_ro("fallback_reason", &ckpt::IoResult::fallback_reason)
+        .def_prop_ro("sync", [](const ckpt::IoResult &r) { return sync_name(r.sync); })
+        .def_ro("cancelled", &ckpt::IoResult::cancelled)
+        .def_prop_ro(
+            "latencies_ns",
+            [](ckpt::IoResult &r) {
+                return nb::ndarray<nb::numpy, const std::uint64_t, nb::ndim<1>>(r.latencies_ns.data(),
+                                                                               {r.latencies_ns.size()});
+            },
+            nb::rv_policy::reference_internal);
+
+    m.def(
+        "write",
+        [](nb::handle jobs, int threads, std::size_t block_size, bool direct, const std::string &sync,
+           bool sync_dir, bool record_latency, ckpt::Control *control) {
+            HeldBuffers held;
+            auto parsed = to_jobs(jobs, held, false);
+            auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency);
+            nb::gil_scoped_release release;
+            return ckpt::write_jobs(parsed, opts, control);
+        },
+        "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = "fdatasync",
+        "sync_dir"_a = true, "record_latency"_a = true, "control"_a = nb::none(),
+        "Write each (buffer, path, offset) job; durable per `sync` when it returns.");
+
+    m.def(
+        "read",
+        [](nb::handle jobs, int threads, std::size_t block_size, bool direct, bool drop_cache,
+           bool record_latency, ckpt::Control *control) {
+            HeldBuffers held;
+            auto parsed = to_jobs(jobs, held, true);
+            auto opts = make_options(threads, block_size, direct, "none", false, drop_cache, record_latency);
+            nb::gil_scoped_release release;
+            return ckpt::read_jobs(parsed, opts, control);
+        },
+        "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "drop_cache"_a = true,
+        "record_latency"_a = true, "control"_a = nb::none(),
+        "Read each (writable buffer, path, offset) job, filling the buffer completely.");
+
+    m.def(
+        "metadata_bench",
+        [](const std::string &directory, std::size_t files, std::size_t file_size, int threads,
+           const std::string &sync, ckpt::Control *control) {
+            auto mode = parse_sync(sync);
+            nb::gil_scoped_release release;
+            return ckpt::metadata_bench(directory, files, file_size, threads, mode, control);
+        },
+        "directory"_a, "files"_a, "file_size"_a = 4096, "threads"_a = 1, "sync"_a = "fsync",
+        "control"_a = nb::none(), "Create, write, sync and close `files` small files in `directory`.");
+
+    m.def("probe_direct", &ckpt::probe_direct, "directory"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "(supported, reason): whether `directory` accepts O_DIRECT writes (cached per directory).");
+
+    m.def("memcpy_bandwidth", &ckpt::memcpy_bandwidth, "nbytes"_a = 256u << 20, "repeats"_a = 5,
+          nb::call_guard<nb::gil_scoped_release>(), "Best single-thread memcpy bandwidth, bytes/s.");
+
+    m.def(
+        "fill_random",
+        [](nb::handle buffer, std::uint64_t seed) {
+            HeldBuffers held;
+            Py_buffer &view = held.acquire(buffer, true);
+            char *data = static_cast<char *>(view.buf);
+            auto n = static_cast<std::size_t>(view.len);
+            nb::gil_scoped_release release;
+            ckpt::fill_random(data, n, seed);
+        },
+        "buffer"_a, "seed"_a = 0, "Fill a writable buffer with incompressible bytes, deterministic in `seed`.");
+}

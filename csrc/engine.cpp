@@ -1,0 +1,435 @@
+#include "engine.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+namespace ckpt {
+
+namespace {
+
+constexpr std::size_t kDirectAlign = 4096;
+
+enum class Kind { Write, Read };
+
+bool is_aligned(std::uint64_t value) { return value % kDirectAlign == 0; }
+
+std::string parent_dir(const std::string &path) {
+    auto pos = path.rfind('/');
+    if (pos == std::string::npos) return ".";
+    if (pos == 0) return "/";
+    return path.substr(0, pos);
+}
+
+void close_fd(int &fd) noexcept {
+    if (fd >= 0) {
+        ::close(fd);
+        fd = -1;
+    }
+}
+
+void sync_fd(int fd, SyncMode mode, const std::string &path) {
+    if (mode == SyncMode::None) return;
+    int rc = mode == SyncMode::Fsync ? ::fsync(fd) : ::fdatasync(fd);
+    if (rc != 0) throw IoError(errno, mode == SyncMode::Fsync ? "fsync" : "fdatasync", path);
+}
+
+void sync_directory(const std::string &dir) {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) throw IoError(errno, "open", dir);
+    if (::fsync(fd) != 0) {
+        int err = errno;
+        ::close(fd);
+        // Some filesystems (FUSE, tmpfs variants) do not implement fsync on directories.
+        if (err == EINVAL || err == EROFS || err == ENOTSUP) return;
+        throw IoError(err, "fsync", dir);
+    }
+    ::close(fd);
+}
+
+// Move exactly len bytes, retrying short transfers and EINTR.
+void transfer(Kind kind, int fd, char *buf, std::size_t len, std::uint64_t offset, const std::string &path) {
+    std::size_t done = 0;
+    while (done < len) {
+        ssize_t n = kind == Kind::Write
+                        ? ::pwrite(fd, buf + done, len - done, static_cast<off_t>(offset + done))
+                        : ::pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw IoError(errno, kind == Kind::Write ? "pwrite" : "pread", path);
+        }
+        if (n == 0) {
+            throw IoError(kind == Kind::Read ? ENODATA : EIO,
+                          kind == Kind::Read ? "pread (file shorter than expected)" : "pwrite (wrote nothing)", path);
+        }
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+// A parallel-for over `items` with N threads pulling indices from one counter. The first exception
+// stops every thread and is rethrown after they join; cancellation stops them between items.
+struct WorkerPool {
+    std::vector<ThreadStat> stats;
+    std::vector<std::vector<std::uint64_t>> latencies;
+    bool cancelled = false;
+
+    void run(int nthreads, std::size_t items, Control *control,
+             const std::function<std::uint64_t(std::size_t)> &work, bool record_latency) {
+        nthreads = std::max(1, static_cast<int>(std::min<std::size_t>(nthreads, std::max<std::size_t>(items, 1))));
+        stats.assign(nthreads, ThreadStat{});
+        latencies.assign(nthreads, {});
+        std::atomic<std::size_t> next{0};
+        std::atomic<bool> failed{false};
+        std::exception_ptr error;
+        std::mutex error_mutex;
+        auto body = [&](int tid) {
+            ThreadStat &st = stats[tid];
+            auto &lat = latencies[tid];
+            st.start_ns = now_ns();
+            try {
+                for (;;) {
+                    if (failed.load(std::memory_order_relaxed)) break;
+                    if (control && control->cancel.load(std::memory_order_relaxed)) break;
+                    std::size_t i = next.fetch_add(1);
+                    if (i >= items) break;
+                    std::int64_t t0 = now_ns();
+                    std::uint64_t bytes = work(i);
+                    std::int64_t t1 = now_ns();
+                    if (record_latency) lat.push_back(static_cast<std::uint64_t>(t1 - t0));
+                    st.bytes += bytes;
+                    st.ops += 1;
+                    if (control) control->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+                }
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mutex);
+                if (!error) error = std::current_exception();
+                failed.store(true);
+            }
+            st.end_ns = now_ns();
+        };
+        std::vector<std::thread> threads;
+        threads.reserve(nthreads - 1);
+        for (int t = 1; t < nthreads; ++t) threads.emplace_back(body, t);
+        body(0);
+        for (auto &t : threads) t.join();
+        if (error) std::rethrow_exception(error);
+        cancelled = control && control->cancel.load() && next.load() < items;
+    }
+
+    void fill(IoResult &r) {
+        for (auto &st : stats) {
+            r.bytes += st.bytes;
+            r.ops += st.ops;
+        }
+        r.threads = stats;
+        for (auto &lat : latencies) r.latencies_ns.insert(r.latencies_ns.end(), lat.begin(), lat.end());
+        r.cancelled = cancelled;
+    }
+};
+
+struct FileState {
+    std::string path;
+    int fd_direct = -1;
+    int fd_buffered = -1;
+    bool wants_direct = false;
+    bool wants_buffered = false;
+    std::atomic<std::size_t> remaining{0};
+    ~FileState() {
+        close_fd(fd_direct);
+        close_fd(fd_buffered);
+    }
+};
+
+struct Chunk {
+    FileState *file;
+    char *buf;
+    std::size_t len;
+    std::uint64_t offset;
+    bool direct;
+};
+
+// O_DIRECT support for reading an existing file: open it with O_DIRECT and read one aligned block.
+std::pair<bool, std::string> probe_direct_read(const std::string &path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        if (err == EINVAL) return {false, "open(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
+        throw IoError(err, "open", path);
+    }
+    AlignedBuffer block(kDirectAlign, kDirectAlign, false);
+    ssize_t n = ::pread(fd, block.data(), kDirectAlign, 0);
+    int err = errno;
+    ::close(fd);
+    if (n < 0 && err == EINVAL) return {false, "pread(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
+    return {true, ""};
+}
+
+IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts, Control *control) {
+    if (opts.threads < 1) throw std::invalid_argument("threads must be >= 1");
+    if (opts.block_size == 0) throw std::invalid_argument("block_size must be > 0");
+
+    IoResult result;
+    result.direct_requested = opts.direct;
+    result.sync = kind == Kind::Write ? opts.sync : SyncMode::None;
+
+    std::vector<std::unique_ptr<FileState>> files;
+    std::unordered_map<std::string, FileState *> by_path;
+    std::vector<std::string> dirs;
+    for (const auto &job : jobs) {
+        if (by_path.count(job.path)) continue;
+        files.push_back(std::make_unique<FileState>());
+        files.back()->path = job.path;
+        by_path[job.path] = files.back().get();
+        std::string dir = parent_dir(job.path);
+        if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+    }
+    result.files = files.size();
+
+    bool direct = opts.direct;
+    if (direct) {
+        if (kind == Kind::Write) {
+            for (const auto &dir : dirs) {
+                auto [ok, why] = probe_direct(dir);
+                if (!ok) {
+                    direct = false;
+                    result.fallback_reason = why + " in " + dir;
+                    break;
+                }
+            }
+        } else if (!files.empty()) {
+            auto [ok, why] = probe_direct_read(files.front()->path);
+            if (!ok) {
+                direct = false;
+                result.fallback_reason = why + " for " + files.front()->path;
+            }
+        }
+    }
+    result.direct_used = direct;
+    // Buffered writes are only durable once synced: a fallback from O_DIRECT keeps durability.
+    if (kind == Kind::Write && opts.direct && !direct && result.sync == SyncMode::None)
+        result.sync = SyncMode::Fdatasync;
+
+    std::vector<Chunk> chunks;
+    for (const auto &job : jobs) {
+        FileState *file = by_path[job.path];
+        for (std::size_t pos = 0; pos < job.nbytes;) {
+            std::size_t len = std::min(opts.block_size, job.nbytes - pos);
+            char *p = job.buf + pos;
+            std::uint64_t off = job.offset + pos;
+            bool aligned_start = direct && is_aligned(reinterpret_cast<std::uintptr_t>(p)) && is_aligned(off);
+            if (aligned_start && !is_aligned(len) && len > kDirectAlign) {
+                // An unaligned tail: the aligned head goes direct, the rest buffered.
+                std::size_t head = len / kDirectAlign * kDirectAlign;
+                chunks.push_back({file, p, head, off, true});
+                chunks.push_back({file, p + head, len - head, off + head, false});
+            } else {
+                chunks.push_back({file, p, len, off, aligned_start && is_aligned(len)});
+            }
+            pos += len;
+        }
+    }
+    for (auto &c : chunks) {
+        (c.direct ? c.file->wants_direct : c.file->wants_buffered) = true;
+        c.file->remaining.fetch_add(1);
+    }
+
+    if (kind == Kind::Read && opts.drop_cache) {
+        for (auto &f : files) {
+            int fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) throw IoError(errno, "open", f->path);
+            // Dirty pages survive DONTNEED: write them back first so the read below is cold.
+            ::fdatasync(fd);
+            ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            ::close(fd);
+        }
+    }
+
+    // Timed region: open, transfer, per-file sync, close, directory sync.
+    result.start_ns = now_ns();
+    int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT) : O_RDONLY) | O_CLOEXEC;
+    for (auto &f : files) {
+        if (f->wants_direct) {
+            f->fd_direct = ::open(f->path.c_str(), base_flags | O_DIRECT, 0644);
+            if (f->fd_direct < 0) throw IoError(errno, "open", f->path);
+        }
+        if (f->wants_buffered || !f->wants_direct) {
+            f->fd_buffered = ::open(f->path.c_str(), base_flags, 0644);
+            if (f->fd_buffered < 0) throw IoError(errno, "open", f->path);
+        }
+    }
+
+    SyncMode sync = result.sync;
+    WorkerPool pool;
+    pool.run(opts.threads, chunks.size(), control, [&](std::size_t i) -> std::uint64_t {
+        const Chunk &c = chunks[i];
+        FileState &f = *c.file;
+        transfer(kind, c.direct ? f.fd_direct : f.fd_buffered, c.buf, c.len, c.offset, f.path);
+        if (kind == Kind::Write && f.remaining.fetch_sub(1) == 1)
+            sync_fd(f.fd_buffered >= 0 ? f.fd_buffered : f.fd_direct, sync, f.path);
+        return c.len;
+    }, opts.record_latency);
+    pool.fill(result);
+    if (result.cancelled) {
+        result.end_ns = now_ns();
+        return result;
+    }
+    for (auto &f : files) {
+        close_fd(f->fd_direct);
+        close_fd(f->fd_buffered);
+    }
+    if (kind == Kind::Write && opts.sync_dir)
+        for (const auto &dir : dirs) sync_directory(dir);
+    result.end_ns = now_ns();
+    return result;
+}
+
+}  // namespace
+
+IoError::IoError(int err, std::string op, std::string path)
+    : std::system_error(err, std::generic_category(), op + " " + path), op_(std::move(op)), path_(std::move(path)) {}
+
+std::int64_t now_ns() noexcept {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+AlignedBuffer::AlignedBuffer(std::size_t nbytes, std::size_t alignment, bool prefault)
+    : size_(nbytes), alignment_(alignment) {
+    if (nbytes == 0) throw std::invalid_argument("AlignedBuffer size must be > 0");
+    if (alignment < sizeof(void *) || (alignment & (alignment - 1)) != 0)
+        throw std::invalid_argument("alignment must be a power of two >= " + std::to_string(sizeof(void *)));
+    std::size_t padded = (nbytes + alignment - 1) / alignment * alignment;
+    void *p = nullptr;
+    if (::posix_memalign(&p, alignment, padded) != 0) throw std::bad_alloc();
+    data_ = static_cast<char *>(p);
+    if (prefault) std::memset(data_, 0, padded);
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+
+std::pair<bool, std::string> probe_direct(const std::string &directory) {
+    static std::mutex mutex;
+    static std::map<std::string, std::pair<bool, std::string>> cache;
+    static std::atomic<unsigned> counter{0};
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = cache.find(directory);
+        if (it != cache.end()) return it->second;
+    }
+    std::string probe = directory + "/.ckptbench-direct-probe-" + std::to_string(::getpid()) + "-" +
+                        std::to_string(counter.fetch_add(1));
+    std::pair<bool, std::string> verdict{true, ""};
+    int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int err = errno;
+        if (err != EINVAL) throw IoError(err, "open", probe);
+        verdict = {false, "open(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
+        // Some filesystems refuse O_DIRECT at open but may have created the file: remove it.
+        ::unlink(probe.c_str());
+    } else {
+        AlignedBuffer block(kDirectAlign, kDirectAlign, true);
+        ssize_t n = ::pwrite(fd, block.data(), kDirectAlign, 0);
+        int err = errno;
+        ::close(fd);
+        ::unlink(probe.c_str());
+        if (n < 0) {
+            if (err != EINVAL) throw IoError(err, "pwrite", probe);
+            verdict = {false, "pwrite(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
+        }
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    cache[directory] = verdict;
+    return verdict;
+}
+
+IoResult write_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control) {
+    return run_jobs(Kind::Write, jobs, opts, control);
+}
+
+IoResult read_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control) {
+    return run_jobs(Kind::Read, jobs, opts, control);
+}
+
+IoResult metadata_bench(const std::string &directory, std::size_t files, std::size_t file_size,
+                        int threads, SyncMode sync, Control *control) {
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1");
+    if (files == 0 || file_size == 0) throw std::invalid_argument("files and file_size must be > 0");
+    AlignedBuffer payload(file_size, kDirectAlign, true);
+    fill_random(payload.data(), file_size, 0x6d657461);
+    IoResult result;
+    result.sync = sync;
+    result.files = files;
+    result.start_ns = now_ns();
+    WorkerPool pool;
+    pool.run(threads, files, control, [&](std::size_t i) -> std::uint64_t {
+        std::string path = directory + "/md-" + std::to_string(i);
+        int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd < 0) throw IoError(errno, "open", path);
+        try {
+            transfer(Kind::Write, fd, payload.data(), file_size, 0, path);
+            sync_fd(fd, sync, path);
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        if (::close(fd) != 0) throw IoError(errno, "close", path);
+        return file_size;
+    }, true);
+    pool.fill(result);
+    if (!result.cancelled && sync != SyncMode::None) sync_directory(directory);
+    result.end_ns = now_ns();
+    return result;
+}
+
+double memcpy_bandwidth(std::size_t nbytes, int repeats) {
+    if (nbytes == 0 || repeats < 1) throw std::invalid_argument("nbytes and repeats must be > 0");
+    AlignedBuffer src(nbytes, kDirectAlign, true), dst(nbytes, kDirectAlign, true);
+    fill_random(src.data(), nbytes, 1);
+    std::int64_t best = INT64_MAX;
+    for (int r = 0; r < repeats; ++r) {
+        std::int64_t t0 = now_ns();
+        std::memcpy(dst.data(), src.data(), nbytes);
+        std::int64_t t1 = now_ns();
+        best = std::min(best, t1 - t0);
+    }
+    return static_cast<double>(nbytes) / (std::max<std::int64_t>(best, 1) * 1e-9);
+}
+
+void fill_random(char *buf, std::size_t nbytes, std::uint64_t seed) {
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
+    if (x == 0) x = 1;
+    std::size_t words = nbytes / 8;
+    auto *out = reinterpret_cast<unsigned char *>(buf);
+    for (std::size_t i = 0; i < words; ++i) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        std::uint64_t v = x * 0x2545F4914F6CDD1DULL;
+        std::memcpy(out + i * 8, &v, 8);
+    }
+    for (std::size_t i = words * 8; i < nbytes; ++i) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out[i] = static_cast<unsigned char>((x * 0x2545F4914F6CDD1DULL) >> 56);
+    }
+}
+
+}  // namespace ckpt

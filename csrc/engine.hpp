@@ -1,0 +1,120 @@
+// ckptbench native I/O engine: plain C++17, no Python headers.
+//
+// A call takes a list of jobs (buffer, nbytes, file, offset), cuts them into block_size chunks and
+// runs the chunks on N threads with pwrite/pread. O_DIRECT is used where the directory supports it
+// (probed once per directory, cached); otherwise the engine falls back to buffered I/O plus
+// fdatasync and records that it did. Errors are thrown as IoError (a std::system_error carrying
+// errno, the operation and the path). Every function here may block; callers release the GIL.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace ckpt {
+
+// An I/O failure: errno + the operation that failed + the path it failed on.
+class IoError : public std::system_error {
+public:
+    IoError(int err, std::string op, std::string path);
+    const std::string &op() const noexcept { return op_; }
+    const std::string &path() const noexcept { return path_; }
+
+private:
+    std::string op_;
+    std::string path_;
+};
+
+// Page-aligned host memory from posix_memalign, touched once at construction (first-touch memory
+// costs ~1 GB/s on the VMs we target, so buffers are allocated outside timed regions and reused).
+class AlignedBuffer {
+public:
+    AlignedBuffer(std::size_t nbytes, std::size_t alignment, bool prefault);
+    ~AlignedBuffer();
+    AlignedBuffer(const AlignedBuffer &) = delete;
+    AlignedBuffer &operator=(const AlignedBuffer &) = delete;
+
+    char *data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return size_; }
+    std::size_t alignment() const noexcept { return alignment_; }
+
+private:
+    char *data_ = nullptr;
+    std::size_t size_ = 0;
+    std::size_t alignment_ = 0;
+};
+
+// Shared between a running call and its caller: progress counter and cooperative cancellation.
+struct Control {
+    std::atomic<bool> cancel{false};
+    std::atomic<std::uint64_t> bytes_done{0};
+};
+
+struct Job {
+    char *buf;
+    std::size_t nbytes;
+    std::string path;
+    std::uint64_t offset;
+};
+
+enum class SyncMode { None, Fdatasync, Fsync };
+
+struct IoOptions {
+    int threads = 1;
+    std::size_t block_size = 4u << 20;
+    bool direct = true;                   // request O_DIRECT (falls back where unsupported)
+    SyncMode sync = SyncMode::Fdatasync;  // per file, once its last chunk is written (writes only)
+    bool sync_dir = true;                 // fsync each parent directory at the end (writes only)
+    bool drop_cache = true;               // reads: fdatasync + posix_fadvise(DONTNEED) before timing
+    bool record_latency = true;           // keep one latency sample per chunk
+};
+
+struct ThreadStat {
+    std::int64_t start_ns = 0;
+    std::int64_t end_ns = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t ops = 0;
+};
+
+struct IoResult {
+    std::uint64_t bytes = 0;
+    std::uint64_t ops = 0;
+    std::int64_t start_ns = 0;  // CLOCK_MONOTONIC, first start over the call (files opened inside)
+    std::int64_t end_ns = 0;    // last finish, after every requested fsync
+    std::vector<ThreadStat> threads;
+    std::vector<std::uint64_t> latencies_ns;  // one per chunk (or per file for metadata)
+    std::size_t files = 0;
+    bool direct_requested = false;
+    bool direct_used = false;
+    std::string fallback_reason;  // why O_DIRECT was not used, empty if it was (or was not asked)
+    SyncMode sync = SyncMode::None;
+    bool cancelled = false;
+
+    double seconds() const noexcept { return (end_ns - start_ns) * 1e-9; }
+};
+
+// True when `directory` accepts an aligned O_DIRECT write; otherwise false and the reason.
+// Cached per directory for the life of the process.
+std::pair<bool, std::string> probe_direct(const std::string &directory);
+
+IoResult write_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control);
+IoResult read_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control);
+
+// Small-file rate: each of `files` files is created (O_EXCL), written with `file_size` bytes,
+// synced per `sync`, and closed; then the directory is fsynced. One latency sample per file.
+IoResult metadata_bench(const std::string &directory, std::size_t files, std::size_t file_size,
+                        int threads, SyncMode sync, Control *control);
+
+// Best-of-`repeats` memcpy bandwidth between two pre-faulted buffers, in bytes per second.
+double memcpy_bandwidth(std::size_t nbytes, int repeats);
+
+// Fill with incompressible pseudo-random bytes (xorshift64*), deterministic in `seed`.
+void fill_random(char *buf, std::size_t nbytes, std::uint64_t seed);
+
+std::int64_t now_ns() noexcept;
+
+}  // namespace ckpt

@@ -1,0 +1,57 @@
+"""Shared fixtures: CLI invocation, real (tiny) filesystems mounted for error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckptbench.cli import main
+
+
+class Cli:
+    """Runs ``ckptbench ARGS`` in-process; stdout and stderr kept apart."""
+
+    def __call__(self, *args: str):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    def json(self, *args: str) -> dict:
+        result = self(*args, "--json")
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def cli() -> Cli:
+    return Cli()
+
+
+def _mount(fstype: str, where: Path, options: str | None) -> bool:
+    cmd = ["mount", "-t", fstype, fstype, str(where)] + (["-o", options] if options else [])
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.fixture
+def mount_fs(tmp_path: Path) -> Iterator:
+    """``mount_fs("tmpfs", "size=1m")`` mounts a real filesystem in tmp_path (skips where mount is refused)."""
+    mounted: list[Path] = []
+
+    def make(fstype: str, options: str | None = None) -> Path:
+        where = tmp_path / f"mnt-{fstype}-{uuid.uuid4().hex[:6]}"
+        where.mkdir()
+        if not _mount(fstype, where, options):
+            pytest.skip(f"cannot mount {fstype} here (needs root and mount permission)")
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10)
