@@ -28,6 +28,8 @@ UNITS = {
     "block_size": "bytes",
 }
 
+MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
+
 #: Repeats whose (max - min) / median exceeds this are called noisy.
 NOISY_SPREAD = 0.3
 
@@ -187,6 +189,13 @@ class FsBenchReport:
                 "not-durable",
                 "buffered writes without fsync: the numbers include data still in the page cache",
                 "drop --no-fsync (the default is durable)",
+            ))
+        fstype = (self.environment.get("target") or {}).get("filesystem")
+        if fstype in MEMORY_FILESYSTEMS:
+            out.append(BenchWarning(
+                "memory-filesystem",
+                f"{self.target} is on {fstype}, which lives in RAM: these numbers are memory, not storage",
+                "give a directory on the disk or mount you want to measure",
             ))
         if self.spec.repeat < 3:
             out.append(BenchWarning(

@@ -46,7 +46,7 @@ def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("target", required=True)
+@click.argument("target", required=False)
 @click.option("--size", type=params.SIZE, default=DEFAULT_SIZE, show_default=True,
               help="Bytes written (and read) per run, over all files: 8GiB, 500MB.")
 @click.option("--file-size", type=params.SIZE, default=None,
@@ -75,19 +75,23 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           metadata: bool, as_json: bool, output_dir: Path | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) like a checkpoint writer would.
 
-    Every run writes --size bytes over --files files with the native engine, durable by default
+    TARGET defaults to the system's temporary directory (usually /tmp). Every run writes --size bytes over --files files with the native engine, durable by default
     (O_DIRECT + fdatasync inside the timed region), then reads them back cold. Work happens in a
     scratch directory inside TARGET that is removed afterwards, also on Ctrl-C; nothing else is touched.
 
     \b
     Examples:
-      ckptbench bench /mnt/nvme
+      ckptbench bench
       ckptbench bench /mnt/nvme --size 8GiB --threads 1,2,4,8 --block-size 1MiB,4MiB,16MiB
       ckptbench bench /mnt/cephfs --metadata --json > cephfs.json
       ckptbench bench /mnt/nvme --output results/
     """
+    import tempfile
+
     from ckptbench.bench.fs import run_fs_bench
     from ckptbench.storage import resolve_target
+
+    target = target if target is not None else tempfile.gettempdir()
 
     if file_size is not None and files is not None:
         raise UsageError("give --file-size or --files, not both")

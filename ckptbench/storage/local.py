@@ -65,6 +65,8 @@ class LocalDirectory:
             raise TargetError(f"{text!r} does not exist", hint="give an existing directory")
         if not path.is_dir():
             raise TargetError(f"{text!r} is a file, not a directory", hint="give the directory to benchmark")
+        if not os.access(path, os.W_OK | os.X_OK):  # also catches read-only mounts (EROFS), even for root
+            raise TargetError(f"{text!r} is not writable", hint="pick a directory you can write to")
         return cls(path.resolve())
 
     def __str__(self) -> str:
@@ -75,7 +77,11 @@ class LocalDirectory:
 
     def require_free(self, needed_bytes: int) -> None:
         """Raise InsufficientSpaceError when fewer than ``needed_bytes`` are free."""
-        free = self.free_bytes()
+        usage = shutil.disk_usage(self.path)
+        if usage.total == 0:  # ramfs and some FUSE filesystems report no size at all
+            log.info("%s reports no size; free-space check skipped", self.path)
+            return
+        free = usage.free
         if free < needed_bytes:
             raise InsufficientSpaceError(
                 f"{self.path} has {format_size(free)} free but the run needs {format_size(needed_bytes)}",

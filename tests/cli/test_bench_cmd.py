@@ -1,0 +1,197 @@
+"""``ckptbench bench`` end to end on small sizes: JSON shape, output files, cleanup, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SMALL = ["--size", "8MiB", "--files", "2", "--threads", "1,2", "--block-size", "1MiB", "--repeat", "2",
+         "--warmup", "0"]
+
+
+def test_json_document_shape(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), *SMALL)
+    assert doc["schema"] == "ckptbench.bench.fs/1"
+    assert doc["units"]["gbps"] == "1e9 bytes per second"
+    assert len(doc["results"]) == 2
+    for record, threads in zip(doc["results"], (1, 2), strict=True):
+        config = record["config"]
+        assert config["threads"] == threads and config["block_size"] == 2**20
+        assert config["size_bytes"] == 8 * 2**20 and config["files"] == 2
+        assert config["direct"] is True and config["fsync"] is True and config["sync"] == "fdatasync"
+        for op in ("write", "read"):
+            phase = record[op]
+            assert len(phase["runs_gbps"]) == 2 and all(v > 0 for v in phase["runs_gbps"])
+            assert phase["gbps"] == pytest.approx(sorted(phase["runs_gbps"])[0] / 2 + sorted(phase["runs_gbps"])[1] / 2)
+            assert phase["bytes_per_run"] == 8 * 2**20
+            assert set(phase["latency_ms"]) >= {"p50", "p90", "p99", "max"}
+            assert phase["cached"] in (True, False)
+    assert 0 <= doc["best"] < 2
+    assert doc["data_verified"] is True
+    env = doc["environment"]
+    assert env["target"]["filesystem"] and env["cpu_count"] >= 1 and env["memory_bytes"] > 0
+    assert env["tool_version"]
+    assert doc["memcpy_gbps"] > 0
+    assert list(tmp_path.iterdir()) == []  # scratch removed
+
+
+def test_buffered_without_fsync_is_flagged(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), "--size", "4MiB", "--files", "1", "--threads", "1", "--buffered",
+                   "--no-fsync", "--no-read", "--repeat", "1", "--warmup", "0")
+    record = doc["results"][0]
+    assert record["config"]["direct"] is False and record["config"]["fsync"] is False
+    assert record["read"] is None
+    codes = {w["code"] for w in doc["warnings"]}
+    assert {"not-durable", "few-repeats"} <= codes
+    assert all(w["remedy"] for w in doc["warnings"])
+
+
+def test_table_output_and_output_dir(cli, tmp_path: Path):
+    target, out = tmp_path / "t", tmp_path / "results"
+    target.mkdir()
+    result = cli("bench", str(target), *SMALL, "--metadata", "--output", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "write GB/s" in result.stdout and "best:" in result.stdout and "files/s" in result.stdout
+    files = list(out.glob("bench-*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    assert len(doc["metadata"]) == 2 and doc["metadata"][0]["ops_per_s"] > 0
+    assert list(target.iterdir()) == []
+
+
+def test_existing_files_are_untouched(cli, tmp_path: Path):
+    keep = tmp_path / "precious.bin"
+    keep.write_bytes(b"keep me")
+    assert cli("bench", str(tmp_path), *SMALL).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.bin"]
+    assert keep.read_bytes() == b"keep me"
+
+
+def test_direct_fallback_is_reported(cli, mount_fs):
+    where = mount_fs("ramfs")
+    doc = cli.json("bench", str(where), "--size", "4MiB", "--files", "1", "--threads", "1", "--repeat", "1",
+                   "--warmup", "0")
+    config = doc["results"][0]["config"]
+    assert config["direct_requested"] is True and config["direct"] is False
+    assert config["sync"] == "fdatasync" and "O_DIRECT" in config["direct_fallback_reason"]
+    assert {"direct-fallback", "memory-filesystem"} <= {w["code"] for w in doc["warnings"]}
+
+
+def test_target_defaults_to_the_temp_directory(cli, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    doc = cli.json("bench", "--size", "4MiB", "--files", "1", "--threads", "1", "--repeat", "1", "--warmup", "0")
+    assert doc["target"] == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["{missing}"], "does not exist"),
+        (["{file}"], "is a file"),
+        (["{dir}", "--size", "0"], "must be positive"),
+        (["{dir}", "--size", "lots"], "not a size"),
+        (["{dir}", "--size", "-5GB"], "size"),
+        (["{dir}", "--threads", "0"], "positive whole number"),
+        (["{dir}", "--threads", "1,x"], "not a whole number"),
+        (["{dir}", "--block-size", "1000"], "multiple of 4 KiB"),
+        (["{dir}", "--files", "2", "--file-size", "1MiB"], "not both"),
+        (["{dir}", "--repeat", "0"], "positive"),
+        (["s3://bucket/prefix"], "not supported yet"),
+        (["ftp2://x"], "unknown URL scheme"),
+        (["{dir}", "--size", "1PiB"], "free"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: Path, args, needle):
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "plain.txt").write_text("x")
+    subs = {"{missing}": str(tmp_path / "missing"), "{file}": str(tmp_path / "plain.txt"), "{dir}": str(target)}
+    result = cli("bench", *[subs.get(a, a) for a in args])
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error:"), result.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in result.stderr
+    assert list(target.iterdir()) == []
+
+
+def test_buffered_accepts_any_block_size(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), "--size", "1MB", "--files", "1", "--threads", "1", "--block-size",
+                   "100000", "--buffered", "--repeat", "1", "--warmup", "0")
+    assert doc["results"][0]["config"]["block_size"] == 100000
+
+
+def test_unwritable_target(cli, mount_fs):
+    where = mount_fs("tmpfs", "size=4m,ro")
+    result = cli("bench", str(where), *SMALL)
+    assert result.exit_code == 2 and "not writable" in result.stderr
+
+
+def test_config_file_feeds_defaults(cli, tmp_path: Path):
+    config = tmp_path / "c.toml"
+    config.write_text('[bench]\nsize = "4MiB"\nfiles = 1\nthreads = [2]\nblock-size = "512KiB"\nrepeat = 1\nwarmup = 0\n')
+    target = tmp_path / "t"
+    target.mkdir()
+    result = cli("--config", str(config), "bench", str(target), "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)["results"][0]
+    assert record["config"]["threads"] == 2 and record["config"]["block_size"] == 512 * 1024
+    # flags still win over the file
+    result = cli("--config", str(config), "bench", str(target), "--threads", "1", "--json")
+    assert json.loads(result.stdout)["results"][0]["config"]["threads"] == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [('[bench]\nthreads = "0"\n', "positive"), ("[bench]\nspeed = 3\n", "no setting 'speed'"),
+     ("[nonsense]\n", "unknown section"), ("not toml [", "not valid TOML")],
+)
+def test_bad_config_file(cli, tmp_path: Path, text, needle):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    result = cli("--config", str(config), "bench", str(tmp_path))
+    assert result.exit_code == 2
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_traceback_only_with_verbose(cli, tmp_path: Path):
+    result = cli("-v", "bench", str(tmp_path / "missing"))
+    assert result.exit_code == 2 and "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_scratch(tmp_path: Path, sig):
+    """Ctrl-C (or SIGTERM) in the middle of a run: exit 130, scratch directory gone, nothing else touched."""
+    (tmp_path / "keep").write_text("x")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptbench", "bench", str(tmp_path), "--size", "4GiB", "--threads", "1",
+         "--block-size", "64KiB", "--repeat", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith(".ckptbench-scratch-") for p in tmp_path.iterdir()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "scratch directory never appeared"
+            time.sleep(0.05)
+        # wait until bytes are being written
+        while not any(f.stat().st_size for d in tmp_path.glob(".ckptbench-scratch-*") for f in d.iterdir()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]

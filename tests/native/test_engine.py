@@ -1,0 +1,207 @@
+"""The C++ engine through its Python face: bytes on disk, O_DIRECT and its fallback, errors, the GIL."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckptbench import native
+
+MiB = 2**20
+
+
+def filled(nbytes: int, seed: int = 7) -> native.AlignedBuffer:
+    buf = native.AlignedBuffer(nbytes)
+    native.fill_random(buf, seed)
+    return buf
+
+
+def test_aligned_buffer_is_aligned_and_exposes_its_memory():
+    buf = native.AlignedBuffer(3 * 4096 + 5)
+    assert buf.address % 4096 == 0
+    assert len(buf) == buf.nbytes == 3 * 4096 + 5
+    view = np.frombuffer(buf, dtype=np.uint8)
+    assert view.size == len(buf) and not view.any()  # pre-faulted with zeros
+    view[:4] = [1, 2, 3, 4]
+    assert bytes(memoryview(buf)[:4]) == b"\x01\x02\x03\x04"  # same memory, no copy
+
+
+def test_aligned_buffer_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        native.AlignedBuffer(0)
+    with pytest.raises(ValueError):
+        native.AlignedBuffer(4096, alignment=3000)
+
+
+def test_fill_random_is_deterministic_and_seed_dependent():
+    a, b, c = filled(MiB, 1), filled(MiB, 1), filled(MiB, 2)
+    assert bytes(a) == bytes(b)
+    assert bytes(a) != bytes(c)
+    # incompressible enough: every byte value appears
+    assert len(set(bytes(a)[:65536])) == 256
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_write_then_read_round_trips(tmp_path: Path, direct: bool, threads: int):
+    src = filled(5 * MiB + 4096)
+    jobs = [(src, str(tmp_path / "a.bin"), 0), (memoryview(src)[:MiB], str(tmp_path / "b.bin"), 0)]
+    w = native.write(jobs, threads=threads, block_size=MiB, direct=direct)
+    assert w.bytes == 6 * MiB + 4096
+    assert w.files == 2 and w.direct_used is direct and w.sync == "fdatasync"
+    assert (tmp_path / "a.bin").read_bytes() == bytes(src)
+    assert (tmp_path / "b.bin").read_bytes() == bytes(src)[:MiB]
+    assert len(w.latencies_ns) == w.ops == 6 + 1  # 6 full blocks + the 4 KiB tail
+    assert sum(t.bytes for t in w.threads) == w.bytes
+    assert all(w.start_ns <= t.start_ns <= t.end_ns <= w.end_ns for t in w.threads)
+
+    dst = native.AlignedBuffer(len(src))
+    r = native.read([(dst, str(tmp_path / "a.bin"), 0)], threads=threads, block_size=MiB, direct=direct)
+    assert r.bytes == len(src) and r.direct_used is direct
+    assert bytes(dst) == bytes(src)
+
+
+def test_unaligned_tail_and_offsets_with_direct(tmp_path: Path):
+    """O_DIRECT needs alignment; an unaligned tail goes through a buffered descriptor."""
+    src = filled(MiB + 123)
+    path = str(tmp_path / "tail.bin")
+    w = native.write([(src, path, 8192)], block_size=256 * 1024, direct=True)
+    assert w.direct_used
+    data = Path(path).read_bytes()
+    assert data[:8192] == b"\0" * 8192 and data[8192:] == bytes(src)
+    dst = native.AlignedBuffer(len(src))
+    native.read([(dst, path, 8192)], direct=True)
+    assert bytes(dst) == bytes(src)
+
+
+def test_sync_none_and_fsync_are_recorded(tmp_path: Path):
+    src = filled(MiB)
+    assert native.write([(src, str(tmp_path / "x"), 0)], direct=False, sync="none").sync == "none"
+    assert native.write([(src, str(tmp_path / "y"), 0)], direct=False, sync="fsync").sync == "fsync"
+    with pytest.raises(ValueError, match="sync must be"):
+        native.write([(src, str(tmp_path / "z"), 0)], sync="sometimes")
+
+
+def test_direct_falls_back_on_ramfs_and_records_it(mount_fs):
+    """ramfs has no O_DIRECT: the engine writes buffered + fdatasync and says why."""
+    where = mount_fs("ramfs")
+    supported, reason = native.probe_direct(str(where))
+    assert not supported and "O_DIRECT" in reason
+    src = filled(2 * MiB)
+    w = native.write([(src, str(where / "f"), 0)], direct=True, sync="none")
+    assert w.direct_requested and not w.direct_used
+    assert w.sync == "fdatasync"  # durability kept although the caller asked for no sync
+    assert "O_DIRECT" in w.fallback_reason and str(where) in w.fallback_reason
+    dst = native.AlignedBuffer(len(src))
+    r = native.read([(dst, str(where / "f"), 0)], direct=True)
+    assert not r.direct_used and r.fallback_reason
+    assert bytes(dst) == bytes(src)
+
+
+def test_missing_directory_is_file_not_found(tmp_path: Path):
+    missing = tmp_path / "nope" / "f.bin"
+    with pytest.raises(FileNotFoundError) as info:
+        native.write([(filled(4096), str(missing), 0)], direct=False)
+    assert info.value.errno == errno.ENOENT
+    assert str(tmp_path / "nope") in info.value.filename
+
+
+def test_path_under_a_file_is_not_a_directory(tmp_path: Path):
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(NotADirectoryError) as info:
+        native.write([(filled(4096), str(tmp_path / "plain" / "f"), 0)], direct=False)
+    assert info.value.errno == errno.ENOTDIR
+
+
+def test_read_only_filesystem(mount_fs):
+    where = mount_fs("tmpfs", "size=4m,ro")
+    with pytest.raises(OSError) as info:
+        native.write([(filled(4096), str(where / "f"), 0)], direct=False)
+    assert info.value.errno == errno.EROFS
+
+
+def test_enospc_on_a_tiny_tmpfs(mount_fs):
+    where = mount_fs("tmpfs", "size=1m")
+    with pytest.raises(OSError) as info:
+        native.write([(filled(4 * MiB), str(where / "big"), 0)], threads=2, block_size=256 * 1024)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(where / "big")
+
+
+def test_read_of_a_short_file_fails_cleanly(tmp_path: Path):
+    path = tmp_path / "short"
+    path.write_bytes(b"\1" * 4096)
+    with pytest.raises(OSError) as info:
+        native.read([(native.AlignedBuffer(8192), str(path), 0)], direct=False)
+    assert info.value.errno == errno.ENODATA
+
+
+def test_read_needs_a_writable_buffer(tmp_path: Path):
+    path = tmp_path / "f"
+    path.write_bytes(b"\1" * 4096)
+    with pytest.raises(BufferError):
+        native.read([(bytes(4096), str(path), 0)], direct=False)
+
+
+def test_metadata_bench_creates_every_file(tmp_path: Path):
+    r = native.metadata_bench(str(tmp_path), 50, file_size=4096, threads=2, sync="fsync")
+    assert r.ops == 50 and r.bytes == 50 * 4096 and len(r.latencies_ns) == 50
+    assert sorted(os.listdir(tmp_path)) == sorted(f"md-{i}" for i in range(50))
+    with pytest.raises(FileExistsError):  # O_EXCL: never overwrites what is there
+        native.metadata_bench(str(tmp_path), 1)
+
+
+def test_memcpy_bandwidth_is_a_rate():
+    assert native.memcpy_bandwidth(8 * MiB, 2) > 1e8
+
+
+def test_control_cancels_before_any_work(tmp_path: Path):
+    control = native.Control()
+    control.cancel()
+    r = native.write([(filled(4 * MiB), str(tmp_path / "f"), 0)], block_size=MiB, control=control)
+    assert r.cancelled and r.bytes == 0 and control.bytes_done == 0
+
+
+def test_control_reports_progress(tmp_path: Path):
+    control = native.Control()
+    r = native.write([(filled(4 * MiB), str(tmp_path / "f"), 0)], block_size=MiB, control=control)
+    assert not r.cancelled and control.bytes_done == r.bytes == 4 * MiB
+
+
+def test_gil_is_released_during_a_write(tmp_path: Path):
+    """A Python thread keeps running while the engine writes: its ticks land inside the call's window."""
+    src = filled(32 * MiB)
+    ticks: list[int] = []
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic_ns())  # CLOCK_MONOTONIC, the engine's clock
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        # Many small synced writes: long enough to span several GIL switch intervals.
+        jobs = [(memoryview(src)[i * MiB:(i + 1) * MiB], str(tmp_path / f"f{i}"), 0) for i in range(32)]
+        result = native.write(jobs, threads=1, block_size=64 * 1024, direct=False, sync="fsync")
+    finally:
+        stop.set()
+        thread.join()
+    inside = [t for t in ticks if result.start_ns < t < result.end_ns]
+    assert len(inside) > 100, f"only {len(inside)} Python ticks during a {result.seconds:.3f} s write"
+
+
+def test_run_interruptible_passes_results_and_errors(tmp_path: Path):
+    seen: list[int] = []
+    r = native.run_interruptible(
+        native.write, [(filled(2 * MiB), str(tmp_path / "f"), 0)], block_size=MiB, on_progress=seen.append
+    )
+    assert r.bytes == 2 * MiB
+    with pytest.raises(FileNotFoundError):
+        native.run_interruptible(native.write, [(filled(4096), str(tmp_path / "no" / "f"), 0)], direct=False)

@@ -1,0 +1,85 @@
+"""The import rules of DESIGN.md, checked on the source: layers import downward only."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ckptbench
+
+PACKAGE_DIR = Path(ckptbench.__file__).parent
+LEAVES = {"errors", "units", "knobs"}
+# Which internal top-level parts each part may import (besides leaves and itself).
+ALLOWED = {
+    "config": set(),
+    "native": set(),
+    "model": {"config"},
+    "storage": {"config", "native"},
+    "checkpoint": {"config", "native", "storage", "model"},
+    "bench": {"config", "native", "storage", "model", "checkpoint"},
+    "recommend": {"config", "model", "bench"},
+    "report": {"config", "model", "bench", "recommend"},
+    "integrations": {"config", "native", "storage", "checkpoint"},
+    "cli": {"*"},
+    "__main__": {"cli"},
+    "__init__": {"*"},
+}
+TORCH_ALLOWED = ("checkpoint", "integrations", "bench/workloads.py")
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE_DIR)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_layers_import_downward_only():
+    problems = []
+    for path in _modules():
+        part = _part(path)
+        allowed = ALLOWED.get(part, set())
+        for name in _imports(path):
+            if not name.startswith("ckptbench.") or name == "ckptbench.__version__":
+                continue
+            target = name.split(".")[1]
+            if target.startswith("_native"):
+                target = "native"
+            if target in LEAVES or target == part or "*" in allowed or target == "__version__":
+                continue
+            if target not in allowed:
+                problems.append(f"{path.relative_to(PACKAGE_DIR)} imports {name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_torch_only_where_allowed_and_never_in_model():
+    for path in _modules():
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        uses_torch = any(n == "torch" or n.startswith("torch.") for n in _imports(path))
+        if uses_torch:
+            assert rel.startswith(TORCH_ALLOWED), f"{rel} imports torch"
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = [m.name for m in pkgutil.walk_packages([str(PACKAGE_DIR)], prefix="ckptbench.")
+             if not m.name.endswith("__main__")]
+    code = "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "importing ckptbench modules must not import torch"
