@@ -152,9 +152,9 @@ def format_duration(seconds: float) -> str:
     if seconds < 0:
         return "-" + format_duration(-seconds)
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
+        return f"{seconds * 1e6:.3g} µs"
     if seconds < 1:
-        return f"{seconds * 1e3:.0f} ms"
+        return f"{seconds * 1e3:.3g} ms"
     if seconds < 60:
         return f"{seconds:.3g} s"
     seconds = round(seconds)

@@ -176,7 +176,7 @@ def test_interrupt_removes_scratch(tmp_path: Path, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "ckptbench", "bench", str(tmp_path), "--size", "4GiB", "--threads", "1",
          "--block-size", "64KiB", "--repeat", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path.parent,
     )
     try:
         deadline = time.monotonic() + 60

@@ -76,10 +76,11 @@ def test_torch_only_where_allowed_and_never_in_model():
             assert rel.startswith(TORCH_ALLOWED), f"{rel} imports torch"
 
 
-def test_every_module_imports_in_a_fresh_interpreter():
+def test_every_module_imports_in_a_fresh_interpreter(tmp_path):
     names = [m.name for m in pkgutil.walk_packages([str(PACKAGE_DIR)], prefix="ckptbench.")
              if not m.name.endswith("__main__")]
     code = "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)\nprint('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)  # not the repo root: the installed package must be the one imported
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", "importing ckptbench modules must not import torch"
