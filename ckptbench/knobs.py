@@ -40,8 +40,8 @@ def _env_float(name: str, default: float) -> float:
 ALIGNMENT_BYTES = _env_int("ALIGNMENT_BYTES", 4096)
 #: Largest source buffer the filesystem benchmark allocates; bigger files are written from it in pieces.
 BENCH_BUFFER_MAX_BYTES = _env_int("BENCH_BUFFER_MAX_BYTES", 256 * 2**20)
-#: Bytes copied to measure memcpy bandwidth (the cache-suspicion ceiling).
-MEMCPY_PROBE_BYTES = _env_int("MEMCPY_PROBE_BYTES", 256 * 2**20)
+#: Bytes copied to measure memcpy bandwidth (the cache-suspicion ceiling); larger than the CPU caches.
+MEMCPY_PROBE_BYTES = _env_int("MEMCPY_PROBE_BYTES", 64 * 2**20)
 #: A measured rate above this fraction of memcpy bandwidth is flagged as served from cache.
 CACHED_FRACTION_OF_MEMCPY = _env_float("CACHED_FRACTION_OF_MEMCPY", 0.9)
 #: Extra free space the benchmark keeps beyond what it writes (fraction of the run size).

@@ -34,6 +34,7 @@ struct HeldBuffers {
     ~HeldBuffers() {
         for (auto &v : views) PyBuffer_Release(&v);
     }
+    HeldBuffers() { views.reserve(4); }
     Py_buffer &acquire(nb::handle obj, bool writable) {
         views.emplace_back();
         Py_buffer &view = views.back();
@@ -198,6 +199,21 @@ NB_MODULE(_native, m) {
 
     m.def("memcpy_bandwidth", &ckpt::memcpy_bandwidth, "nbytes"_a = 256u << 20, "repeats"_a = 5,
           nb::call_guard<nb::gil_scoped_release>(), "Best single-thread memcpy bandwidth, bytes/s.");
+
+    m.def(
+        "copy_bandwidth",
+        [](nb::handle dst, nb::handle src, int repeats) {
+            HeldBuffers held;
+            Py_buffer &d = held.acquire(dst, true);
+            Py_buffer &s = held.acquire(src, false);
+            auto n = static_cast<std::size_t>(std::min(d.len, s.len));
+            char *dp = static_cast<char *>(d.buf);
+            const char *sp = static_cast<const char *>(s.buf);
+            nb::gil_scoped_release release;
+            return ckpt::copy_bandwidth(dp, sp, n, repeats);
+        },
+        "dst"_a, "src"_a, "repeats"_a = 3,
+        "Best memcpy bandwidth (bytes/s) copying src into dst (the shorter length), without allocating.");
 
     m.def(
         "fill_random",

@@ -402,10 +402,15 @@ double memcpy_bandwidth(std::size_t nbytes, int repeats) {
     if (nbytes == 0 || repeats < 1) throw std::invalid_argument("nbytes and repeats must be > 0");
     AlignedBuffer src(nbytes, kDirectAlign, true), dst(nbytes, kDirectAlign, true);
     fill_random(src.data(), nbytes, 1);
+    return copy_bandwidth(dst.data(), src.data(), nbytes, repeats);
+}
+
+double copy_bandwidth(char *dst, const char *src, std::size_t nbytes, int repeats) {
+    if (nbytes == 0 || repeats < 1) throw std::invalid_argument("nbytes and repeats must be > 0");
     std::int64_t best = INT64_MAX;
     for (int r = 0; r < repeats; ++r) {
         std::int64_t t0 = now_ns();
-        std::memcpy(dst.data(), src.data(), nbytes);
+        std::memcpy(dst, src, nbytes);
         std::int64_t t1 = now_ns();
         best = std::min(best, t1 - t0);
     }

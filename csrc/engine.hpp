@@ -109,8 +109,12 @@ IoResult read_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control 
 IoResult metadata_bench(const std::string &directory, std::size_t files, std::size_t file_size,
                         int threads, SyncMode sync, Control *control);
 
-// Best-of-`repeats` memcpy bandwidth between two pre-faulted buffers, in bytes per second.
+// Best-of-`repeats` memcpy bandwidth between two fresh pre-faulted buffers, in bytes per second.
 double memcpy_bandwidth(std::size_t nbytes, int repeats);
+
+// The same between two caller-owned buffers (no allocation: freeing hundreds of MiB just before a
+// timed read was seen to slow O_DIRECT reads on small VMs for seconds afterwards).
+double copy_bandwidth(char *dst, const char *src, std::size_t nbytes, int repeats);
 
 // Fill with incompressible pseudo-random bytes (xorshift64*), deterministic in `seed`.
 void fill_random(char *buf, std::size_t nbytes, std::uint64_t seed);

@@ -35,9 +35,8 @@ def required_bytes(spec: FsBenchSpec) -> int:
     return int(spec.size_bytes * (1 + knobs.FREE_SPACE_MARGIN)) + metadata
 
 
-def _jobs(buffer: native.AlignedBuffer, paths: list[Path], sizes: list[int]) -> list[tuple[memoryview, str, int]]:
+def _jobs(view: memoryview, paths: list[Path], sizes: list[int]) -> list[tuple[memoryview, str, int]]:
     """Each file is written from (or read into) the buffer, in buffer-sized pieces."""
-    view = memoryview(buffer)
     jobs = []
     for path, size in zip(paths, sizes, strict=True):
         for offset in range(0, size, len(view)):
@@ -82,17 +81,22 @@ def run_fs_bench(
     """
     progress = progress or Progress()
     target.require_free(required_bytes(spec))
-    if memcpy_bps is None:
-        memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)
-        log.info("memcpy bandwidth %.2f GB/s", memcpy_bps / 1e9)
 
     sizes = spec.file_sizes()
     align = knobs.ALIGNMENT_BYTES
     buffer_bytes = -(-min(max(sizes), knobs.BENCH_BUFFER_MAX_BYTES) // align) * align
-    log.info("source buffer %s (allocated and filled before timing)", format_size(buffer_bytes))
-    source = native.AlignedBuffer(buffer_bytes)
+    # Source and sink are allocated once, filled, and also serve the memcpy probe: allocating and
+    # freeing separate probe buffers just before timing slowed the following O_DIRECT reads here.
+    probe_bytes = max(buffer_bytes, knobs.MEMCPY_PROBE_BYTES)
+    log.info("buffers 2 x %s (allocated and filled before timing)", format_size(probe_bytes))
+    source = native.AlignedBuffer(probe_bytes)
     native.fill_random(source, _SOURCE_SEED)
-    sink = native.AlignedBuffer(buffer_bytes) if spec.read else None
+    sink = native.AlignedBuffer(probe_bytes)
+    if memcpy_bps is None:
+        memcpy_bps = native.copy_bandwidth(sink, source, 3)
+        log.info("memcpy bandwidth %.2f GB/s", memcpy_bps / 1e9)
+    source_view = memoryview(source)[:buffer_bytes]
+    sink_view = memoryview(sink)[:buffer_bytes] if spec.read else None
 
     runs = spec.warmup + spec.repeat
     progress.begin(len(spec.grid()) * runs * spec.size_bytes * (2 if spec.read else 1))
@@ -101,8 +105,8 @@ def run_fs_bench(
     verified = False
     with target.scratch() as scratch:
         paths = [scratch / f"shard-{i:05d}.bin" for i in range(len(sizes))]
-        write_jobs = _jobs(source, paths, sizes)
-        read_jobs = _jobs(sink, paths, sizes) if sink is not None else []
+        write_jobs = _jobs(source_view, paths, sizes)
+        read_jobs = _jobs(sink_view, paths, sizes) if sink_view is not None else []
         sync = "fdatasync" if spec.fsync else "none"
         for threads, block_size in spec.grid():
             writes: list[native.IoResult] = []
@@ -116,10 +120,10 @@ def run_fs_bench(
                     sync=sync, sync_dir=spec.fsync, on_progress=progress.advance,
                 )
                 progress.end_step(w.bytes)
-                if sink is not None:
+                if sink_view is not None:
                     check = not verified
                     if check:
-                        native.fill_random(sink, _SOURCE_SEED + 1)
+                        native.fill_random(sink_view, _SOURCE_SEED + 1)
                     progress.phase(f"{name}: read {label}")
                     r = native.run_interruptible(
                         native.read, read_jobs, threads=threads, block_size=block_size, direct=spec.direct,
@@ -127,8 +131,8 @@ def run_fs_bench(
                     )
                     progress.end_step(r.bytes)
                     if check:
-                        covered = min(len(source), max(sizes))
-                        if memoryview(sink)[:covered] != memoryview(source)[:covered]:
+                        covered = min(buffer_bytes, max(sizes))
+                        if sink_view[:covered] != source_view[:covered]:
                             raise StorageIOError(f"data read back from {scratch} differs from what was written")
                         verified = True
                     if run >= spec.warmup:

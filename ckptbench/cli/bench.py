@@ -68,11 +68,13 @@ def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
 @click.option("--metadata/--no-metadata", default=False, show_default=True,
               help="Also measure the small-file create+write+fsync rate (sharded checkpoints create many files).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also draw the sweep (GB/s per configuration) to this PNG file.")
 @click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Directory to write the JSON result file into (created if missing).")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
-          metadata: bool, as_json: bool, output_dir: Path | None) -> None:
+          metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) like a checkpoint writer would.
 
     TARGET defaults to the system's temporary directory (usually /tmp). Every run writes --size bytes over --files files with the native engine, durable by default
@@ -101,6 +103,8 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
     storage = resolve_target(target)
+    if plot_path is not None and not plot_path.parent.is_dir():
+        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
     output = _open_output(output_dir)
     _sigterm_as_interrupt()
     try:
@@ -117,12 +121,18 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     if output is not None:
         with output[1] as fh:
             fh.write(text + "\n")
+    if plot_path is not None:
+        from ckptbench.report.sweep import plot_fs_sweep
+
+        plot_fs_sweep(document, plot_path)
     if as_json:
         click.echo(text)
     else:
         _print_tables(report, document)
         if output is not None:
             click.echo(f"result: {os.path.relpath(output[0])}")
+        if plot_path is not None:
+            click.echo(f"plot: {plot_path}")
     print_warnings(document["warnings"])
 
 

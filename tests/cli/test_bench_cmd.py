@@ -66,6 +66,17 @@ def test_table_output_and_output_dir(cli, tmp_path: Path):
     assert list(target.iterdir()) == []
 
 
+def test_plot_is_a_png(cli, tmp_path: Path):
+    target = tmp_path / "t"
+    target.mkdir()
+    png = tmp_path / "sweep.png"
+    result = cli("bench", str(target), *SMALL, "--plot", str(png))
+    assert result.exit_code == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = cli("bench", str(target), *SMALL, "--plot", str(tmp_path / "no" / "x.png"))
+    assert bad.exit_code == 2 and "does not exist" in bad.stderr
+
+
 def test_existing_files_are_untouched(cli, tmp_path: Path):
     keep = tmp_path / "precious.bin"
     keep.write_bytes(b"keep me")

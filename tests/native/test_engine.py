@@ -161,6 +161,14 @@ def test_memcpy_bandwidth_is_a_rate():
     assert native.memcpy_bandwidth(8 * MiB, 2) > 1e8
 
 
+def test_copy_bandwidth_copies_between_caller_buffers():
+    src, dst = filled(4 * MiB), native.AlignedBuffer(4 * MiB)
+    assert native.copy_bandwidth(dst, src, 2) > 1e8
+    assert bytes(dst) == bytes(src)
+    with pytest.raises(BufferError):
+        native.copy_bandwidth(bytes(16), src)
+
+
 def test_control_cancels_before_any_work(tmp_path: Path):
     control = native.Control()
     control.cancel()

@@ -1,0 +1,57 @@
+"""PNG of a filesystem sweep: write and read GB/s per configuration, median with min–max whiskers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ckptbench.units import format_size
+
+
+def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
+    """Draw ``ckptbench bench --json``'s document to ``path`` (PNG) and return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    results = document["results"]
+    labels = [f"{r['config']['threads']} thr\n{format_size(r['config']['block_size'])}" for r in results]
+    ops = [op for op in ("write", "read") if results[0][op] is not None]
+    x = np.arange(len(results))
+    width = 0.8 / len(ops)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(results) + 2), 4.5), dpi=120)
+    colors = {"write": "#3b6fb6", "read": "#e07b39"}
+    peak = 0.0
+    for i, op in enumerate(ops):
+        med = np.array([r[op]["gbps"] for r in results])
+        low = med - np.array([r[op]["summary_gbps"]["min"] for r in results])
+        high = np.array([r[op]["summary_gbps"]["max"] for r in results]) - med
+        bars = ax.bar(x + (i - (len(ops) - 1) / 2) * width, med, width, yerr=[low, high], capsize=3,
+                      label=f"{op} (median, min–max)", color=colors[op])
+        for bar, value, top, record in zip(bars, med, med + high, results, strict=True):
+            note = "\ncached!" if record[op]["cached"] else ""
+            ax.annotate(f"{value:.2f}{note}", (bar.get_x() + bar.get_width() / 2, top), ha="center",
+                        va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+        peak = max(peak, float((med + high).max()))
+    best = document["best"]
+    ax.set_ylim(0, peak * 1.25)  # headroom for the labels and the legend
+    ax.set_xticks(x, labels)
+    ax.get_xticklabels()[best].set_fontweight("bold")
+    ax.set_ylabel("GB/s (1e9 B/s)")
+    env = document["environment"]
+    target = env.get("target") or {}
+    config = results[0]["config"]
+    mode = ("O_DIRECT" if config["direct"] else "buffered") + (f" + {config['sync']}" if config["fsync"] else "")
+    ax.set_title(f"{document['target']} ({target.get('filesystem')}): {format_size(config['size_bytes'])} "
+                 f"in {config['files']} files, {mode}", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8, ncols=len(ops))
+    ax.grid(axis="y", alpha=0.3)
+    fig.text(0.99, 0.01, f"{env.get('host')} · {env.get('cpu_count')} CPUs · kernel {env.get('kernel')} · "
+             f"ckptbench {env.get('tool_version')} · {document['created']}", ha="right", fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    path = Path(path)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
