@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,11 +60,24 @@ def _nonnegative_int(value: Any) -> int:
     return number
 
 
+def _positive_number(value: Any) -> float:
+    """A plain positive number: ``1979``, ``11.25``, ``$90``, ``1,000``."""
+    try:
+        number = float(str(value).strip().lstrip("$").replace(",", ""))
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{value!r} must be a positive number")
+    return number
+
+
 SIZE = _UnitType("size", units.parse_size)
 RATE = _UnitType("rate", units.parse_rate)
 DURATION = _UnitType("duration", units.parse_duration)
 COUNT = _UnitType("count", units.parse_count)
 FRACTION = _UnitType("fraction", units.parse_fraction)
+FRACTION_OR_ZERO = _UnitType("fraction", lambda v: units.parse_fraction(v, allow_zero=True))
+POSITIVE_NUMBER = _UnitType("number", _positive_number)
 POSITIVE_INT = _UnitType("integer", _positive_int)
 NONNEGATIVE_INT = _UnitType("integer", _nonnegative_int)
 SIZE_LIST = ListType(SIZE)

@@ -1,0 +1,292 @@
+"""``ckptbench goodput``: how much of a training run's time and money failures and checkpoints waste."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ckptbench.cli import params
+from ckptbench.cli.interval import (
+    UNITS,
+    async_options,
+    emit_json,
+    failure_options,
+    named,
+    pct,
+    resolve_cost,
+    resolve_failures,
+)
+from ckptbench.errors import UsageError
+from ckptbench.model import goodput as model
+from ckptbench.units import format_duration
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+EXPLAIN = """\
+How `ckptbench goodput` computes:
+
+  training compute   C = 6 N D FLOPs (N parameters, D tokens: the dense-transformer estimate)
+  planned time       C / (GPUs x peak FLOP/s x MFU)      no failures, no checkpoints
+  cost               $ per GPU-hour x GPUs (or $ per node-hour x nodes) x hours; the whole
+                     cluster is paid for while it recovers
+  failures           at rate 1/MTBF while the job runs (computing, checkpointing, redoing lost
+                     work); a second fault during a recovery is fixed by that recovery
+  per fault          detect + replace + resume (restart and restore)
+                     + lost work since the newest durable checkpoint, (tau + s + fP)/2 + (1 - f)P
+                       ((tau + C)/2 when synchronous; only with --ckpt-interval and a checkpoint cost)
+  checkpoint stalls  (planned / tau) x (s + fP)          (C per checkpoint when synchronous)
+  faults             (planned + stalls) / MTBF / (1 - lost / MTBF)
+  wall time          planned + stalls + faults x per-fault cost
+  goodput            planned / wall (productive share of wall time)
+  wasted / plan      (wall - planned) / planned
+
+Without --ckpt-interval/--ckpt-time the waste is exactly faults x (detect + replace + resume), the
+simple model most articles use; lost work and stalls are then not counted.
+Hot spares: K idle nodes paid for the whole wall time; a failed node is swapped for a spare at once
+and repaired in the background (taking --replace). A fault waits for a repair only when all K
+spares are out, with the Erlang-B probability B(K, replace / MTBF), so the expected replace time
+becomes B(K, replace / MTBF) x replace.
+What-ifs change one thing each: halve the detection time; one more hot spare node (and none, when
+you have some); checkpoint at the optimal interval (the exact optimum of `ckptbench interval`).
+The lost-work term is first order: against the exact model it is off by terms of order
+((tau + C)/MTBF)^2 of the wall time.
+"""
+
+
+
+
+@click.command(context_settings=_CONTEXT)
+@click.option("--params", type=params.COUNT, default=None, help="Model parameters: 100B.")
+@click.option("--model", metavar="PRESET", default=None,
+              help="A model preset from configs/models instead of --params: llama3-405b.")
+@click.option("--tokens", type=params.COUNT, default=None, help="Training tokens: 20T.  [required]")
+@click.option("--gpus", type=params.POSITIVE_INT, default=None, help="GPUs in the job: 4000.  [required]")
+@click.option("--peak-tflops", type=params.POSITIVE_NUMBER, default=None,
+              help="Peak TFLOP/s per GPU in the training dtype: 989 (H100 bf16 dense).  [required]")
+@click.option("--mfu", type=params.FRACTION, default=None,
+              help="Model FLOPs utilisation: 0.35 or 35%.  [required]")
+@click.option("--gpus-per-node", type=params.POSITIVE_INT, default=8, show_default=True, help="GPUs per node.")
+@click.option("--node-hour-cost", type=params.POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
+@click.option("--gpu-hour-cost", type=params.POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
+@failure_options(with_count=False)
+@click.option("--detect", type=params.DURATION, default=None,
+              help="Time to notice a failure: 60m.  [required]")
+@click.option("--replace", type=params.DURATION, default=None,
+              help="Time to replace the failed node: 60m.  [required]")
+@click.option("--resume", type=params.DURATION, default=None,
+              help="Time to restart the job and load the checkpoint: 30m.  [required]")
+@click.option("--ckpt-interval", type=params.DURATION, default=None,
+              help="Training time between checkpoints: 30m (adds lost work and stalls).")
+@click.option("--ckpt-time", type=params.DURATION, default=None,
+              help="Time to write one checkpoint: 140s (with --stall: the persist time).")
+@async_options
+@click.option("--hot-spares", type=params.NONNEGATIVE_INT, default=0, show_default=True,
+              help="Idle spare nodes kept ready to swap in.")
+@click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
+def goodput(**opts: Any) -> None:
+    """Goodput, wasted hours and wasted dollars of a training run, with what-ifs.
+
+    \b
+    Example:
+      ckptbench goodput --params 100B --tokens 20T --gpus 4000 --peak-tflops 1979 --mfu 0.35 \\
+        --node-hour-cost 90 --faults-per-day 1 --detect 60m --replace 60m --resume 30m \\
+        --ckpt-interval 30m --ckpt-time 140s
+    """
+    opts = named(opts)
+    required = ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s")
+    if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in required):
+        click.echo(EXPLAIN, nl=False)
+        return
+    doc = compute(opts)
+    if opts["as_json"]:
+        emit_json(doc)
+        return
+    _print_human(doc)
+    if opts["explain"]:
+        click.echo()
+        click.echo(EXPLAIN, nl=False)
+
+
+def compute(opts: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document (raises ``UsageError`` on missing or contradictory options)."""
+    from ckptbench.model import presets
+    from ckptbench.model.interval import CheckpointCost
+
+    for key in ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s"):
+        if opts[key] is None:
+            flag = "--" + key.removesuffix("_s").replace("_", "-")
+            raise UsageError(f"missing option {flag}", hint="see 'ckptbench goodput --help'")
+    if opts["param_count"] is not None and opts["model_preset"] is not None:
+        raise UsageError("--params and --model both give the parameter count", hint="give one of them")
+    if opts["param_count"] is None and opts["model_preset"] is None:
+        raise UsageError("missing option --params (or --model)")
+    param_count = opts["param_count"] or presets.load_model(opts["model_preset"]).params
+    run = model.TrainingRun(param_count, opts["tokens"], opts["gpus"], opts["peak_tflops"] * 1e12, opts["mfu"],
+                            opts["gpus_per_node"])
+    if opts["gpu_hour_cost"] is not None and opts["node_hour_cost"] is not None:
+        raise UsageError("--gpu-hour-cost and --node-hour-cost both give the price", hint="give one of them")
+    pricing = model.Pricing(gpu_hour_usd=opts["gpu_hour_cost"], node_hour_usd=opts["node_hour_cost"])
+    failures = resolve_failures(
+        mtbf_s=opts["mtbf_s"], gpu_mtbf_s=opts["gpu_mtbf_s"], node_mtbf_s=opts["node_mtbf_s"],
+        faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
+        gpus=run.gpus, nodes=run.nodes, count_given=False,
+    )
+    if failures is None:
+        raise UsageError("give the failure rate: --faults-per-day 1, --mtbf 3h, --gpu-mtbf 50000h or --failures llama3")
+    cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
+                        interference=opts["interference"])
+    if (cost is None) != (opts["ckpt_interval_s"] is None):
+        if cost is None:
+            raise UsageError("--ckpt-interval needs the checkpoint cost: --ckpt-time (or --stall with --persist)")
+        raise UsageError("the checkpoint cost needs --ckpt-interval (how often you checkpoint)")
+    checkpoint = None
+    notes: list[str] = []
+    if cost is not None:
+        assert isinstance(cost, CheckpointCost)
+        checkpoint = model.CheckpointPolicy(opts["ckpt_interval_s"], cost)
+        notes.append("includes checkpoint stalls and the work lost since the last checkpoint at each fault")
+    else:
+        notes.append("waste = faults x (detect + replace + resume), the simple model: add --ckpt-interval and "
+                     "--ckpt-time to count checkpoint stalls and the work lost since the last checkpoint")
+    recovery = model.Recovery(opts["detect_s"], opts["replace_s"], opts["resume_s"])
+    spares = opts["hot_spares"]
+    result = model.estimate(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
+    scenarios = model.what_if(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
+    if not pricing.given:
+        notes.append("no --gpu-hour-cost or --node-hour-cost: costs are not computed")
+    out = result.as_dict()
+    badput_hours = out.pop("badput_hours")
+    return {
+        "command": "goodput",
+        "params": run.params,
+        "tokens": run.tokens,
+        "compute_flops": run.compute_flops,
+        "gpus": run.gpus,
+        "gpus_per_node": run.gpus_per_node,
+        "nodes": run.nodes,
+        "peak_flops_per_gpu": run.peak_flops,
+        "mfu": run.mfu,
+        "gpu_hour_cost_usd": pricing.gpu_hour_usd,
+        "node_hour_cost_usd": pricing.node_hour_usd,
+        "cluster_hour_cost_usd": pricing.cluster_hour_usd(run),
+        "mtbf_s": failures.mtbf_s,
+        "failure_source": failures.source,
+        "detect_s": recovery.detect_s,
+        "replace_s": recovery.replace_s,
+        "resume_s": recovery.resume_s,
+        "checkpoint_s": (cost.persist_s if cost.is_async else cost.stall_s) if cost else None,
+        "stall_s": cost.stall_s if cost else None,
+        "persist_s": cost.persist_s if cost else None,
+        "interference": cost.interference if cost else None,
+        **out,
+        "badput": {f"{name}_hours": hours for name, hours in badput_hours.items()},
+        "what_if": [s.as_dict() for s in scenarios],
+        "notes": notes,
+        "assumptions": [line.strip() for line in EXPLAIN.splitlines() if line.strip()],
+        "units": UNITS,
+    }
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+_LABELS = {
+    "checkpoint_stall": "checkpoint stalls",
+    "lost_progress": "lost progress (since last checkpoint)",
+    "detection": "detection",
+    "replacement": "replacement",
+    "restart_restore": "restart and restore",
+}
+
+
+def usd(amount: float | None) -> str:
+    """``$1.23M``, ``$456k``, ``$789``; ``-`` for ``None``."""
+    if amount is None:
+        return "-"
+    sign = "-" if amount < 0 else ""
+    amount = abs(amount)
+    if amount >= 1e6:
+        return f"{sign}${amount / 1e6:,.2f}M"
+    if amount >= 1e3:
+        return f"{sign}${amount / 1e3:,.0f}k"
+    return f"{sign}${amount:,.0f}"
+
+
+def _print_human(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from ckptbench.cli.render import stdout_console
+
+    console = stdout_console()
+    rate = doc["cluster_hour_cost_usd"]
+    console.print(
+        f"[bold]Run[/bold]: {doc['params'] / 1e9:.4g}B params x {doc['tokens'] / 1e12:.4g}T tokens = "
+        f"{doc['compute_flops']:.3g} FLOPs on {doc['gpus']:,} GPUs ({doc['nodes']:,} nodes) at "
+        f"{doc['peak_flops_per_gpu'] / 1e12:g} TFLOP/s x {pct(doc['mfu'], 0)} MFU",
+    )
+    console.print(
+        f"[bold]Failures[/bold]: {doc['faults_per_day']:.3g} per day, MTBF {format_duration(doc['mtbf_s'])} "
+        f"({doc['failure_source']}); each costs "
+        f"detect {format_duration(doc['detect_s'])} + replace {format_duration(doc['replace_s'])} + resume "
+        f"{format_duration(doc['resume_s'])}"
+        + (f" + lost work (checkpoint every {format_duration(doc['checkpoint_interval_s'])}, "
+           f"{format_duration(doc['checkpoint_s'])} each)" if doc["includes_checkpointing"] else ""),
+    )
+    console.print()
+    planned = doc["planned_hours"]
+    table = Table(title="Where the time goes")
+    table.add_column("")
+    table.add_column("hours", justify="right")
+    table.add_column("% of plan", justify="right")
+    table.add_column("cost", justify="right")
+    table.add_row("planned compute", f"{planned:,.0f}", "100.0 %", usd(doc["planned_cost_usd"]))
+    for name, label in _LABELS.items():
+        hours = doc["badput"][f"{name}_hours"]
+        if hours or name not in ("checkpoint_stall", "lost_progress"):
+            table.add_row(f"  {label}", f"{hours:,.1f}", pct(hours / planned), usd(hours * rate if rate else None))
+    if doc["hot_spare_nodes"]:
+        table.add_row(f"  {doc['hot_spare_nodes']} hot spare node(s), idle", "", "", usd(doc["spare_cost_usd"]))
+    table.add_row("[bold]wasted[/bold]", f"[bold]{doc['wasted_hours']:,.1f}[/bold]",
+                  f"[bold]{pct(doc['wasted_fraction_of_plan'])}[/bold]", f"[bold]{usd(doc['wasted_cost_usd'])}[/bold]")
+    table.add_row("wall time", f"{doc['wall_hours']:,.0f}", pct(doc["wall_hours"] / planned),
+                  usd(doc["total_cost_usd"]))
+    console.print(table)
+    console.print(f"goodput {pct(doc['goodput'])} (productive / wall time); {doc['faults']:.0f} faults expected; "
+                  f"{doc['wall_hours'] / 24:.1f} days instead of {planned / 24:.1f}")
+    console.print()
+
+    whatif = Table(title="What if")
+    whatif.add_column("scenario")
+    whatif.add_column("wall hours", justify="right")
+    whatif.add_column("saved hours", justify="right")
+    whatif.add_column("extra cost", justify="right")
+    whatif.add_column("net saving", justify="right")
+    for s in doc["what_if"]:
+        whatif.add_row(s["description"], f"{s['wall_hours']:,.0f}", f"{s['saved_hours']:,.1f}",
+                       usd(s["extra_cost_usd"]), usd(s["net_saving_usd"]))
+    console.print(whatif)
+    for note in doc["notes"]:
+        console.print(f"[dim]note: {note}[/dim]")
+    console.print()
+    console.print(takeaway(doc))
+
+
+def takeaway(doc: dict[str, Any]) -> str:
+    """One sentence a manager can act on."""
+    priced = doc["wasted_cost_usd"] is not None
+    what = "failures and checkpoints" if doc["includes_checkpointing"] else "failures"
+    sentence = (f"The run takes {doc['wall_hours'] / 24:.1f} days instead of {doc['planned_hours'] / 24:.1f}: "
+                f"{what} waste {doc['wasted_hours']:,.0f} hours ({pct(doc['wasted_fraction_of_plan'])} of the plan"
+                + (f", {usd(doc['wasted_cost_usd'])}" if priced else "") + ")")
+    key = "net_saving_usd" if priced else "saved_hours"
+    useful = [s for s in doc["what_if"] if (s[key] or 0) > 0]
+    if not useful:
+        return sentence + "; none of the what-ifs here would pay for itself."
+    best = max(useful, key=lambda s: s[key])
+    gain = f"{best['saved_hours']:,.0f} hours"
+    if priced:
+        gain += f" and {usd(best['net_saving_usd'])} net"
+        if best["extra_cost_usd"] and best["extra_cost_usd"] > 0:
+            gain += f" after {usd(best['extra_cost_usd'])} of idle spares"
+    return sentence + f". Biggest lever: {best['description']}, which saves {gain}."

@@ -1,0 +1,561 @@
+"""``ckptbench interval``: how often to checkpoint, given what a checkpoint costs and how often the job fails.
+
+Also the home of the option groups and helpers ``goodput`` shares (failure rate, async checkpoint
+cost, JSON output). Pure computation: nothing here imports torch, numpy or matplotlib (``--plot``
+imports matplotlib when it draws).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptbench.cli import params
+from ckptbench.errors import UsageError
+from ckptbench.model import interval as model
+from ckptbench.model import sizing
+from ckptbench.model.failures import FailureModel
+from ckptbench.units import format_duration, format_rate, format_size
+
+#: What the key suffixes of every JSON document mean.
+UNITS: dict[str, str] = {
+    "_s": "seconds",
+    "_bytes": "bytes",
+    "_bytes_per_s": "bytes per second",
+    "_hours": "hours",
+    "_usd": "US dollars",
+    "_fraction, waste_fraction*, goodput": "fraction of wall-clock time (0..1)",
+    "overhead_fraction*": "checkpoint cost per unit of compute time",
+    "first_order_waste": "wasted time per unit of useful compute, first-order formula",
+    "wasted_fraction_of_plan": "wasted hours / planned hours",
+    "interference": "fraction of training throughput lost while persisting",
+    "failures_per_day, faults_per_day": "failures of the whole job per day",
+}
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+EXPLAIN = """\
+How `ckptbench interval` computes (all times in seconds; M = MTBF of the whole job, R = restart,
+tau = the interval = training compute between two checkpoints):
+
+Failures are exponential (Poisson) in wall-clock time, independent of what the job is doing, and
+may strike while computing, checkpointing or restarting. A failure loses everything since the
+newest durable checkpoint; a failure during a restart starts the restart over.
+
+Synchronous checkpoints (C = the blocking checkpoint time):
+  Young (1974)       tau = sqrt(2 C M)                                   first order in C/M
+  Daly (2006)        tau = sqrt(2CM) [1 + (1/3) sqrt(C/2M) + (1/9)(C/2M)] - C   (C < 2M; else M)
+  exact optimum      minimises Daly's full model T_w = M e^(R/M) (e^((tau+C)/M) - 1) T_s / tau,
+                     found numerically; it does not depend on R.
+
+Asynchronous checkpoints (s = stall, P = persist, f = interference, at most one in flight):
+  first order        waste(tau) = (s + fP)/tau + (tau/2 + s + P + R)/M,  optimum sqrt(2 (s + fP) M)
+  exact              Daly's model with C = s + fP and R + (1 - f)P: a failure before the newest
+                     snapshot is durable falls back to the previous one.
+  constraint         the next checkpoint may not start before the previous one is durable:
+                     tau + s + fP >= s + P, i.e. tau >= (1 - f) P. When the optimum is shorter, the
+                     bound is the answer and the output says what it costs.
+  Young and Daly rows use C = s + fP.
+
+Reported:
+  waste fraction     expected share of wall time that is not useful compute (exact model):
+                     1 - tau / E[cycle],  E[cycle] = M e^((R + (1-f)P)/M) (e^((tau + s + fP)/M) - 1)
+  overhead fraction  checkpoint cost per unit of compute: (s + fP) / tau  (C / tau when synchronous)
+  lost per failure   (tau + s + fP)/2 + (1 - f)P of wall time, first order ((tau + C)/2 when synchronous)
+  cluster MTBF       M = M_unit / N for N GPUs (or nodes), or 1 day / faults per day, or a published
+                     run's days / interruptions scaled by GPU count.
+
+The Monte Carlo simulator (ckptbench.model.simulate) reproduces the exact model within sampling
+error; the first-order forms are off by terms of order (tau + C + R)/M. Real failures are burstier
+than exponential (Weibull shape < 1); the simulator accepts Weibull shapes, the formulas do not.
+"""
+
+
+# -- option groups shared with `goodput` --------------------------------------------------------
+
+
+
+
+
+def failure_options(*, with_count: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The failure-rate flags: one of --mtbf, --gpu-mtbf (with a GPU count), --node-mtbf, --faults-per-day, --failures."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.option("--mtbf", type=params.DURATION, default=None,
+                         help="MTBF of the whole job: 3h, 90m."),
+            click.option("--gpu-mtbf", type=params.DURATION, default=None,
+                         help="MTBF of one GPU (50000h); divided by the GPU count."),
+            click.option("--node-mtbf", type=params.DURATION, default=None,
+                         help="MTBF of one node; divided by the node count."),
+            click.option("--faults-per-day", type=params.COUNT, default=None,
+                         help="Faults of the whole job per day: 1, 0.5."),
+            click.option("--failures", metavar="PRESET", default=None,
+                         help="A failure preset from configs/failures: llama3, mlcommons, one-per-day."),
+        ]
+        if with_count:
+            options += [
+                click.option("--gpus", type=params.POSITIVE_INT, default=None,
+                             help="GPUs in the job (for --gpu-mtbf, and to scale --failures presets)."),
+                click.option("--nodes", type=params.POSITIVE_INT, default=None,
+                             help="Nodes in the job (for --node-mtbf)."),
+            ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def resolve_failures(
+    *, mtbf_s: float | None, gpu_mtbf_s: float | None, node_mtbf_s: float | None, faults_per_day: float | None,
+    failure_preset: str | None, gpus: int | None, nodes: int | None, count_given: bool,
+) -> FailureModel | None:
+    """The job's failure model from whichever single flag gave it (``None`` when none did).
+
+    ``count_given``: ``--gpus``/``--nodes`` were typed on this command line for the MTBF (not the
+    run size, as in ``goodput``), so they are rejected where nothing uses them.
+    """
+    from ckptbench.model import presets
+
+    given = [flag for flag, value in (
+        ("--mtbf", mtbf_s), ("--gpu-mtbf", gpu_mtbf_s), ("--node-mtbf", node_mtbf_s),
+        ("--faults-per-day", faults_per_day), ("--failures", failure_preset),
+    ) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} both give the failure rate", hint="give one of them")
+    if gpu_mtbf_s is not None and gpus is None:
+        raise UsageError("--gpu-mtbf needs --gpus (the GPU count it is divided by)")
+    if node_mtbf_s is not None and nodes is None:
+        raise UsageError("--node-mtbf needs --nodes (the node count it is divided by)")
+    if count_given:
+        if gpus is not None and gpu_mtbf_s is None and failure_preset is None:
+            raise UsageError(f"--gpus {gpus} is used only with --gpu-mtbf or --failures")
+        if nodes is not None and node_mtbf_s is None:
+            raise UsageError(f"--nodes {nodes} is used only with --node-mtbf")
+    if mtbf_s is not None:
+        return FailureModel(mtbf_s, source=f"--mtbf {format_duration(mtbf_s)}")
+    if gpu_mtbf_s is not None:
+        assert gpus is not None
+        return FailureModel.from_unit_mtbf(gpu_mtbf_s, gpus, unit="GPU")
+    if node_mtbf_s is not None:
+        assert nodes is not None
+        return FailureModel.from_unit_mtbf(node_mtbf_s, nodes, unit="node")
+    if faults_per_day is not None:
+        return FailureModel(86400.0 / faults_per_day, source=f"--faults-per-day {faults_per_day:g}")
+    if failure_preset is not None:
+        return presets.load_failures(failure_preset).model(gpus)
+    return None
+
+
+def async_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--stall / --persist / --interference: an asynchronous checkpoint."""
+    func = click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
+                        help="Async: fraction of training speed lost while persisting (0.05 or 5%).")(func)
+    func = click.option("--persist", type=params.DURATION, default=None,
+                        help="Async: staging end to durable (default: the checkpoint time).")(func)
+    func = click.option("--stall", type=params.DURATION, default=None,
+                        help="Async: time training is blocked per checkpoint (staging); makes it async.")(func)
+    return func
+
+
+def resolve_cost(
+    write_s: float | None, write_flag: str, *, stall_s: float | None, persist_s: float | None,
+    interference: float | None,
+) -> model.CheckpointCost | None:
+    """A sync cost from the write time, or an async one from --stall (+ --persist or the write time as persist)."""
+    if stall_s is None:
+        for flag, value in (("--persist", persist_s), ("--interference", interference)):
+            if value is not None:
+                raise UsageError(f"{flag} describes asynchronous checkpoints; add --stall (the blocking part)")
+        return model.CheckpointCost.sync(write_s) if write_s is not None else None
+    if persist_s is not None and write_s is not None:
+        raise UsageError(f"--persist and {write_flag} both give the persist time", hint="give one of them")
+    persist = persist_s if persist_s is not None else write_s
+    if persist is None:
+        raise UsageError("--stall needs the persist time: --persist, or the checkpoint time or size")
+    return model.CheckpointCost(stall_s, persist, interference or 0.0)
+
+
+def emit_json(doc: dict[str, Any]) -> None:
+    """Exactly one JSON document on stdout."""
+    click.echo(json.dumps(doc, indent=2, allow_nan=False))
+
+
+def check_plot_path(path: Path | None) -> None:
+    """Fail before computing if the plot cannot be written there."""
+    if path is not None and not path.parent.is_dir():
+        raise UsageError(f"--plot {str(path)!r}: directory {str(path.parent)!r} does not exist")
+
+
+#: Click parameter name (the flag, as ``--config`` TOML keys use it) -> the name with its unit used in code.
+OPTION_KEYS: dict[str, str] = {
+    "ckpt_time": "ckpt_time_s", "size": "size_bytes", "params": "param_count", "model": "model_preset",
+    "bandwidth": "bandwidth_bytes_per_s", "stall": "stall_s", "persist": "persist_s", "mtbf": "mtbf_s",
+    "gpu_mtbf": "gpu_mtbf_s", "node_mtbf": "node_mtbf_s", "failures": "failure_preset", "restart": "restart_s",
+    "every": "every_s", "plot": "plot_path", "simulate": "simulate_runs", "work": "work_s", "json": "as_json",
+    "detect": "detect_s", "replace": "replace_s", "resume": "resume_s", "ckpt_interval": "ckpt_interval_s",
+}
+
+
+def named(opts: dict[str, Any]) -> dict[str, Any]:
+    """The command's options under the names code uses (units in the names)."""
+    return {OPTION_KEYS.get(key, key): value for key, value in opts.items()}
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f} %"
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+@click.command(context_settings=_CONTEXT)
+@click.option("--ckpt-time", type=params.DURATION, default=None,
+              help="Time to write one checkpoint: 140s (with --stall: the persist time).")
+@click.option("--size", type=params.SIZE, default=None,
+              help="Checkpoint size (with --bandwidth): 140GB, 1.2TiB.")
+@click.option("--params", type=params.COUNT, default=None,
+              help="Model parameters (with --bandwidth): 70B. Sized by the recipe flags below.")
+@click.option("--model", metavar="PRESET", default=None,
+              help="A model preset from configs/models instead of --params: llama3-70b.")
+@click.option("--bandwidth", type=params.RATE, default=None,
+              help="Aggregate write bandwidth to storage: 1GB/s, 800MiB/s, 10Gbit/s.")
+@click.option("--dtype", type=click.Choice(sorted(sizing.DTYPE_BYTES)), default=None,
+              help="Weights dtype  [default: bf16].")
+@click.option("--optimizer", type=click.Choice(sorted(sizing.OPTIMIZER_BYTES)), default=None,
+              help="Optimizer state saved: adam (m+v fp32, 8 B/param), sgd (4), none  [default: adam].")
+@click.option("--weights-only", is_flag=True, default=False, help="Save the weights alone.")
+@click.option("--master-weights/--no-master-weights", default=None,
+              help="fp32 master weights (4 B/param)  [default: yes unless the weights are fp32].")
+@click.option("--grads", is_flag=True, default=False, help="Also save fp32 gradients (4 B/param).")
+@click.option("--dp", type=params.POSITIVE_INT, default=None, help="Data-parallel ranks (for bytes per rank).")
+@click.option("--tp", type=params.POSITIVE_INT, default=None, help="Tensor-parallel ranks.")
+@click.option("--pp", type=params.POSITIVE_INT, default=None, help="Pipeline-parallel ranks.")
+@click.option("--sharding", type=click.Choice(sizing.SHARDING), default=None,
+              help="Data-parallel sharding: zero1 (optimizer), zero2 (+grads), zero3/fsdp (+weights).")
+@async_options
+@failure_options(with_count=True)
+@click.option("--restart", type=params.DURATION, default=None,
+              help="Cost of one failure before training resumes (detect, replace, reload): 10m  [default: 0].")
+@click.option("--every", type=params.DURATION, default=None,
+              help="Evaluate this interval (training time between checkpoints): 30m.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write a PNG of waste versus interval, optimum and --every marked.")
+@click.option("--simulate", type=params.POSITIVE_INT, default=None,
+              help="Check the model with this many Monte Carlo runs (at the optimum and at --every): 10000.")
+@click.option("--work", type=params.DURATION, default=None,
+              help="Simulated run: compute time to finish  [default: 30d].")
+@click.option("--weibull-shape", type=params.POSITIVE_NUMBER, default=None,
+              help="Simulated failures: Weibull shape (1 = exponential; < 1 bursty)  [default: the preset's, or 1].")
+@click.option("--seed", type=params.NONNEGATIVE_INT, default=None, help="Simulation RNG seed  [default: 0].")
+@click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
+def interval(**opts: Any) -> None:
+    """The optimal checkpoint interval (Young, Daly, exact; sync or async) and the waste at yours.
+
+    \b
+    Checkpoint cost, one of:
+      --ckpt-time 140s | --size 140GB --bandwidth 1GB/s | --params 70B --bandwidth 1GB/s
+    Failure rate, one of (optional: without it only the checkpoint overhead is computed):
+      --mtbf 3h | --gpus 16384 --gpu-mtbf 50000h | --failures llama3 | --faults-per-day 2
+    Async checkpoints: --stall 1s --persist 60s [--interference 5%]
+
+    \b
+    Example: ckptbench interval --size 140GB --bandwidth 1GB/s --mtbf 3h --restart 10m --every 1h
+    """
+    opts = named(opts)
+    cost_given = any(opts[k] is not None for k in ("ckpt_time_s", "size_bytes", "param_count", "model_preset",
+                                                   "stall_s", "persist_s"))
+    if opts["explain"] and not cost_given and not opts["as_json"]:
+        click.echo(EXPLAIN, nl=False)
+        return
+    check_plot_path(opts["plot_path"])
+    doc = compute(opts)
+    if opts["plot_path"] is not None:
+        _plot(doc, opts["plot_path"])
+    if opts["as_json"]:
+        emit_json(doc)
+        return
+    _print_human(doc)
+    if opts["explain"]:
+        click.echo()
+        click.echo(EXPLAIN, nl=False)
+
+
+def compute(opts: dict[str, Any]) -> dict[str, Any]:
+    """Everything the command reports, as the JSON document (raises ``UsageError`` on bad combinations)."""
+    notes: list[str] = []
+    size_info = _checkpoint_bytes(opts)
+    bandwidth = opts["bandwidth_bytes_per_s"]
+    write_flag = "--ckpt-time"
+    write_s = opts["ckpt_time_s"]
+    if size_info is not None:
+        write_flag = "--size" if opts["size_bytes"] is not None else "--params"
+        write_s = size_info["checkpoint_bytes"] / bandwidth
+    cost = resolve_cost(write_s, write_flag, stall_s=opts["stall_s"], persist_s=opts["persist_s"],
+                        interference=opts["interference"])
+    if cost is None:
+        raise UsageError(
+            "give the checkpoint cost: --ckpt-time 140s, --size 140GB --bandwidth 1GB/s, "
+            "or --params 70B --bandwidth 1GB/s",
+        )
+    failures = resolve_failures(
+        mtbf_s=opts["mtbf_s"], gpu_mtbf_s=opts["gpu_mtbf_s"], node_mtbf_s=opts["node_mtbf_s"],
+        faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
+        gpus=opts["gpus"], nodes=opts["nodes"], count_given=True,
+    )
+    restart_s = opts["restart_s"] or 0.0
+    every_s = opts["every_s"]
+    if opts["restart_s"] is None and failures is not None:
+        notes.append("no --restart given: restarts assumed free, so the waste is a lower bound")
+    doc: dict[str, Any] = {
+        "command": "interval",
+        "mode": "async" if cost.is_async else "sync",
+        "checkpoint_bytes": size_info["checkpoint_bytes"] if size_info else None,
+        "bandwidth_bytes_per_s": bandwidth,
+        "sizing": size_info["sizing"] if size_info else None,
+        "checkpoint_s": cost.persist_s if cost.is_async else cost.stall_s,
+        "stall_s": cost.stall_s,
+        "persist_s": cost.persist_s,
+        "interference": cost.interference,
+        "blocking_s": cost.blocking_s,
+        "min_interval_s": cost.min_interval_s,
+        "mtbf_s": None,
+        "failures_per_day": None,
+        "failure_source": None,
+        "restart_s": restart_s,
+    }
+    result_keys = [f.name for f in model.IntervalAnalysis.__dataclass_fields__.values()]
+    if opts["simulate_runs"] is None:
+        for flag, key in (("--work", "work_s"), ("--weibull-shape", "weibull_shape"), ("--seed", "seed")):
+            if opts[key] is not None:
+                raise UsageError(f"{flag} applies only with --simulate")
+    doc["simulation"] = None
+    if failures is None:
+        for flag, key in (("--plot", "plot_path"), ("--simulate", "simulate_runs")):
+            if opts[key] is not None:
+                raise UsageError(f"{flag} needs a failure rate (--mtbf, --gpus with --gpu-mtbf, or --failures)")
+        doc |= {k: None for k in result_keys if k not in doc}
+        if every_s is not None:
+            doc["interval_s"] = every_s
+            doc["overhead_fraction"] = model.overhead_fraction(every_s, cost)
+        notes.append(
+            "no failure rate given: only the checkpoint overhead is computed; a failure rate (--mtbf, "
+            "--gpus with --gpu-mtbf, --failures) adds the optimal interval, lost work and total waste",
+        )
+    else:
+        if opts["plot_path"] is not None and not opts["plot_path"].name.lower().endswith(".png"):
+            notes.append(f"--plot {opts['plot_path'].name}: written as PNG whatever the extension")
+        analysis = model.analyse(cost, failures.mtbf_s, restart_s, every_s)
+        doc |= analysis.as_dict()
+        doc |= {"failures_per_day": failures.faults_per_day, "failure_source": failures.source}
+        if opts["simulate_runs"] is not None:
+            doc["simulation"] = _simulate(opts, cost, failures, restart_s, analysis)
+        if analysis.constraint_binding:
+            notes.append(
+                f"the one-in-flight bound binds: the optimum {format_duration(analysis.exact_interval_s)} is "
+                f"shorter than (1 - f) P = {format_duration(cost.min_interval_s)}, which costs "
+                f"{pct(analysis.constraint_cost_fraction, 2)} of wall time; a shorter persist (faster storage) lifts it",
+            )
+    doc["notes"] = notes
+    doc["assumptions"] = [line.strip() for line in EXPLAIN.splitlines() if line.strip()]
+    doc["units"] = UNITS
+    return doc
+
+
+def _simulate(
+    opts: dict[str, Any], cost: model.CheckpointCost, failures: FailureModel, restart_s: float,
+    analysis: model.IntervalAnalysis,
+) -> dict[str, Any]:
+    """Monte Carlo runs at the optimum (and at --every) next to the exact model's expectation."""
+    from ckptbench.model.simulate import SimulationConfig, simulate
+
+    work_s = opts["work_s"] or 30 * 86400.0
+    shape = opts["weibull_shape"] if opts["weibull_shape"] is not None else failures.weibull_shape
+    seed = opts["seed"] if opts["seed"] is not None else 0
+    out: dict[str, Any] = {"runs": opts["simulate_runs"], "seed": seed, "work_s": work_s, "weibull_shape": shape}
+    points = {"at_optimum": analysis.optimal_interval_s}
+    if analysis.interval_s is not None:
+        points["at_interval"] = analysis.interval_s
+    for name, tau in points.items():
+        config = SimulationConfig(work_s, tau, cost, failures.mtbf_s, restart_s, weibull_shape=shape,
+                                  runs=opts["simulate_runs"], seed=seed)
+        result = simulate(config)
+        expected = model.expected_wall_time_s(work_s, tau, cost, failures.mtbf_s, restart_s)
+        out[name] = {
+            "interval_s": config.used_interval_s,
+            "mean_wall_s": result.mean_wall_s,
+            "stderr_wall_s": result.stderr_wall_s,
+            "waste_fraction": result.waste_fraction,
+            "model_wall_s": expected,
+            "model_waste_fraction": 1.0 - work_s / expected,
+            "failures_per_run": float(result.failures.mean()),
+            "breakdown_s": result.breakdown_s(),
+        }
+    return out
+
+
+def _checkpoint_bytes(opts: dict[str, Any]) -> dict[str, Any] | None:
+    """Bytes from --size or from --params/--model and the recipe; ``None`` for --ckpt-time (or nothing)."""
+    from ckptbench.model import presets
+
+    ways = [flag for flag, key in (("--ckpt-time", "ckpt_time_s"), ("--size", "size_bytes"),
+                                   ("--params", "param_count"), ("--model", "model_preset")) if opts[key] is not None]
+    if len(ways) > 1:
+        raise UsageError(f"{ways[0]} and {ways[1]} both give the checkpoint cost", hint="give one of them")
+    recipe_flags = [flag for flag, given in (
+        ("--dtype", opts["dtype"] is not None), ("--optimizer", opts["optimizer"] is not None),
+        ("--weights-only", opts["weights_only"]), ("--master-weights", opts["master_weights"] is not None),
+        ("--grads", opts["grads"]), ("--dp", opts["dp"] is not None), ("--tp", opts["tp"] is not None),
+        ("--pp", opts["pp"] is not None), ("--sharding", opts["sharding"] is not None),
+    ) if given]
+    sized_by_params = opts["param_count"] is not None or opts["model_preset"] is not None
+    if recipe_flags and not sized_by_params:
+        raise UsageError(f"{recipe_flags[0]} applies only with --params or --model")
+    if opts["bandwidth_bytes_per_s"] is not None and not (sized_by_params or opts["size_bytes"] is not None):
+        raise UsageError("--bandwidth needs --size or --params (the bytes it divides)")
+    if not (sized_by_params or opts["size_bytes"] is not None):
+        return None
+    if opts["bandwidth_bytes_per_s"] is None:
+        what = "--size" if opts["size_bytes"] is not None else ways[0]
+        raise UsageError(f"{what} needs --bandwidth to turn bytes into a checkpoint time")
+    if opts["size_bytes"] is not None:
+        return {"checkpoint_bytes": opts["size_bytes"], "sizing": None}
+    if opts["weights_only"]:
+        for flag, given in (("--optimizer", opts["optimizer"] is not None), ("--grads", opts["grads"]),
+                            ("--master-weights", bool(opts["master_weights"]))):
+            if given:
+                raise UsageError(f"--weights-only and {flag} contradict each other", hint="give one of them")
+    shape = presets.load_model(opts["model_preset"]) if opts["model_preset"] is not None else None
+    params_count = shape.params if shape is not None else opts["param_count"]
+    recipe = sizing.TrainingRecipe(
+        weights_dtype=opts["dtype"] or "bf16", optimizer=opts["optimizer"] or "adam",
+        master_weights=opts["master_weights"], gradients=opts["grads"], weights_only=opts["weights_only"],
+    )
+    layout = sizing.Parallelism(dp=opts["dp"] or 1, tp=opts["tp"] or 1, pp=opts["pp"] or 1,
+                                sharding=opts["sharding"] or "none")
+    size = sizing.checkpoint_size(params_count, recipe, layout)
+    info = size.as_dict() | {"model": shape.name if shape else None}
+    return {"checkpoint_bytes": size.total_bytes, "sizing": info}
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def _plot(doc: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.plots import plot_waste_curve
+
+    cost = model.CheckpointCost(doc["stall_s"], doc["persist_s"], doc["interference"])
+    plot_waste_curve(path, cost, doc["mtbf_s"], doc["restart_s"], doc)
+
+
+def _print_human(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from ckptbench.cli.render import stdout_console
+
+    console = stdout_console()
+    asynchronous = doc["mode"] == "async"
+    inputs = Table(title="Inputs", show_header=False, box=None, pad_edge=False)
+    inputs.add_column(style="bold")
+    inputs.add_column()
+    if doc["checkpoint_bytes"] is not None:
+        sized = doc["sizing"]
+        what = format_size(doc["checkpoint_bytes"], binary=False)
+        if sized:
+            what += f" ({sized['params'] / 1e9:.4g}B params, {sized['recipe']['description']})"
+        inputs.add_row("checkpoint size", what)
+        if sized and sized["ranks"] > 1:
+            inputs.add_row("per rank", f"up to {format_size(sized['per_rank_max_bytes'], binary=False)} "
+                                       f"({sized['writer_ranks']} of {sized['ranks']} ranks write)")
+        inputs.add_row("bandwidth", format_rate(doc["bandwidth_bytes_per_s"]))
+    if asynchronous:
+        inputs.add_row("async checkpoint", f"stall {format_duration(doc['stall_s'])}, persist "
+                       f"{format_duration(doc['persist_s'])}, interference {pct(doc['interference'])}")
+        inputs.add_row("blocking cost", f"{format_duration(doc['blocking_s'])} per checkpoint (s + fP)")
+        inputs.add_row("shortest interval", f"{format_duration(doc['min_interval_s'])} (one checkpoint in flight)")
+    else:
+        inputs.add_row("checkpoint time", f"{format_duration(doc['checkpoint_s'])} (blocking)")
+    if doc["mtbf_s"] is not None:
+        inputs.add_row("job MTBF", f"{format_duration(doc['mtbf_s'])} ({doc['failures_per_day']:.3g} failures/day; "
+                                   f"{doc['failure_source']})")
+        inputs.add_row("restart", format_duration(doc["restart_s"]) if doc["restart_s"] else "0 (not given)")
+    console.print(inputs)
+    console.print()
+
+    if doc["mtbf_s"] is not None:
+        table = Table(title="Checkpoint interval (compute time between checkpoints)")
+        table.add_column("method")
+        table.add_column("interval", justify="right")
+        table.add_column("waste of wall time", justify="right")
+        table.add_column("checkpoint overhead", justify="right")
+        c_name = "(s + fP)" if asynchronous else "C"
+
+        def clamped(interval_s: float) -> str:
+            below = interval_s < doc["min_interval_s"]
+            return format_duration(interval_s) + (" (< bound)" if below else "")
+
+        table.add_row(f"Young  sqrt(2 {c_name} M)", clamped(doc["young_interval_s"]), pct(doc["waste_fraction_young"], 2),
+                      pct(doc["blocking_s"] / max(doc["young_interval_s"], doc["min_interval_s"]), 2))
+        table.add_row("Daly (2006)", clamped(doc["daly_interval_s"]), pct(doc["waste_fraction_daly"], 2),
+                      pct(doc["blocking_s"] / max(doc["daly_interval_s"], doc["min_interval_s"]), 2))
+        label = "optimum (exact model)" + (" [bound binds]" if doc["constraint_binding"] else "")
+        table.add_row(f"[bold]{label}[/bold]", f"[bold]{format_duration(doc['optimal_interval_s'])}[/bold]",
+                      f"[bold]{pct(doc['waste_fraction'], 2)}[/bold]", pct(doc["overhead_fraction_at_optimum"], 2))
+        if doc["interval_s"] is not None:
+            table.add_row("yours (--every)", format_duration(doc["interval_s"]),
+                          pct(doc["waste_fraction_at_interval"], 2), pct(doc["overhead_fraction"], 2))
+        console.print(table)
+        sim = doc["simulation"]
+        if sim is not None:
+            kind = "exponential" if sim["weibull_shape"] == 1 else f"Weibull k={sim['weibull_shape']:g}"
+            console.print()
+            console.print(f"Monte Carlo check: {sim['runs']:,} runs of {format_duration(sim['work_s'])} of compute, "
+                          f"{kind} failures, seed {sim['seed']}")
+            check = Table()
+            check.add_column("interval", justify="right")
+            check.add_column("model waste (exponential)", justify="right")
+            check.add_column("simulated waste", justify="right")
+            check.add_column("failures per run", justify="right")
+            for name in ("at_optimum", "at_interval"):
+                if name in sim:
+                    row = sim[name]
+                    spread = 100 * row["stderr_wall_s"] * sim["work_s"] / row["mean_wall_s"] ** 2
+                    check.add_row(format_duration(row["interval_s"]), pct(row["model_waste_fraction"], 2),
+                                  f"{pct(row['waste_fraction'], 2)} ± {spread:.2f}", f"{row['failures_per_run']:.1f}")
+            console.print(check)
+    elif doc["interval_s"] is not None:
+        table = Table(title="Checkpoint overhead")
+        table.add_column("interval", justify="right")
+        table.add_column("checkpoint overhead", justify="right")
+        table.add_row(format_duration(doc["interval_s"]), pct(doc["overhead_fraction"], 2))
+        console.print(table)
+    for note in doc["notes"]:
+        console.print(f"[dim]note: {note}[/dim]")
+    console.print()
+    console.print(takeaway(doc))
+
+
+def takeaway(doc: dict[str, Any]) -> str:
+    """One sentence a team lead can act on."""
+    if doc["mtbf_s"] is None:
+        if doc["interval_s"] is None:
+            return (f"A checkpoint costs {format_duration(doc['blocking_s'])} of training time; add a failure rate "
+                    "for the optimal interval, or --every for the overhead of yours.")
+        return (f"Checkpointing every {format_duration(doc['interval_s'])} costs {pct(doc['overhead_fraction'])} of "
+                "compute in checkpoint stalls; add a failure rate for the optimal interval and the total waste.")
+    sentence = (f"Checkpoint every {format_duration(doc['optimal_interval_s'])}: about {pct(doc['waste_fraction'])} "
+                "of wall time then goes to checkpoints, lost work and restarts")
+    if doc["interval_s"] is not None:
+        extra = doc["waste_fraction_at_interval"] - doc["waste_fraction"]
+        sentence += (f"; every {format_duration(doc['interval_s'])} wastes {pct(doc['waste_fraction_at_interval'])}"
+                     f" ({100 * extra:+.1f} points)")
+    if doc["constraint_binding"]:
+        sentence += (f"; the persist time sets the floor, and faster storage would save "
+                     f"{pct(doc['constraint_cost_fraction'])} more")
+    return sentence + "."

@@ -1,0 +1,12 @@
+"""The model: pure computation, no I/O and no torch (numpy only in :mod:`.simulate`).
+
+* :mod:`.sizing` — checkpoint bytes from parameters, a training recipe and a parallel layout.
+* :mod:`.failures` — the job's MTBF from per-GPU/node MTBFs, faults per day or a published run.
+* :mod:`.interval` — Young, Daly, the exact optimum of Daly's model, and the async model.
+* :mod:`.simulate` — Monte Carlo runs (numpy, vectorised over runs) that validate the closed forms.
+* :mod:`.goodput` — planned time from ``6 N D``, wall time, badput by category, cost, what-ifs.
+* :mod:`.presets` — ``configs/models`` and ``configs/failures``.
+
+Import the submodules directly; this package imports none of them, so ``import ckptbench.model``
+costs nothing.
+"""

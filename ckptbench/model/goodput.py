@@ -1,0 +1,328 @@
+"""Goodput and cost of a training run: planned compute, failures, recovery and checkpoints.
+
+Planned time (no failures, no checkpoints): training compute ``6 N D`` FLOPs (``N`` parameters,
+``D`` tokens; the usual dense-transformer estimate) at ``GPUs x peak FLOP/s x MFU``:
+``planned = 6 N D / (GPUs * peak * MFU)``.
+
+Failures arrive at ``lambda = 1 / M_sys`` per second while the job runs (computing, checkpointing,
+redoing lost work); a second fault during a recovery is fixed by that recovery. Each fault costs
+``detect + replace + resume`` and, when checkpointing is modelled, the work lost since the newest
+durable checkpoint, ``lost = (tau + s + fP)/2 + (1 - f)P`` (``(tau + C)/2`` when synchronous; first
+order, see :func:`ckptbench.model.interval.lost_work_per_failure_s`). Checkpoints add
+``stalls = (planned / tau) (s + fP)``. So
+
+    faults = lambda * (planned + stalls + faults * lost) = lambda (planned + stalls) / (1 - lambda lost)
+    wall   = planned + stalls + faults * (detect + replace + resume + lost)
+
+Without checkpoint options, ``faults = lambda * planned`` and the waste is exactly
+``faults x (detect + replace + resume)``: the simple model most articles use. With them, this agrees
+with the exact model (:func:`ckptbench.model.interval.expected_wall_time_s` with
+``restart_can_fail=False``) to second order in ``(tau + C)/M``.
+
+``goodput = planned / wall`` (productive time over wall time); ``wasted_fraction_of_plan =
+(wall - planned) / planned``. The whole cluster is paid for during recovery.
+
+Hot spares: ``K`` idle nodes, paid for the whole wall time, let a failed node be swapped out at once
+while it is repaired (``replace`` long). A failure waits for a replacement only when all ``K`` spares
+are out, which happens with the Erlang-B probability ``B(K, lambda * replace)`` (spares form a
+``K``-server loss system); the expected replace time becomes ``B(K, lambda * replace) * replace``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ckptbench.errors import UsageError
+from ckptbench.model import _checks
+from ckptbench.model.failures import FailureModel
+from ckptbench.model.interval import CheckpointCost, exact_interval_s, lost_work_per_failure_s
+
+SECONDS_PER_HOUR = 3600.0
+#: Badput categories, in the order they are reported.
+BADPUT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall", "lost_progress", "detection", "replacement", "restart_restore")
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """The run as planned: ``params`` x ``tokens`` on ``gpus`` GPUs at ``peak_flops`` (per GPU, FLOP/s) and ``mfu``."""
+
+    params: float
+    tokens: float
+    gpus: int
+    peak_flops: float
+    mfu: float
+    gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        _checks.positive("parameter count", self.params)
+        _checks.positive("token count", self.tokens)
+        _checks.positive_int("GPU count", self.gpus)
+        _checks.positive("peak FLOP/s", self.peak_flops)
+        _checks.fraction("MFU", self.mfu, allow_zero=False)
+        _checks.positive_int("GPUs per node", self.gpus_per_node)
+
+    @property
+    def compute_flops(self) -> float:
+        """``6 N D``."""
+        return 6.0 * self.params * self.tokens
+
+    @property
+    def planned_s(self) -> float:
+        """``6 N D / (GPUs * peak * MFU)``."""
+        return self.compute_flops / (self.gpus * self.peak_flops * self.mfu)
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the cluster costs: per GPU-hour or per node-hour (one of them)."""
+
+    gpu_hour_usd: float | None = None
+    node_hour_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_hour_usd is not None and self.node_hour_usd is not None:
+            raise UsageError(
+                f"GPU-hour cost {self.gpu_hour_usd:g} and node-hour cost {self.node_hour_usd:g} both give the price",
+                hint="give one of them",
+            )
+        if self.gpu_hour_usd is not None:
+            _checks.positive("GPU-hour cost", self.gpu_hour_usd)
+        if self.node_hour_usd is not None:
+            _checks.positive("node-hour cost", self.node_hour_usd)
+
+    @property
+    def given(self) -> bool:
+        return self.gpu_hour_usd is not None or self.node_hour_usd is not None
+
+    def cluster_hour_usd(self, run: TrainingRun) -> float | None:
+        """Cost of one hour of the whole job (``gpus x $/GPU-h`` or ``nodes x $/node-h``)."""
+        if self.gpu_hour_usd is not None:
+            return self.gpu_hour_usd * run.gpus
+        if self.node_hour_usd is not None:
+            return self.node_hour_usd * run.nodes
+        return None
+
+    def node_hour(self, run: TrainingRun) -> float | None:
+        """Cost of one node for an hour (``gpus_per_node x $/GPU-h`` when priced per GPU)."""
+        if self.node_hour_usd is not None:
+            return self.node_hour_usd
+        if self.gpu_hour_usd is not None:
+            return self.gpu_hour_usd * run.gpus_per_node
+        return None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What one failure costs before training resumes: ``detect`` + ``replace`` + ``resume`` (restart and restore)."""
+
+    detect_s: float
+    replace_s: float
+    resume_s: float
+
+    def __post_init__(self) -> None:
+        _checks.nonnegative("detection time (s)", self.detect_s)
+        _checks.nonnegative("replacement time (s)", self.replace_s)
+        _checks.nonnegative("resume time (s)", self.resume_s)
+
+    @property
+    def total_s(self) -> float:
+        return self.detect_s + self.replace_s + self.resume_s
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Checkpoint every ``interval_s`` of compute at ``cost`` each."""
+
+    interval_s: float
+    cost: CheckpointCost
+
+    def __post_init__(self) -> None:
+        _checks.positive("checkpoint interval (s)", self.interval_s)
+        if self.interval_s < self.cost.min_interval_s:
+            raise UsageError(
+                f"checkpoint interval {self.interval_s:g} s is shorter than the persist bound "
+                f"(1 - f) P = {self.cost.min_interval_s:g} s: two checkpoints would be in flight",
+            )
+
+
+@dataclass(frozen=True)
+class GoodputResult:
+    """Hours, fractions and dollars of one scenario (dollars are ``None`` without pricing)."""
+
+    planned_hours: float
+    wall_hours: float
+    wasted_hours: float
+    goodput: float
+    wasted_fraction_of_plan: float
+    faults: float
+    faults_per_day: float
+    badput_hours: dict[str, float]
+    includes_checkpointing: bool
+    per_fault_hours: float
+    replace_effective_s: float
+    hot_spare_nodes: int
+    checkpoints: float | None
+    checkpoint_interval_s: float | None
+    planned_cost_usd: float | None
+    wall_cost_usd: float | None
+    spare_cost_usd: float | None
+    total_cost_usd: float | None
+    wasted_cost_usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A what-if: its result and what it changes against the baseline."""
+
+    name: str
+    description: str
+    result: GoodputResult
+    saved_hours: float
+    extra_cost_usd: float | None
+    net_saving_usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "wall_hours": self.result.wall_hours,
+            "wasted_hours": self.result.wasted_hours,
+            "goodput": self.result.goodput,
+            "saved_hours": self.saved_hours,
+            "extra_cost_usd": self.extra_cost_usd,
+            "net_saving_usd": self.net_saving_usd,
+        }
+
+
+def erlang_b(servers: int, offered_load: float) -> float:
+    """Erlang-B blocking probability ``B(K, a)`` (``B(0, a) = 1``), by the stable recurrence."""
+    if servers < 0:
+        raise UsageError(f"hot spare count {servers!r} must be zero or more")
+    _checks.nonnegative("offered load", offered_load)
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered_load * blocking / (k + offered_load * blocking)
+    return blocking
+
+
+def estimate(
+    run: TrainingRun,
+    failures: FailureModel,
+    recovery: Recovery,
+    *,
+    checkpoint: CheckpointPolicy | None = None,
+    pricing: Pricing | None = None,
+    hot_spare_nodes: int = 0,
+) -> GoodputResult:
+    """Wall time, waste by category, goodput and cost of ``run`` (see the module docstring for the model)."""
+    pricing = pricing or Pricing()
+    rate = failures.rate_per_s
+    replace_s = erlang_b(hot_spare_nodes, rate * recovery.replace_s) * recovery.replace_s
+    lost_s = lost_work_per_failure_s(checkpoint.interval_s, checkpoint.cost) if checkpoint else 0.0
+    per_fault_s = recovery.detect_s + replace_s + recovery.resume_s + lost_s
+    planned_s = run.planned_s
+    checkpoints = planned_s / checkpoint.interval_s if checkpoint else None
+    stalls_s = checkpoints * checkpoint.cost.blocking_s if checkpoint and checkpoints else 0.0
+    if rate * lost_s >= 1.0:
+        raise UsageError(
+            f"failures arrive every {failures.mtbf_s / SECONDS_PER_HOUR:.3g} h on average but each throws "
+            f"away {lost_s / SECONDS_PER_HOUR:.3g} h of work, so the run never finishes",
+            hint="checkpoint more often or faster, or fail less often",
+        )
+    faults = rate * (planned_s + stalls_s) / (1.0 - rate * lost_s)
+    wall_s = planned_s + stalls_s + faults * per_fault_s
+    badput_s = {
+        "checkpoint_stall": stalls_s,
+        "lost_progress": faults * lost_s,
+        "detection": faults * recovery.detect_s,
+        "replacement": faults * replace_s,
+        "restart_restore": faults * recovery.resume_s,
+    }
+    hour = SECONDS_PER_HOUR
+    wall_h, planned_h = wall_s / hour, planned_s / hour
+    cluster_rate = pricing.cluster_hour_usd(run)
+    node_rate = pricing.node_hour(run)
+    if cluster_rate is not None and node_rate is not None:
+        planned_cost = cluster_rate * planned_h
+        wall_cost = cluster_rate * wall_h
+        spare_cost = hot_spare_nodes * node_rate * wall_h
+        total_cost: float | None = wall_cost + spare_cost
+        wasted_cost: float | None = wall_cost + spare_cost - planned_cost
+    else:
+        planned_cost = wall_cost = spare_cost = total_cost = wasted_cost = None
+    return GoodputResult(
+        planned_hours=planned_h,
+        wall_hours=wall_h,
+        wasted_hours=wall_h - planned_h,
+        goodput=planned_s / wall_s,
+        wasted_fraction_of_plan=(wall_s - planned_s) / planned_s,
+        faults=faults,
+        faults_per_day=failures.faults_per_day,
+        badput_hours={k: v / hour for k, v in badput_s.items()},
+        includes_checkpointing=checkpoint is not None,
+        per_fault_hours=per_fault_s / hour,
+        replace_effective_s=replace_s,
+        hot_spare_nodes=hot_spare_nodes,
+        checkpoints=checkpoints,
+        checkpoint_interval_s=checkpoint.interval_s if checkpoint else None,
+        planned_cost_usd=planned_cost,
+        wall_cost_usd=wall_cost,
+        spare_cost_usd=spare_cost,
+        total_cost_usd=total_cost,
+        wasted_cost_usd=wasted_cost,
+    )
+
+
+def what_if(
+    run: TrainingRun,
+    failures: FailureModel,
+    recovery: Recovery,
+    *,
+    checkpoint: CheckpointPolicy | None = None,
+    pricing: Pricing | None = None,
+    hot_spare_nodes: int = 0,
+) -> list[Scenario]:
+    """Alternatives to the baseline: halve detection, one more hot spare (or none), the optimal interval.
+
+    Each reports the hours it saves and, with pricing, its extra cost (spares) and net saving.
+    """
+    kwargs: dict[str, Any] = {"checkpoint": checkpoint, "pricing": pricing, "hot_spare_nodes": hot_spare_nodes}
+    base = estimate(run, failures, recovery, **kwargs)
+    candidates: list[tuple[str, str, dict[str, Any], Recovery]] = [
+        ("faster_detection", f"detect failures in {_fmt_min(recovery.detect_s / 2)} instead of "
+         f"{_fmt_min(recovery.detect_s)}", {}, replace(recovery, detect_s=recovery.detect_s / 2)),
+        ("hot_spare", f"keep {hot_spare_nodes + 1} hot spare node{'s' if hot_spare_nodes else ''}",
+         {"hot_spare_nodes": hot_spare_nodes + 1}, recovery),
+    ]
+    if hot_spare_nodes:
+        candidates.append(("no_hot_spares", "keep no hot spare nodes", {"hot_spare_nodes": 0}, recovery))
+    if checkpoint is not None:
+        best = max(exact_interval_s(checkpoint.cost.blocking_s, failures.mtbf_s), checkpoint.cost.min_interval_s)
+        candidates.append((
+            "optimal_interval", f"checkpoint every {_fmt_min(best)} (the optimum) instead of every "
+            f"{_fmt_min(checkpoint.interval_s)}",
+            {"checkpoint": CheckpointPolicy(best, checkpoint.cost)}, recovery,
+        ))
+    scenarios = []
+    for name, description, changes, rec in candidates:
+        result = estimate(run, failures, rec, **(kwargs | changes))
+        extra = net = None
+        if base.total_cost_usd is not None and result.total_cost_usd is not None:
+            extra = (result.spare_cost_usd or 0.0) - (base.spare_cost_usd or 0.0)
+            net = base.total_cost_usd - result.total_cost_usd
+        scenarios.append(Scenario(name, description, result, base.wall_hours - result.wall_hours, extra, net))
+    return scenarios
+
+
+def _fmt_min(seconds: float) -> str:
+    minutes = seconds / 60.0
+    return f"{minutes:.3g} min" if minutes < 120 else f"{minutes / 60:.3g} h"

@@ -1,0 +1,369 @@
+"""How often to checkpoint: Young, Daly, the exact optimum of Daly's model, and the async model.
+
+Notation (every time in seconds): ``M`` the job's MTBF, ``R`` the restart cost (detect, replace,
+reload; paid after every failure), ``tau`` the *interval*: training compute between two checkpoints
+(what "checkpoint every N steps" sets). Failures are exponential (Poisson) in wall-clock time and
+may strike at any moment: while computing, while checkpointing, and while restarting.
+
+Synchronous checkpoints take ``C`` and block training.
+
+* Young (1974), first order: ``tau = sqrt(2 C M)``.
+* Daly (2006), higher order: ``tau = sqrt(2CM) [1 + (1/3) sqrt(C/2M) + (1/9)(C/2M)] - C`` for
+  ``C < 2M``, else ``tau = M``.
+* Daly's full model: expected wall time ``T_w(tau) = M e^{R/M} (e^{(tau+C)/M} - 1) T_s / tau`` for
+  ``T_s`` of compute, where a failure during a checkpoint loses the whole segment and a failure during
+  a restart starts the restart over. Its exact optimum is found numerically (golden-section search on
+  ``log tau``); it does not depend on ``R``.
+
+Asynchronous checkpoints: stall ``s`` (blocking staging), persist ``P`` (staging end -> durable,
+overlapping training), interference ``f`` (training runs at ``1 - f`` of its speed while persisting),
+and at most one checkpoint in flight. A snapshot is durable ``s + P`` after its stall starts; a
+failure before that loses it, and the job falls back to the previous durable snapshot.
+
+* First order (waste per unit of useful work): ``waste(tau) = (s + fP)/tau + (tau/2 + s + P + R)/M``,
+  optimum ``tau = sqrt(2 (s + fP) M)`` (Young with ``C = s + fP``).
+* Exact, for this schedule: the same as Daly's full model with the blocking cost
+  ``C_eff = s + fP`` and the restart ``R + (1 - f)P`` (a failure rolls back ``(1 - f)P`` further
+  because the newest snapshot is still persisting): per interval in steady state
+  ``E_cycle(tau) = M e^{(R + (1-f)P)/M} (e^{(tau + s + fP)/M} - 1)``. Its optimum is Daly's exact
+  optimum with ``C = s + fP``.
+* Constraint: the next checkpoint may not start before the previous one is durable. The period
+  between checkpoint starts is ``T = tau + s + fP`` and must be ``>= s + P``, i.e.
+  ``tau >= (1 - f) P``. When the unconstrained optimum is shorter, the optimum is the bound and
+  :class:`IntervalAnalysis` reports ``constraint_binding`` and the waste that costs.
+
+"Waste fraction" is the expected fraction of wall-clock time that is not useful compute:
+``1 - tau / E_cycle(tau)`` (``1 - goodput``). ``overhead_fraction`` is the checkpoint cost alone:
+``(s + fP) / tau`` (``C / tau`` when synchronous).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckptbench.errors import UsageError
+from ckptbench.model import _checks
+from ckptbench.units import format_duration
+
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    """What one checkpoint costs the job.
+
+    Synchronous: ``stall_s`` is the whole checkpoint time ``C`` (``persist_s = 0``). Asynchronous:
+    ``stall_s`` is the blocking staging ``s``, ``persist_s`` the time from staging end to durable
+    ``P``, and ``interference`` the fraction ``f`` of training throughput lost while persisting.
+    """
+
+    stall_s: float
+    persist_s: float = 0.0
+    interference: float = 0.0
+
+    def __post_init__(self) -> None:
+        _checks.positive("stall (s)", self.stall_s)
+        _checks.nonnegative("persist (s)", self.persist_s)
+        _checks.fraction("interference", self.interference, allow_zero=True)
+        if self.persist_s == 0 and self.interference:
+            raise UsageError(f"interference {self.interference!r} needs a persist time (asynchronous checkpoints)")
+
+    @classmethod
+    def sync(cls, checkpoint_s: float) -> CheckpointCost:
+        """A blocking checkpoint of ``checkpoint_s``."""
+        return cls(stall_s=checkpoint_s)
+
+    @property
+    def is_async(self) -> bool:
+        return self.persist_s > 0
+
+    @property
+    def blocking_s(self) -> float:
+        """``C_eff = s + f P``: training time lost per checkpoint (``C`` when synchronous)."""
+        return self.stall_s + self.interference * self.persist_s
+
+    @property
+    def durable_s(self) -> float:
+        """``s + P``: from the start of a checkpoint until it is durable."""
+        return self.stall_s + self.persist_s
+
+    @property
+    def rollback_s(self) -> float:
+        """``(1 - f) P``: extra rollback a failure costs because the newest snapshot is not yet durable."""
+        return (1.0 - self.interference) * self.persist_s
+
+    @property
+    def min_interval_s(self) -> float:
+        """Smallest interval with at most one checkpoint in flight: ``tau >= (1 - f) P`` (0 when synchronous)."""
+        return self.rollback_s
+
+
+def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young (1974): ``sqrt(2 C M)``, first order in ``C/M``."""
+    _checks.positive("checkpoint time (s)", checkpoint_s)
+    _checks.positive("MTBF (s)", mtbf_s)
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s)
+
+
+def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Daly (2006) higher-order estimate; ``M`` when ``C >= 2M``."""
+    _checks.positive("checkpoint time (s)", checkpoint_s)
+    _checks.positive("MTBF (s)", mtbf_s)
+    if checkpoint_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    ratio = checkpoint_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - checkpoint_s
+
+
+def exact_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """The ``tau`` minimising Daly's full model ``(e^{(tau + C)/M} - 1) / tau`` (numeric, independent of ``R``).
+
+    Golden-section search on ``log tau`` over ``[1e-12 M, M]`` (the optimum solves
+    ``e^{(tau+C)/M} (1 - tau/M) = 1``, so it lies below ``M``); relative precision about 1e-8.
+    """
+    _checks.positive("checkpoint time (s)", checkpoint_s)
+    _checks.positive("MTBF (s)", mtbf_s)
+    return _minimise_log(lambda tau: math.expm1((tau + checkpoint_s) / mtbf_s) / tau, 1e-12 * mtbf_s, mtbf_s)
+
+
+def cycle_time_s(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Expected wall time of one interval in steady state: ``M e^{(R + (1-f)P)/M} (e^{(tau + s + fP)/M} - 1)``."""
+    _validate(interval_s, cost, mtbf_s, restart_s)
+    return _cycle(interval_s, cost, mtbf_s, restart_s)
+
+
+def waste_fraction(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Expected fraction of wall time that is not useful compute, in steady state: ``1 - tau / E_cycle``."""
+    _validate(interval_s, cost, mtbf_s, restart_s)
+    return _waste(interval_s, cost, mtbf_s, restart_s)
+
+
+def first_order_waste(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """``(s + fP)/tau + (tau/2 + s + P + R)/M``: waste per unit of useful work, first order in ``tau/M``."""
+    _validate(interval_s, cost, mtbf_s, restart_s)
+    return _first_order(interval_s, cost, mtbf_s, restart_s)
+
+
+def overhead_fraction(interval_s: float, cost: CheckpointCost) -> float:
+    """Checkpoint cost per unit of compute: ``(s + fP) / tau`` (``C / tau`` when synchronous).
+
+    Raises ``UsageError`` for an interval that would put two async checkpoints in flight.
+    """
+    _checks.positive("interval (s)", interval_s)
+    _check_in_flight(interval_s, cost)
+    return cost.blocking_s / interval_s
+
+
+def lost_work_per_failure_s(interval_s: float, cost: CheckpointCost) -> float:
+    """Expected wall time a failure throws away, first order: ``(tau + s + fP)/2 + (1 - f)P``.
+
+    Failures strike uniformly over the running time, whose period is ``tau + s + fP``; a failure
+    loses the time since the newest durable point plus the ``(1 - f)P`` of work done while that
+    snapshot was persisting (``(tau + C)/2`` when synchronous). Stalls of kept checkpoints are counted
+    as checkpoint overhead, not here. (Per unit of useful work instead of per failure, the same
+    bookkeeping gives the ``(tau/2 + s + P + R)/M`` term of :func:`first_order_waste`.)
+    """
+    _checks.positive("interval (s)", interval_s)
+    return (interval_s + cost.blocking_s) / 2.0 + cost.rollback_s
+
+
+def expected_wall_time_s(
+    work_s: float, interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0,
+    *, restart_can_fail: bool = True,
+) -> float:
+    """Exact expected wall time to finish ``work_s`` of compute, including a final durable checkpoint.
+
+    The work is split into ``n = ceil(work / tau)`` equal intervals (so the interval used is
+    ``work / n``, at most ``tau``; one fewer when that would break the one-in-flight bound). The first interval starts with nothing in flight and costs
+    ``M e^{R/M} (e^{(tau + s + P)/M} - 1)``; each later one costs :func:`cycle_time_s`. This is the
+    schedule :func:`ckptbench.model.simulate.simulate` runs, so the two agree to sampling error.
+
+    ``restart_can_fail=False`` is the variant where failures cannot strike during a restart (a
+    second fault is fixed in the same recovery): every ``e^{R/M}`` becomes ``1 + R/M``.
+    """
+    _checks.positive("work (s)", work_s)
+    _validate(interval_s, cost, mtbf_s, restart_s)
+    n = intervals_for(work_s, interval_s, cost.min_interval_s)
+    tau = work_s / n
+    _validate(tau, cost, mtbf_s, restart_s)
+    factor = _restart_factor(restart_s, mtbf_s, restart_can_fail)
+    first = mtbf_s * factor * math.expm1((tau + cost.durable_s) / mtbf_s)
+    return first + (n - 1) * _cycle(tau, cost, mtbf_s, restart_s, restart_can_fail)
+
+
+def check_can_keep_up(cost: CheckpointCost, mtbf_s: float) -> None:
+    """Raise ``UsageError`` when a checkpoint takes as long as the MTBF to become durable."""
+    if cost.durable_s >= mtbf_s:
+        what = "to become durable" if cost.is_async else ""
+        raise UsageError(
+            f"checkpointing cannot keep up: a checkpoint takes {format_duration(cost.durable_s)} {what}".rstrip()
+            + f" but the job fails every {format_duration(mtbf_s)} on average (MTBF), so most checkpoints never complete",
+            hint="write faster: more bandwidth, smaller or sharded checkpoints, async; or fail less often",
+        )
+
+
+@dataclass(frozen=True)
+class IntervalAnalysis:
+    """Everything ``ckptbench interval`` reports for one checkpoint cost and failure rate.
+
+    Intervals are compute time between checkpoints (s). Waste fractions are shares of wall time from
+    the exact model; ``waste_fraction_young``/``_daly`` are taken at those intervals, or at the
+    one-in-flight bound when they fall below it. ``first_order_waste`` is the first-order formula
+    (waste per unit of useful work) at the optimum. ``constraint_*`` describes the async bound.
+    """
+
+    stall_s: float
+    persist_s: float
+    interference: float
+    blocking_s: float
+    mtbf_s: float
+    restart_s: float
+    young_interval_s: float
+    daly_interval_s: float
+    exact_interval_s: float
+    optimal_interval_s: float
+    min_interval_s: float
+    constraint_binding: bool
+    constraint_cost_fraction: float
+    waste_fraction: float
+    waste_fraction_young: float
+    waste_fraction_daly: float
+    first_order_waste: float
+    overhead_fraction_at_optimum: float
+    lost_work_per_failure_s: float
+    failures_per_day: float
+    interval_s: float | None = None
+    overhead_fraction: float | None = None
+    waste_fraction_at_interval: float | None = None
+    lost_work_per_failure_at_interval_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def analyse(
+    cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0, every_s: float | None = None,
+) -> IntervalAnalysis:
+    """Young, Daly, the exact optimum (constrained when async) and, with ``every_s``, that interval's cost.
+
+    Raises ``UsageError`` if a checkpoint cannot become durable within the MTBF, or if ``every_s``
+    would put two async checkpoints in flight. ``constraint_cost_fraction`` is the waste the
+    one-in-flight bound adds over the unconstrained optimum of the same formula (0 when it does not bind).
+    """
+    _checks.positive("MTBF (s)", mtbf_s)
+    _checks.nonnegative("restart (s)", restart_s)
+    check_can_keep_up(cost, mtbf_s)
+    c_eff = cost.blocking_s
+    young = young_interval_s(c_eff, mtbf_s)
+    daly = daly_interval_s(c_eff, mtbf_s)
+    exact = exact_interval_s(c_eff, mtbf_s)
+    binding = exact < cost.min_interval_s
+    optimal = max(exact, cost.min_interval_s)
+    waste_opt = _waste(optimal, cost, mtbf_s, restart_s)
+    fields: dict[str, Any] = {}
+    if every_s is not None:
+        _validate(every_s, cost, mtbf_s, restart_s)
+        fields = {
+            "interval_s": every_s,
+            "overhead_fraction": overhead_fraction(every_s, cost),
+            "waste_fraction_at_interval": _waste(every_s, cost, mtbf_s, restart_s),
+            "lost_work_per_failure_at_interval_s": lost_work_per_failure_s(every_s, cost),
+        }
+    return IntervalAnalysis(
+        stall_s=cost.stall_s,
+        persist_s=cost.persist_s,
+        interference=cost.interference,
+        blocking_s=c_eff,
+        mtbf_s=mtbf_s,
+        restart_s=restart_s,
+        young_interval_s=young,
+        daly_interval_s=daly,
+        exact_interval_s=exact,
+        optimal_interval_s=optimal,
+        min_interval_s=cost.min_interval_s,
+        constraint_binding=binding,
+        constraint_cost_fraction=waste_opt - _waste(exact, cost, mtbf_s, restart_s) if binding else 0.0,
+        waste_fraction=waste_opt,
+        waste_fraction_young=_waste(max(young, cost.min_interval_s), cost, mtbf_s, restart_s),
+        waste_fraction_daly=_waste(max(daly, cost.min_interval_s), cost, mtbf_s, restart_s),
+        first_order_waste=_first_order(optimal, cost, mtbf_s, restart_s),
+        overhead_fraction_at_optimum=overhead_fraction(optimal, cost),
+        lost_work_per_failure_s=lost_work_per_failure_s(optimal, cost),
+        failures_per_day=86400.0 / mtbf_s,
+        **fields,
+    )
+
+
+def waste_curve(
+    cost: CheckpointCost, mtbf_s: float, restart_s: float, intervals_s: list[float],
+) -> list[tuple[float, float, float]]:
+    """``(tau, exact waste fraction, first-order waste)`` for each interval (infeasible ones included; for plots)."""
+    return [(t, _waste(t, cost, mtbf_s, restart_s), _first_order(t, cost, mtbf_s, restart_s)) for t in intervals_s]
+
+
+def intervals_for(work_s: float, interval_s: float, min_interval_s: float = 0.0) -> int:
+    """Equal intervals the work splits into: ``ceil(work / tau)``, fewer if that would undercut the bound."""
+    _checks.positive("interval (s)", interval_s)
+    n = max(1, math.ceil(work_s / interval_s * (1.0 - 1e-12)))
+    if n > 1 and work_s / n < min_interval_s:
+        n = max(1, math.floor(work_s / min_interval_s))
+    return n
+
+
+# -- internals ---------------------------------------------------------------------------------
+
+
+def _restart_factor(restart_s: float, mtbf_s: float, restart_can_fail: bool = True) -> float:
+    """``e^{R/M}`` (a failure during a restart starts it over) or ``1 + R/M`` (restarts cannot fail)."""
+    return math.exp(restart_s / mtbf_s) if restart_can_fail else 1.0 + restart_s / mtbf_s
+
+
+def _cycle(tau: float, cost: CheckpointCost, mtbf_s: float, restart_s: float, restart_can_fail: bool = True) -> float:
+    return (
+        mtbf_s * _restart_factor(restart_s, mtbf_s, restart_can_fail) * math.exp(cost.rollback_s / mtbf_s)
+        * math.expm1((tau + cost.blocking_s) / mtbf_s)
+    )
+
+
+def _waste(tau: float, cost: CheckpointCost, mtbf_s: float, restart_s: float) -> float:
+    return 1.0 - tau / _cycle(tau, cost, mtbf_s, restart_s)
+
+
+def _first_order(tau: float, cost: CheckpointCost, mtbf_s: float, restart_s: float) -> float:
+    return cost.blocking_s / tau + (tau / 2.0 + cost.durable_s + restart_s) / mtbf_s
+
+
+def _validate(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float) -> None:
+    _checks.positive("interval (s)", interval_s)
+    _checks.positive("MTBF (s)", mtbf_s)
+    _checks.nonnegative("restart (s)", restart_s)
+    _check_in_flight(interval_s, cost)
+
+
+def _check_in_flight(interval_s: float, cost: CheckpointCost) -> None:
+    if interval_s < cost.min_interval_s * (1.0 - 1e-12):
+        raise UsageError(
+            f"interval {format_duration(interval_s)} would put two checkpoints in flight: with persist "
+            f"{format_duration(cost.persist_s)} and interference {cost.interference:g} it must be at least "
+            f"(1 - f) P = {format_duration(cost.min_interval_s)}",
+        )
+
+
+def _minimise_log(func: Callable[[float], float], lo: float, hi: float, rel_tol: float = 1e-10) -> float:
+    """Golden-section search for the minimum of a unimodal ``func`` on ``[lo, hi]``, in ``log`` space."""
+    a, b = math.log(lo), math.log(hi)
+    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+    fc, fd = func(math.exp(c)), func(math.exp(d))
+    while b - a > rel_tol:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - _GOLDEN * (b - a)
+            fc = func(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + _GOLDEN * (b - a)
+            fd = func(math.exp(d))
+    return math.exp((a + b) / 2.0)

@@ -1,0 +1,216 @@
+"""Monte Carlo simulation of a training run with random failures, checkpoints and restarts.
+
+The run must do ``work_s`` of compute. It is split into ``n = ceil(work / tau)`` equal intervals of
+``tau = work / n`` (one fewer if that would break the one-in-flight bound); after each one the job
+checkpoints, and it is done when the final checkpoint is durable. Checkpoints are synchronous
+(``cost.stall_s = C``, training waits) or asynchronous (stall ``s`` blocks training, then the
+snapshot persists for ``P`` while training runs at ``1 - f`` of its speed; at most one in flight,
+so ``tau >= (1 - f) P``). The snapshot holds the state at the start of its stall.
+
+Failures form a renewal process in wall-clock time: the times between them are independent,
+exponential or Weibull with shape ``k`` and scale ``M / Gamma(1 + 1/k)`` (so their mean is the
+MTBF ``M``), and the first is drawn at time 0. They strike whatever the job is doing:
+
+* while computing: the work since the newest *durable* snapshot is lost;
+* during a synchronous checkpoint, or during an async stall or persist: that checkpoint is lost
+  (it never became durable) and the job falls back to the previous durable one;
+* during a restart: the restart starts over (its elapsed time counts as restart time); with
+  ``restart_can_fail=False`` such a failure is absorbed by the recovery under way and not counted
+  (the convention of :mod:`ckptbench.model.goodput`).
+
+After a failure the job restarts (``restart_s``) and resumes from the newest durable snapshot with
+nothing in flight. Every second of wall time lands in exactly one category:
+``wall = work + checkpoint + lost + restart``, where ``checkpoint`` is the stalls, the throughput
+lost to interference and the wait for the final snapshot to persist, counted for the checkpoints
+that were kept; the rest of a failed segment is ``lost``.
+
+Vectorised over runs with numpy: the loop runs once per failure (the longest run's count), each step
+handling the next failure of every unfinished run at once. With exponential failures the mean wall
+time converges to :func:`ckptbench.model.interval.expected_wall_time_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ckptbench.errors import UsageError
+from ckptbench.model import _checks
+from ckptbench.model.interval import CheckpointCost, expected_wall_time_s, intervals_for
+
+log = logging.getLogger(__name__)
+
+#: Refuse simulations whose runs would each see more failures than this (they would take minutes).
+MAX_EXPECTED_FAILURES_PER_RUN = 100_000
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """One simulated training run (repeated ``runs`` times with a seeded RNG)."""
+
+    work_s: float
+    interval_s: float
+    cost: CheckpointCost
+    mtbf_s: float
+    restart_s: float = 0.0
+    weibull_shape: float = 1.0
+    runs: int = 10_000
+    seed: int | None = 0
+    restart_can_fail: bool = True
+
+    def __post_init__(self) -> None:
+        _checks.positive("work (s)", self.work_s)
+        _checks.positive("interval (s)", self.interval_s)
+        _checks.positive("MTBF (s)", self.mtbf_s)
+        _checks.nonnegative("restart (s)", self.restart_s)
+        _checks.positive("Weibull shape", self.weibull_shape)
+        _checks.positive_int("runs", self.runs)
+        if self.interval_s < self.cost.min_interval_s * (1 - 1e-12):
+            raise UsageError(
+                f"interval {self.interval_s:g} s would put two checkpoints in flight "
+                f"(it must be at least (1 - f) P = {self.cost.min_interval_s:g} s)",
+            )
+
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints per run without failures (including the final one)."""
+        return intervals_for(self.work_s, self.interval_s, self.cost.min_interval_s)
+
+    @property
+    def used_interval_s(self) -> float:
+        """The interval actually used: ``work / checkpoints`` (at most ``interval_s``, see above)."""
+        return self.work_s / self.checkpoints
+
+
+@dataclass(frozen=True, eq=False)
+class SimulationResult:
+    """Per-run outcomes (numpy arrays, seconds) and their means.
+
+    ``wall_s = work + checkpoint_s + lost_s + restart_s`` for every run.
+    """
+
+    config: SimulationConfig
+    wall_s: np.ndarray = field(repr=False)
+    checkpoint_s: np.ndarray = field(repr=False)
+    lost_s: np.ndarray = field(repr=False)
+    restart_s: np.ndarray = field(repr=False)
+    failures: np.ndarray = field(repr=False)
+
+    @property
+    def mean_wall_s(self) -> float:
+        return float(self.wall_s.mean())
+
+    @property
+    def stderr_wall_s(self) -> float:
+        """Standard error of :attr:`mean_wall_s`."""
+        return float(self.wall_s.std(ddof=1) / math.sqrt(self.wall_s.size)) if self.wall_s.size > 1 else math.nan
+
+    @property
+    def goodput(self) -> float:
+        """Useful compute / expected wall time (a ratio of means: what the bill sees)."""
+        return self.config.work_s / self.mean_wall_s
+
+    @property
+    def waste_fraction(self) -> float:
+        return 1.0 - self.goodput
+
+    def breakdown_s(self) -> dict[str, float]:
+        """Mean seconds per run in each category: ``work``, ``checkpoint``, ``lost``, ``restart``."""
+        return {
+            "work": self.config.work_s,
+            "checkpoint": float(self.checkpoint_s.mean()),
+            "lost": float(self.lost_s.mean()),
+            "restart": float(self.restart_s.mean()),
+        }
+
+
+def simulate(config: SimulationConfig) -> SimulationResult:
+    """Simulate ``config.runs`` independent runs; see the module docstring for the semantics."""
+    cost, mtbf = config.cost, config.mtbf_s
+    n = config.checkpoints
+    tau = config.used_interval_s
+    period = tau + cost.blocking_s  # durable-to-durable in steady state: tau + s + fP
+    first = tau + cost.durable_s  # resume-to-durable: tau + s + P
+    _check_size(config)
+
+    rng = np.random.default_rng(config.seed)
+    shape, scale = config.weibull_shape, mtbf / math.gamma(1.0 + 1.0 / config.weibull_shape)
+
+    def draw(size: int) -> np.ndarray:
+        if shape == 1.0:
+            return rng.exponential(mtbf, size)
+        return scale * rng.weibull(shape, size)
+
+    runs = config.runs
+    out_wall = np.empty(runs)
+    out_ckpt = np.empty(runs)
+    out_lost = np.empty(runs)
+    out_restart = np.empty(runs)
+    out_failures = np.empty(runs, dtype=np.int64)
+
+    # State of the unfinished runs (compacted as runs finish).
+    idx = np.arange(runs)
+    durable = np.zeros(runs, dtype=np.int64)  # index of the newest durable snapshot (0 = the start)
+    t_start = np.zeros(runs)  # when compute (re)starts from that snapshot
+    t_fail = draw(runs)  # absolute time of the next failure
+    ckpt = np.zeros(runs)
+    lost = np.zeros(runs)
+    restart = np.zeros(runs)
+    failures = np.zeros(runs, dtype=np.int64)
+
+    while idx.size:
+        in_restart = t_fail < t_start
+        elapsed = t_fail - t_start
+        remaining = n - durable
+        finish = first + (remaining - 1) * period
+        done = ~in_restart & (elapsed >= finish)
+
+        if done.any():  # finished before this failure: record and drop
+            k = remaining[done]
+            out_idx = idx[done]
+            out_wall[out_idx] = t_start[done] + finish[done]
+            out_ckpt[out_idx] = ckpt[done] + k * cost.blocking_s + cost.rollback_s
+            out_lost[out_idx] = lost[done]
+            out_restart[out_idx] = restart[done]
+            out_failures[out_idx] = failures[done]
+            live = ~done
+            idx, durable, t_start, t_fail = idx[live], durable[live], t_start[live], t_fail[live]
+            ckpt, lost, restart, failures = ckpt[live], lost[live], restart[live], failures[live]
+            in_restart, elapsed, remaining = in_restart[live], elapsed[live], remaining[live]
+
+        # Every remaining run fails now: during a restart (which starts over) or while computing or
+        # checkpointing (keeping the snapshots that became durable before the failure).
+        kept = np.clip(np.floor((elapsed - first) / period).astype(np.int64) + 1, 0, remaining - 1)
+        kept[in_restart] = 0
+        ckpt += kept * cost.blocking_s
+        lost += np.where(in_restart, 0.0, elapsed - kept * period)
+        durable += kept
+        if config.restart_can_fail:
+            restart += config.restart_s - np.where(in_restart, -elapsed, 0.0)
+            t_start = t_fail + config.restart_s
+            failures += 1
+        else:  # a failure during a restart is absorbed by it
+            restart += np.where(in_restart, 0.0, config.restart_s)
+            t_start = np.where(in_restart, t_start, t_fail + config.restart_s)
+            failures += ~in_restart
+        t_fail = t_fail + draw(idx.size)
+
+    return SimulationResult(config, out_wall, out_ckpt, out_lost, out_restart, out_failures)
+
+
+def _check_size(config: SimulationConfig) -> None:
+    """Refuse runs so failure-bound that the loop would not finish in reasonable time."""
+    expected = expected_wall_time_s(
+        config.work_s, config.interval_s, config.cost, config.mtbf_s, config.restart_s,
+        restart_can_fail=config.restart_can_fail,
+    )
+    per_run = expected / config.mtbf_s
+    if not math.isfinite(per_run) or per_run > MAX_EXPECTED_FAILURES_PER_RUN:
+        raise UsageError(
+            f"each simulated run would see about {per_run:.3g} failures (more than "
+            f"{MAX_EXPECTED_FAILURES_PER_RUN:,}); checkpointing cannot keep up with this failure rate",
+        )
+    log.debug("simulating %d runs, about %.1f failures each", config.runs, per_run)

@@ -1,0 +1,158 @@
+"""``ckptbench goodput``: JSON, human output, --explain, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckptbench.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = ["--params", "100B", "--tokens", "20T", "--gpus", "4000", "--peak-tflops", "1979", "--mfu", "0.35",
+        "--gpus-per-node", "8", "--faults-per-day", "1", "--detect", "60m", "--replace", "60m", "--resume", "30m"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["goodput", *args])
+
+
+def run_json(*args: str) -> dict:
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_json_simple_model() -> None:
+    doc = run_json(*BASE, "--node-hour-cost", "90")
+    for key in ("planned_hours", "wall_hours", "wasted_hours", "goodput", "wasted_fraction_of_plan",
+                "planned_cost_usd", "wasted_cost_usd", "badput", "units", "what_if"):
+        assert key in doc
+    assert doc["planned_hours"] == pytest.approx(1.2e25 / (4000 * 1979e12 * 0.35) / 3600)
+    assert doc["wasted_hours"] == pytest.approx(doc["faults"] * 2.5)
+    assert doc["faults"] == pytest.approx(doc["planned_hours"] / 24)
+    assert doc["wasted_fraction_of_plan"] == pytest.approx(2.5 / 24)
+    assert doc["goodput"] == pytest.approx(24 / 26.5)
+    assert doc["planned_cost_usd"] == pytest.approx(45_000 * doc["planned_hours"])
+    assert doc["wasted_cost_usd"] == pytest.approx(45_000 * doc["wasted_hours"])
+    assert doc["badput"]["checkpoint_stall_hours"] == 0 and doc["badput"]["lost_progress_hours"] == 0
+    assert doc["badput"]["detection_hours"] == pytest.approx(doc["faults"])
+    assert doc["includes_checkpointing"] is False
+    assert any("simple model" in note for note in doc["notes"])
+    assert doc["units"]["_usd"] == "US dollars"
+
+
+def test_gpu_hour_cost_gives_the_same_dollars() -> None:
+    per_node = run_json(*BASE, "--node-hour-cost", "90")
+    per_gpu = run_json(*BASE, "--gpu-hour-cost", "11.25")
+    assert per_gpu["wasted_cost_usd"] == pytest.approx(per_node["wasted_cost_usd"])
+
+
+def test_checkpoint_options_add_stalls_and_lost_work_and_say_so() -> None:
+    simple = run_json(*BASE)
+    doc = run_json(*BASE, "--ckpt-interval", "30m", "--ckpt-time", "140s")
+    assert doc["includes_checkpointing"] is True
+    assert doc["badput"]["checkpoint_stall_hours"] == pytest.approx(doc["planned_hours"] * 140 / 1800)
+    assert doc["badput"]["lost_progress_hours"] > 0
+    assert doc["wasted_hours"] > simple["wasted_hours"]
+    assert any("lost since the last checkpoint" in note for note in doc["notes"])
+    assert doc["wasted_cost_usd"] is None  # no pricing given
+    names = {s["name"] for s in doc["what_if"]}
+    assert names == {"faster_detection", "hot_spare", "optimal_interval"}
+
+
+def test_async_checkpoints_in_goodput() -> None:
+    doc = run_json(*BASE, "--ckpt-interval", "30m", "--stall", "2s", "--persist", "140s")
+    assert doc["badput"]["checkpoint_stall_hours"] == pytest.approx(doc["planned_hours"] * 2 / 1800)
+
+
+def test_hot_spares() -> None:
+    doc = run_json(*BASE, "--node-hour-cost", "90", "--hot-spares", "1")
+    without = run_json(*BASE, "--node-hour-cost", "90")
+    assert doc["hot_spare_nodes"] == 1
+    assert doc["badput"]["replacement_hours"] < without["badput"]["replacement_hours"]
+    assert doc["spare_cost_usd"] == pytest.approx(90 * doc["wall_hours"])
+    assert "no_hot_spares" in {s["name"] for s in doc["what_if"]}
+
+
+def test_model_preset_and_failure_preset() -> None:
+    doc = run_json("--model", "llama3-405b", "--tokens", "15.6T", "--gpus", "16384", "--peak-tflops", "989",
+                   "--mfu", "0.4", "--failures", "llama3", "--detect", "10m", "--replace", "30m", "--resume", "20m")
+    assert doc["params"] == pytest.approx(405.9e9)
+    assert doc["mtbf_s"] == pytest.approx(54 * 86400 / 419)
+
+
+def test_human_output_has_tables_and_a_sentence_for_a_manager() -> None:
+    result = run(*BASE, "--node-hour-cost", "90", "--ckpt-interval", "30m", "--ckpt-time", "140s")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "Where the time goes" in out and "What if" in out
+    assert "checkpoint stalls" in out and "detection" in out
+    assert "The run takes" in out and "Biggest lever" in out
+
+
+def test_explain_prints_the_model() -> None:
+    result = run("--explain")
+    assert result.exit_code == 0
+    assert "6 N D" in result.stdout and "Erlang-B" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (["--mfu", "1.5"], "1.5"),
+        (["--mfu", "0"], "'0'"),
+        (["--gpus", "0"], "'0'"),
+        (["--tokens", "-3T"], "-3T"),
+        (["--detect", "0s"], "0s"),
+        (["--resume", "soon"], "soon"),
+        (["--peak-tflops", "-1"], "-1"),
+        (["--node-hour-cost", "90", "--gpu-hour-cost", "11.25"], "--gpu-hour-cost"),
+        (["--mtbf", "3h"], "--mtbf"),
+        (["--failures", "nosuch", "--faults-per-day", "1"], "--failures"),
+        (["--model", "llama3-70b"], "--model"),
+        (["--ckpt-interval", "30m"], "--ckpt-time"),
+        (["--ckpt-time", "140s"], "--ckpt-interval"),
+        (["--ckpt-interval", "30d", "--ckpt-time", "140s"], "never finishes"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_naming_it(change: list[str], named: str) -> None:
+    result = run(*BASE, *change)
+    assert result.exit_code == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert named in lines[0]
+
+
+def test_missing_required_option_and_unknown_failure_preset() -> None:
+    result = run("--params", "100B", "--gpus", "8", "--peak-tflops", "989", "--mfu", "0.4", "--faults-per-day", "1",
+                 "--detect", "1m", "--replace", "1m", "--resume", "1m")
+    assert result.exit_code == 2
+    assert "--tokens" in result.stderr
+    no_rate = [a for a in BASE if a not in ("--faults-per-day", "1")]
+    result = run(*no_rate)
+    assert result.exit_code == 2 and "failure rate" in result.stderr
+    result = run(*no_rate, "--failures", "nosuch")
+    assert result.exit_code == 2 and "nosuch" in result.stderr
+
+
+def test_the_command_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from ckptbench.cli import main\n"
+        "try:\n"
+        f"    main(['goodput', *{BASE!r}, '--json'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "print('TORCH', 'torch' in sys.modules, file=sys.stderr)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH False" in proc.stderr
+    assert json.loads(proc.stdout)["goodput"] > 0

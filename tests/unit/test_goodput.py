@@ -1,0 +1,177 @@
+"""Goodput and cost: the arithmetic of the definitions, hot spares, what-ifs, and the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptbench.errors import UsageError
+from ckptbench.model.failures import FailureModel
+from ckptbench.model.goodput import (
+    BADPUT_CATEGORIES,
+    CheckpointPolicy,
+    Pricing,
+    Recovery,
+    TrainingRun,
+    erlang_b,
+    estimate,
+    what_if,
+)
+from ckptbench.model.interval import CheckpointCost, expected_wall_time_s
+from ckptbench.model.simulate import SimulationConfig, simulate
+
+HOUR = 3600.0
+RUN = TrainingRun(params=100e9, tokens=20e12, gpus=4000, peak_flops=1979e12, mfu=0.35, gpus_per_node=8)
+ONE_PER_DAY = FailureModel.from_faults_per_day(1)
+RECOVERY = Recovery(detect_s=HOUR, replace_s=HOUR, resume_s=0.5 * HOUR)  # 2.5 h per fault
+
+
+def test_planned_time_is_6ND_over_cluster_flops() -> None:
+    assert RUN.compute_flops == pytest.approx(1.2e25)
+    planned_s = 1.2e25 / (4000 * 1979e12 * 0.35)
+    assert RUN.planned_s == pytest.approx(planned_s)
+    assert RUN.planned_s / HOUR == pytest.approx(1203.1, abs=0.05)
+    assert RUN.nodes == 500
+
+
+def test_simple_model_is_faults_times_recovery() -> None:
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY)
+    planned_h = RUN.planned_s / HOUR
+    # one fault per day over the planned days, 2.5 h each
+    assert result.faults == pytest.approx(planned_h / 24)
+    assert result.wasted_hours == pytest.approx(result.faults * 2.5)
+    assert result.wasted_fraction_of_plan == pytest.approx(2.5 / 24)
+    assert result.goodput == pytest.approx(24 / 26.5)
+    assert result.wall_hours == pytest.approx(planned_h * 26.5 / 24)
+    assert result.badput_hours == pytest.approx({
+        "checkpoint_stall": 0.0, "lost_progress": 0.0, "detection": result.faults,
+        "replacement": result.faults, "restart_restore": 0.5 * result.faults,
+    })
+    assert not result.includes_checkpointing
+
+
+def test_badput_adds_up_to_the_waste() -> None:
+    checkpoint = CheckpointPolicy(1800, CheckpointCost.sync(140))
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint)
+    assert tuple(result.badput_hours) == BADPUT_CATEGORIES
+    assert sum(result.badput_hours.values()) == pytest.approx(result.wasted_hours)
+    assert result.wall_hours == pytest.approx(result.planned_hours + result.wasted_hours)
+    assert result.goodput == pytest.approx(result.planned_hours / result.wall_hours)
+
+
+def test_checkpointing_adds_stalls_and_lost_work() -> None:
+    tau, ckpt = 1800.0, 140.0
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=CheckpointPolicy(tau, CheckpointCost.sync(ckpt)))
+    planned_s = RUN.planned_s
+    stalls_s = planned_s / tau * ckpt
+    lost_s = (tau + ckpt) / 2
+    faults = (planned_s + stalls_s) / 86400 / (1 - lost_s / 86400)
+    assert result.badput_hours["checkpoint_stall"] == pytest.approx(stalls_s / HOUR)
+    assert result.faults == pytest.approx(faults)
+    assert result.badput_hours["lost_progress"] == pytest.approx(faults * lost_s / HOUR)
+    assert result.includes_checkpointing
+    assert result.checkpoints == pytest.approx(planned_s / tau)
+    assert result.wasted_hours > estimate(RUN, ONE_PER_DAY, RECOVERY).wasted_hours
+
+
+def test_cost_per_node_hour_equals_cost_per_gpu_hour_at_the_same_rate() -> None:
+    per_node = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=Pricing(node_hour_usd=90))
+    per_gpu = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=Pricing(gpu_hour_usd=11.25))
+    assert per_node.planned_cost_usd == pytest.approx(45_000 * per_node.planned_hours)
+    assert per_node.wasted_cost_usd == pytest.approx(45_000 * per_node.wasted_hours)
+    assert per_gpu.wasted_cost_usd == pytest.approx(per_node.wasted_cost_usd)
+    assert per_gpu.total_cost_usd == pytest.approx(per_node.planned_cost_usd + per_node.wasted_cost_usd)
+
+
+def test_no_pricing_means_no_dollars() -> None:
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY)
+    assert result.planned_cost_usd is None and result.wasted_cost_usd is None
+
+
+def test_erlang_b() -> None:
+    a = 0.3
+    assert erlang_b(0, a) == 1.0
+    assert erlang_b(1, a) == pytest.approx(a / (1 + a))
+    assert erlang_b(2, a) == pytest.approx((a**2 / 2) / (1 + a + a**2 / 2))
+    assert erlang_b(3, 0.0) == 0.0
+
+
+def test_hot_spares_shrink_replacement_and_cost_idle_nodes() -> None:
+    pricing = Pricing(node_hour_usd=90)
+    base = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)
+    spare = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing, hot_spare_nodes=1)
+    load = HOUR / 86400  # replace time / MTBF
+    assert spare.replace_effective_s == pytest.approx(HOUR * load / (1 + load))
+    assert spare.badput_hours["replacement"] < base.badput_hours["replacement"] / 20
+    assert spare.spare_cost_usd == pytest.approx(90 * spare.wall_hours)
+    assert spare.wasted_cost_usd == pytest.approx(spare.wall_cost_usd + spare.spare_cost_usd - spare.planned_cost_usd)
+
+
+def test_what_if_scenarios() -> None:
+    pricing = Pricing(node_hour_usd=90)
+    base = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)
+    scenarios = {s.name: s for s in what_if(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)}
+    assert set(scenarios) == {"faster_detection", "hot_spare"}
+    faster = scenarios["faster_detection"]
+    # Without checkpointing faults = lambda * planned, so halving detection saves faults x detect / 2 exactly.
+    assert faster.saved_hours == pytest.approx(base.faults * 0.5)
+    assert faster.extra_cost_usd == 0
+    assert faster.net_saving_usd == pytest.approx(45_000 * faster.saved_hours)
+    spare = scenarios["hot_spare"]
+    assert spare.extra_cost_usd == pytest.approx(spare.result.spare_cost_usd)
+    assert spare.net_saving_usd == pytest.approx(45_000 * spare.saved_hours - spare.extra_cost_usd)
+
+
+def test_what_if_with_spares_and_checkpoints() -> None:
+    checkpoint = CheckpointPolicy(1800, CheckpointCost.sync(140))
+    scenarios = {s.name: s for s in what_if(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint, hot_spare_nodes=2)}
+    assert set(scenarios) == {"faster_detection", "hot_spare", "no_hot_spares", "optimal_interval"}
+    assert scenarios["no_hot_spares"].saved_hours < 0
+    assert scenarios["optimal_interval"].saved_hours > 0  # 30 min is far below the optimum for 1 fault/day
+    assert scenarios["hot_spare"].net_saving_usd is None  # no pricing
+
+
+@pytest.mark.parametrize(
+    ("cost", "restart"),
+    [(CheckpointCost.sync(140), 2.5 * HOUR), (CheckpointCost(stall_s=2, persist_s=300, interference=0.1), HOUR)],
+)
+def test_goodput_model_agrees_with_the_simulator(cost: CheckpointCost, restart: float) -> None:
+    # The goodput accounting lets failures strike only while the job runs (the simulator's
+    # restart_can_fail=False) and uses the first-order lost work per fault; it must agree with the
+    # simulated wall time to second order in (tau + C)/M: within 1 % here, where that is 0.02.
+    run = TrainingRun(params=1.0, tokens=500 * HOUR / 6, gpus=1, peak_flops=1.0, mfu=1.0)  # 500 h planned
+    failures = FailureModel(86400.0)
+    tau = 1800.0
+    result = estimate(run, failures, Recovery(restart, 0, 0), checkpoint=CheckpointPolicy(tau, cost))
+    config = SimulationConfig(run.planned_s, tau, cost, failures.mtbf_s, restart, runs=20_000,
+                              restart_can_fail=False)
+    simulated = simulate(config)
+    assert result.wall_hours * HOUR == pytest.approx(simulated.mean_wall_s, rel=0.01)
+    assert result.faults == pytest.approx(simulated.failures.mean(), rel=0.01)
+    exact = expected_wall_time_s(run.planned_s, tau, cost, failures.mtbf_s, restart, restart_can_fail=False)
+    assert result.wall_hours * HOUR == pytest.approx(exact, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TrainingRun(1e9, 1e12, 8, 1e15, 1.5),
+        lambda: TrainingRun(1e9, 1e12, 8, 1e15, 0.0),
+        lambda: TrainingRun(1e9, 1e12, 0, 1e15, 0.4),
+        lambda: TrainingRun(-1, 1e12, 8, 1e15, 0.4),
+        lambda: Pricing(gpu_hour_usd=2, node_hour_usd=16),
+        lambda: Pricing(gpu_hour_usd=0),
+        lambda: Recovery(-1, 0, 0),
+        lambda: CheckpointPolicy(0, CheckpointCost.sync(10)),
+        lambda: CheckpointPolicy(100, CheckpointCost(1, 1000)),  # two checkpoints in flight
+        lambda: erlang_b(-1, 0.1),
+    ],
+)
+def test_bad_values_are_usage_errors(make) -> None:
+    with pytest.raises(UsageError):
+        make()
+
+
+def test_losing_more_work_per_fault_than_the_mtbf_never_finishes() -> None:
+    checkpoint = CheckpointPolicy(2 * 86400, CheckpointCost.sync(60))
+    with pytest.raises(UsageError, match="never finishes"):
+        estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint)
