@@ -8,6 +8,7 @@ import numpy.typing as npt
 from typing_extensions import Buffer
 
 SyncName = Literal["none", "fdatasync", "fsync"]
+ScheduleName = Literal["shared", "per-file"]
 
 class AlignedBuffer:
     """Page-aligned host memory, touched once at construction; supports the buffer protocol."""
@@ -80,6 +81,7 @@ def write(
     sync: SyncName = "fdatasync",
     sync_dir: bool = True,
     record_latency: bool = True,
+    schedule: ScheduleName = "shared",
     control: Control | None = None,
 ) -> IoResult: ...
 def read(
@@ -89,6 +91,7 @@ def read(
     direct: bool = True,
     drop_cache: bool = True,
     record_latency: bool = True,
+    schedule: ScheduleName = "shared",
     control: Control | None = None,
 ) -> IoResult: ...
 def metadata_bench(

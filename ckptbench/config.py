@@ -13,10 +13,13 @@ from ckptbench import knobs
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
 
+#: How the engine hands chunks to threads: one shared queue in file order, or whole files per thread.
+SCHEDULES = ("shared", "per-file")
+
 
 @dataclass(frozen=True)
 class FsBenchSpec:
-    """One filesystem benchmark: a grid of (threads x block size) over the same file set.
+    """One filesystem benchmark: a grid of (threads x block size x schedule) over the same file set.
 
     Each run writes ``size_bytes`` spread over ``files`` files (the last may be shorter), then
     optionally reads them back cold. ``direct`` requests O_DIRECT; ``fsync`` makes every file (and
@@ -34,6 +37,7 @@ class FsBenchSpec:
     repeat: int = 3
     warmup: int = 1
     metadata: bool = False
+    schedules: tuple[str, ...] = ("shared",)
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0:
@@ -57,6 +61,9 @@ class FsBenchSpec:
                     f"{knobs.ALIGNMENT_BYTES // 1024} KiB, which O_DIRECT needs",
                     hint="use e.g. 1MiB or 4MiB, or pass --buffered",
                 )
+        unknown = [s for s in self.schedules if s not in SCHEDULES]
+        if not self.schedules or unknown:
+            raise UsageError(f"schedule {unknown[0] if unknown else ''!r} is not one of {', '.join(SCHEDULES)}")
         if self.repeat < 1:
             raise UsageError(f"repeat {self.repeat} must be at least 1")
         if self.warmup < 0:
@@ -74,13 +81,14 @@ class FsBenchSpec:
             sizes.append(self.size_bytes % full)
         return sizes
 
-    def grid(self) -> list[tuple[int, int]]:
-        """Every (threads, block_size) configuration, in sweep order."""
-        return [(t, b) for t in self.threads for b in self.block_sizes]
+    def grid(self) -> list[tuple[int, int, str]]:
+        """Every (threads, block_size, schedule) configuration, in sweep order."""
+        return [(t, b, s) for t in self.threads for b in self.block_sizes for s in self.schedules]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["threads"] = list(self.threads)
         data["block_sizes"] = list(self.block_sizes)
+        data["schedules"] = list(self.schedules)
         data["file_size_bytes"] = self.file_size_bytes
         return data

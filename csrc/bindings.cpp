@@ -80,9 +80,16 @@ const char *sync_name(ckpt::SyncMode mode) {
     return "none";
 }
 
+ckpt::Schedule parse_schedule(const std::string &schedule) {
+    if (schedule == "shared") return ckpt::Schedule::Shared;
+    if (schedule == "per-file") return ckpt::Schedule::PerFile;
+    throw nb::value_error(("schedule must be 'shared' or 'per-file', not '" + schedule + "'").c_str());
+}
+
 ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, const std::string &sync,
-                             bool sync_dir, bool drop_cache, bool record_latency) {
+                             bool sync_dir, bool drop_cache, bool record_latency, const std::string &schedule) {
     ckpt::IoOptions o;
+    o.schedule = parse_schedule(schedule);
     o.threads = threads;
     o.block_size = block_size;
     o.direct = direct;
@@ -158,29 +165,30 @@ NB_MODULE(_native, m) {
     m.def(
         "write",
         [](nb::handle jobs, int threads, std::size_t block_size, bool direct, const std::string &sync,
-           bool sync_dir, bool record_latency, ckpt::Control *control) {
+           bool sync_dir, bool record_latency, const std::string &schedule, ckpt::Control *control) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
-            auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency);
+            auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule);
             nb::gil_scoped_release release;
             return ckpt::write_jobs(parsed, opts, control);
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = "fdatasync",
-        "sync_dir"_a = true, "record_latency"_a = true, "control"_a = nb::none(),
+        "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = "shared", "control"_a = nb::none(),
         "Write each (buffer, path, offset) job; durable per `sync` when it returns.");
 
     m.def(
         "read",
         [](nb::handle jobs, int threads, std::size_t block_size, bool direct, bool drop_cache,
-           bool record_latency, ckpt::Control *control) {
+           bool record_latency, const std::string &schedule, ckpt::Control *control) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, true);
-            auto opts = make_options(threads, block_size, direct, "none", false, drop_cache, record_latency);
+            auto opts =
+                make_options(threads, block_size, direct, "none", false, drop_cache, record_latency, schedule);
             nb::gil_scoped_release release;
             return ckpt::read_jobs(parsed, opts, control);
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "drop_cache"_a = true,
-        "record_latency"_a = true, "control"_a = nb::none(),
+        "record_latency"_a = true, "schedule"_a = "shared", "control"_a = nb::none(),
         "Read each (writable buffer, path, offset) job, filling the buffer completely.");
 
     m.def(

@@ -89,8 +89,11 @@ struct WorkerPool {
     std::vector<std::vector<std::uint64_t>> latencies;
     bool cancelled = false;
 
-    void run(int nthreads, std::size_t items, Control *control,
-             const std::function<std::uint64_t(std::size_t)> &work, bool record_latency) {
+    // work(item, latencies) does one item, appends one latency sample per operation it timed
+    // (or none), and returns the bytes it moved.
+    using Work = std::function<std::uint64_t(std::size_t, std::vector<std::uint64_t> &)>;
+
+    void run(int nthreads, std::size_t items, Control *control, const Work &work) {
         nthreads = std::max(1, static_cast<int>(std::min<std::size_t>(nthreads, std::max<std::size_t>(items, 1))));
         stats.assign(nthreads, ThreadStat{});
         latencies.assign(nthreads, {});
@@ -108,13 +111,9 @@ struct WorkerPool {
                     if (control && control->cancel.load(std::memory_order_relaxed)) break;
                     std::size_t i = next.fetch_add(1);
                     if (i >= items) break;
-                    std::int64_t t0 = now_ns();
-                    std::uint64_t bytes = work(i);
-                    std::int64_t t1 = now_ns();
-                    if (record_latency) lat.push_back(static_cast<std::uint64_t>(t1 - t0));
-                    st.bytes += bytes;
-                    st.ops += 1;
-                    if (control) control->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+                    std::size_t before = lat.size();
+                    st.bytes += work(i, lat);
+                    st.ops += lat.size() - before;
                 }
             } catch (...) {
                 std::lock_guard<std::mutex> lock(error_mutex);
@@ -129,19 +128,30 @@ struct WorkerPool {
         body(0);
         for (auto &t : threads) t.join();
         if (error) std::rethrow_exception(error);
-        cancelled = control && control->cancel.load() && next.load() < items;
+        cancelled = control && control->cancel.load();
     }
 
-    void fill(IoResult &r) {
+    void fill(IoResult &r, bool keep_latencies) {
         for (auto &st : stats) {
             r.bytes += st.bytes;
             r.ops += st.ops;
         }
         r.threads = stats;
-        for (auto &lat : latencies) r.latencies_ns.insert(r.latencies_ns.end(), lat.begin(), lat.end());
+        if (keep_latencies)
+            for (auto &lat : latencies) r.latencies_ns.insert(r.latencies_ns.end(), lat.begin(), lat.end());
         r.cancelled = cancelled;
     }
 };
+
+// One timed operation: run op(), record its latency, count its bytes as progress.
+template <typename Op>
+std::uint64_t timed(std::vector<std::uint64_t> &lat, Control *control, std::uint64_t bytes, Op op) {
+    std::int64_t t0 = now_ns();
+    op();
+    lat.push_back(static_cast<std::uint64_t>(now_ns() - t0));
+    if (control) control->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+    return bytes;
+}
 
 struct FileState {
     std::string path;
@@ -275,16 +285,36 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     }
 
     SyncMode sync = result.sync;
-    WorkerPool pool;
-    pool.run(opts.threads, chunks.size(), control, [&](std::size_t i) -> std::uint64_t {
-        const Chunk &c = chunks[i];
+    // One chunk: transfer it; the thread that finishes a file's last chunk syncs that file.
+    auto do_chunk = [&](const Chunk &c, std::vector<std::uint64_t> &lat) -> std::uint64_t {
         FileState &f = *c.file;
-        transfer(kind, c.direct ? f.fd_direct : f.fd_buffered, c.buf, c.len, c.offset, f.path);
+        timed(lat, control, c.len, [&] {
+            transfer(kind, c.direct ? f.fd_direct : f.fd_buffered, c.buf, c.len, c.offset, f.path);
+        });
         if (kind == Kind::Write && f.remaining.fetch_sub(1) == 1)
             sync_fd(f.fd_buffered >= 0 ? f.fd_buffered : f.fd_direct, sync, f.path);
         return c.len;
-    }, opts.record_latency);
-    pool.fill(result);
+    };
+    WorkerPool pool;
+    if (opts.schedule == Schedule::PerFile) {
+        // Each file goes whole to one thread (like fio's numjobs or DCP's per-file writers).
+        std::vector<std::vector<const Chunk *>> by_file(files.size());
+        std::unordered_map<FileState *, std::size_t> index;
+        for (std::size_t i = 0; i < files.size(); ++i) index[files[i].get()] = i;
+        for (const auto &c : chunks) by_file[index[c.file]].push_back(&c);
+        pool.run(opts.threads, by_file.size(), control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
+            std::uint64_t bytes = 0;
+            for (const Chunk *c : by_file[i]) {
+                if (control && control->cancel.load(std::memory_order_relaxed)) break;
+                bytes += do_chunk(*c, lat);
+            }
+            return bytes;
+        });
+    } else {
+        pool.run(opts.threads, chunks.size(), control,
+                 [&](std::size_t i, std::vector<std::uint64_t> &lat) { return do_chunk(chunks[i], lat); });
+    }
+    pool.fill(result, opts.record_latency);
     if (result.cancelled) {
         result.end_ns = now_ns();
         return result;
@@ -378,21 +408,22 @@ IoResult metadata_bench(const std::string &directory, std::size_t files, std::si
     result.files = files;
     result.start_ns = now_ns();
     WorkerPool pool;
-    pool.run(threads, files, control, [&](std::size_t i) -> std::uint64_t {
+    pool.run(threads, files, control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
         std::string path = directory + "/md-" + std::to_string(i);
-        int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-        if (fd < 0) throw IoError(errno, "open", path);
-        try {
-            transfer(Kind::Write, fd, payload.data(), file_size, 0, path);
-            sync_fd(fd, sync, path);
-        } catch (...) {
-            ::close(fd);
-            throw;
-        }
-        if (::close(fd) != 0) throw IoError(errno, "close", path);
-        return file_size;
-    }, true);
-    pool.fill(result);
+        return timed(lat, control, file_size, [&] {
+            int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+            if (fd < 0) throw IoError(errno, "open", path);
+            try {
+                transfer(Kind::Write, fd, payload.data(), file_size, 0, path);
+                sync_fd(fd, sync, path);
+            } catch (...) {
+                ::close(fd);
+                throw;
+            }
+            if (::close(fd) != 0) throw IoError(errno, "close", path);
+        });
+    });
+    pool.fill(result, true);
     if (!result.cancelled && sync != SyncMode::None) sync_directory(directory);
     result.end_ns = now_ns();
     return result;

@@ -63,6 +63,11 @@ struct Job {
 
 enum class SyncMode { None, Fdatasync, Fsync };
 
+// How chunks meet threads. Shared: one queue of block-size chunks in file order, every thread
+// takes the next chunk (threads cooperate on one file at a time). PerFile: each thread takes the
+// next whole file and streams it (fio's numjobs, DCP's per-file writers).
+enum class Schedule { Shared, PerFile };
+
 struct IoOptions {
     int threads = 1;
     std::size_t block_size = 4u << 20;
@@ -71,6 +76,7 @@ struct IoOptions {
     bool sync_dir = true;                 // fsync each parent directory at the end (writes only)
     bool drop_cache = true;               // reads: fdatasync + posix_fadvise(DONTNEED) before timing
     bool record_latency = true;           // keep one latency sample per chunk
+    Schedule schedule = Schedule::Shared;
 };
 
 struct ThreadStat {

@@ -108,16 +108,17 @@ def run_fs_bench(
         write_jobs = _jobs(source_view, paths, sizes)
         read_jobs = _jobs(sink_view, paths, sizes) if sink_view is not None else []
         sync = "fdatasync" if spec.fsync else "none"
-        for threads, block_size in spec.grid():
+        for threads, block_size, schedule in spec.grid():
             writes: list[native.IoResult] = []
             reads: list[native.IoResult] = []
             for run in range(runs):
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
-                name = f"{threads} thr x {format_size(block_size)}"
+                name = f"{threads} thr x {format_size(block_size)}" + (
+                    f" {schedule}" if len(spec.schedules) > 1 else "")
                 progress.phase(f"{name}: write {label}")
                 w = native.run_interruptible(
                     native.write, write_jobs, threads=threads, block_size=block_size, direct=spec.direct,
-                    sync=sync, sync_dir=spec.fsync, on_progress=progress.advance,
+                    sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
                 )
                 progress.end_step(w.bytes)
                 if sink_view is not None:
@@ -127,7 +128,7 @@ def run_fs_bench(
                     progress.phase(f"{name}: read {label}")
                     r = native.run_interruptible(
                         native.read, read_jobs, threads=threads, block_size=block_size, direct=spec.direct,
-                        drop_cache=True, on_progress=progress.advance,
+                        drop_cache=True, schedule=schedule, on_progress=progress.advance,
                     )
                     progress.end_step(r.bytes)
                     if check:
@@ -140,7 +141,7 @@ def run_fs_bench(
                 if run >= spec.warmup:
                     writes.append(w)
                 _remove(paths)
-            results.append(ConfigResult(threads, block_size, _phase("write", writes),
+            results.append(ConfigResult(threads, block_size, schedule, _phase("write", writes),
                                         _phase("read", reads) if reads else None))
         if spec.metadata:
             metadata = _metadata(spec, scratch, progress)

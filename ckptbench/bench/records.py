@@ -89,16 +89,18 @@ class PhaseResult:
 class ConfigResult:
     threads: int
     block_size: int
+    schedule: str
     write: PhaseResult
     read: PhaseResult | None
 
     def label(self) -> str:
-        return f"{self.threads} thr x {format_size(self.block_size)}"
+        return f"{self.threads} thr x {format_size(self.block_size)} ({self.schedule})"
 
     def to_dict(self, spec_dict: dict[str, Any], memcpy_bps: float) -> dict[str, Any]:
         config = {
             "threads": self.threads,
             "block_size": self.block_size,
+            "schedule": self.schedule,
             "size_bytes": spec_dict["size_bytes"],
             "files": spec_dict["files"],
             "file_size_bytes": spec_dict["file_size_bytes"],

@@ -57,6 +57,10 @@ def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
               help="I/O threads; a comma list sweeps them: 1,2,4,8.")
 @click.option("--block-size", type=params.SIZE_LIST, default="4MiB", show_default=True,
               help="Bytes per pwrite/pread; a comma list sweeps them: 1MiB,4MiB,16MiB.")
+@click.option("--schedule", type=params.ListType(click.Choice(["shared", "per-file"])), default="shared",
+              show_default=True,
+              help="How threads share the work: 'shared' (every thread takes the next block, files in order) or "
+                   "'per-file' (each thread streams whole files, like fio numjobs); a comma list sweeps both.")
 @click.option("--direct/--buffered", default=True, show_default=True,
               help="O_DIRECT (falls back to buffered+fdatasync where unsupported, and says so) or the page cache.")
 @click.option("--fsync/--no-fsync", default=True, show_default=True,
@@ -73,7 +77,7 @@ def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
 @click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Directory to write the JSON result file into (created if missing).")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
-          block_size: list[int], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
+          block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
           metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) like a checkpoint writer would.
 
@@ -100,6 +104,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     nfiles = files if files is not None else (-(-size // file_size) if file_size else DEFAULT_FILES)
     spec = FsBenchSpec(
         size_bytes=size, files=nfiles, threads=tuple(threads), block_sizes=tuple(block_size),
+        schedules=tuple(dict.fromkeys(schedule)),
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
     storage = resolve_target(target)
@@ -153,6 +158,9 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
     table = Table(title=None, header_style="bold")
     table.add_column("threads", justify="right")
     table.add_column("block", justify="right")
+    sweep_schedule = len(spec.schedules) > 1
+    if sweep_schedule:
+        table.add_column("schedule")
     table.add_column("write GB/s", justify="right")
     table.add_column("min–max", justify="right")
     table.add_column("p10/p90", justify="right")
@@ -164,7 +172,8 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
     best = report.best_index
     for i, (result, record) in enumerate(zip(report.results, document["results"], strict=True)):
         w = record["write"]
-        row = [str(result.threads), format_size(result.block_size), f"{w['gbps']:.2f}",
+        row = [str(result.threads), format_size(result.block_size), *([result.schedule] if sweep_schedule else []),
+               f"{w['gbps']:.2f}",
                f"{w['summary_gbps']['min']:.2f}–{w['summary_gbps']['max']:.2f}",
                f"{w['summary_gbps']['p10']:.2f}/{w['summary_gbps']['p90']:.2f}",
                f"{w['latency_ms']['p99']:.1f}" if w["latency_ms"] else "-"]
@@ -176,7 +185,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
     console.print(table)
     b = report.results[best]
     read_text = f", read {b.read.gbps:.2f} GB/s" if b.read else ""
-    console.print(f"best: [bold]{b.threads} threads x {format_size(b.block_size)}[/] blocks: "
+    console.print(f"best: [bold]{b.threads} threads x {format_size(b.block_size)}[/] blocks, {b.schedule}: "
                   f"write {b.write.gbps:.2f} GB/s{read_text}")
     for m in document["metadata"]:
         lat = m["latency_ms"]

@@ -17,7 +17,9 @@ def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
     import numpy as np
 
     results = document["results"]
-    labels = [f"{r['config']['threads']} thr\n{format_size(r['config']['block_size'])}" for r in results]
+    several = len({r["config"]["schedule"] for r in results}) > 1
+    labels = [f"{r['config']['threads']} thr\n{format_size(r['config']['block_size'])}"
+              + (f"\n{r['config']['schedule']}" if several else "") for r in results]
     ops = [op for op in ("write", "read") if results[0][op] is not None]
     x = np.arange(len(results))
     width = 0.8 / len(ops)

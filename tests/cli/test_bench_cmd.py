@@ -26,6 +26,7 @@ def test_json_document_shape(cli, tmp_path: Path):
         assert config["threads"] == threads and config["block_size"] == 2**20
         assert config["size_bytes"] == 8 * 2**20 and config["files"] == 2
         assert config["direct"] is True and config["fsync"] is True and config["sync"] == "fdatasync"
+        assert config["schedule"] == "shared"
         for op in ("write", "read"):
             phase = record[op]
             assert len(phase["runs_gbps"]) == 2 and all(v > 0 for v in phase["runs_gbps"])
@@ -134,6 +135,14 @@ def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: Path, args,
     assert needle in lines[0]
     assert "Traceback" not in result.stderr
     assert list(target.iterdir()) == []
+
+
+def test_schedule_sweep(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), "--size", "4MiB", "--files", "2", "--threads", "2", "--schedule",
+                   "shared,per-file", "--repeat", "1", "--warmup", "0")
+    assert [r["config"]["schedule"] for r in doc["results"]] == ["shared", "per-file"]
+    bad = cli("bench", str(tmp_path), "--schedule", "random")
+    assert bad.exit_code == 2 and "random" in bad.stderr
 
 
 def test_buffered_accepts_any_block_size(cli, tmp_path: Path):

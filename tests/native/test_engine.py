@@ -67,6 +67,25 @@ def test_write_then_read_round_trips(tmp_path: Path, direct: bool, threads: int)
     assert bytes(dst) == bytes(src)
 
 
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_per_file_schedule_gives_each_file_to_one_thread(tmp_path: Path, op: str):
+    src = filled(4 * MiB)
+    sizes = {"a": MiB, "b": 3 * MiB}
+    jobs = [(memoryview(src)[:n], str(tmp_path / name), 0) for name, n in sizes.items()]
+    result = native.write(jobs, threads=2, block_size=256 * 1024, schedule="per-file")
+    if op == "read":
+        dst = native.AlignedBuffer(4 * MiB)
+        jobs = [(memoryview(dst)[:n], str(tmp_path / name), 0) for name, n in sizes.items()]
+        result = native.read(jobs, threads=2, block_size=256 * 1024, schedule="per-file")
+        assert bytes(dst)[:MiB] == bytes(src)[:MiB]
+    assert result.bytes == 4 * MiB and result.ops == 16
+    # a thread moved whole files only: 0, 1, 3 or 4 MiB
+    assert {t.bytes for t in result.threads} <= {0, MiB, 3 * MiB, 4 * MiB}
+    assert (tmp_path / "b").read_bytes() == bytes(src)[: 3 * MiB]
+    with pytest.raises(ValueError, match="schedule"):
+        native.write(jobs, schedule="random")
+
+
 def test_unaligned_tail_and_offsets_with_direct(tmp_path: Path):
     """O_DIRECT needs alignment; an unaligned tail goes through a buffered descriptor."""
     src = filled(MiB + 123)

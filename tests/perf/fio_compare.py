@@ -42,12 +42,12 @@ def _fio(directory: Path, size: int, jobs: int, block: int, rw: str) -> float:
     return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9  # runtime: ms, max over jobs
 
 
-def _ckptbench_write(directory: Path, size: int, jobs: int, block: int) -> float:
+def _ckptbench_write(directory: Path, size: int, jobs: int, block: int, schedule: str) -> float:
     """One `ckptbench bench --no-read` run (no warm-up, one repeat) of the same shape; write GB/s."""
     cmd = [
         sys.executable, "-m", "ckptbench", "bench", str(directory), "--size", str(size), "--files", str(jobs),
         "--threads", str(jobs), "--block-size", str(block), "--repeat", "1", "--warmup", "0", "--no-read",
-        "--json",
+        "--schedule", schedule, "--json",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     record = json.loads(proc.stdout)["results"][0]
@@ -55,14 +55,14 @@ def _ckptbench_write(directory: Path, size: int, jobs: int, block: int) -> float
     return record["write"]["gbps"]
 
 
-def _ckptbench_read(files: list[Path], jobs: int, block: int) -> float:
+def _ckptbench_read(files: list[Path], jobs: int, block: int, schedule: str) -> float:
     """The engine's cold read, exactly as `ckptbench bench` issues it, over the given files; GB/s."""
     from ckptbench import native
 
     size = max(f.stat().st_size for f in files)
     sink = native.AlignedBuffer(size)
     result = native.read([(memoryview(sink)[: f.stat().st_size], str(f), 0) for f in files],
-                         threads=jobs, block_size=block, direct=True, drop_cache=True)
+                         threads=jobs, block_size=block, direct=True, drop_cache=True, schedule=schedule)
     assert result.direct_used
     return result.bytes / result.seconds / 1e9
 
@@ -70,38 +70,45 @@ def _ckptbench_read(files: list[Path], jobs: int, block: int) -> float:
 def compare(directory: Path, size: int, jobs: int, block: int, rounds: int) -> dict:
     """Writes: each tool writes fresh files of its own. Reads: both tools read the same files (fio's),
     so the on-disk layout is identical; the order alternates every round."""
-    samples: dict[str, dict[str, list[float]]] = {"fio": {"write": [], "read": []},
-                                                  "ckptbench": {"write": [], "read": []}}
+    # "ckptbench": per-file schedule, each thread streams its own file as each fio job does (the
+    # like-for-like ratio); "ckptbench-shared": the default schedule, threads share one queue.
+    tools = ("fio", "ckptbench", "ckptbench-shared")
+    samples: dict[str, dict[str, list[float]]] = {t: {"write": [], "read": []} for t in tools}
+    schedule = {"ckptbench": "per-file", "ckptbench-shared": "shared"}
     work = directory / f"fio-compare-{os.getpid()}"
     for r in range(rounds):
         work.mkdir()
         try:
-            writers = [("fio", lambda: _fio(work, size, jobs, block, "write")),
-                       ("ckptbench", lambda: _ckptbench_write(directory, size, jobs, block))]
-            readers = [("fio", lambda: _fio(work, size, jobs, block, "read")),
-                       ("ckptbench", lambda: _ckptbench_read(sorted(work.iterdir()), jobs, block))]
+            writers = [("fio", lambda: _fio(work, size, jobs, block, "write"))] + [
+                (t, lambda t=t: _ckptbench_write(directory, size, jobs, block, schedule[t])) for t in tools[1:]]
+            readers = [("fio", lambda: _fio(work, size, jobs, block, "read"))] + [
+                (t, lambda t=t: _ckptbench_read(sorted(work.iterdir()), jobs, block, schedule[t])) for t in tools[1:]]
             if r % 2:
                 writers.reverse()
                 readers.reverse()
             for op, steps in (("write", writers), ("read", readers)):
                 for name, step in steps:
                     samples[name][op].append(step())
-            line = "  ".join(f"{n} w {samples[n]['write'][-1]:.2f} r {samples[n]['read'][-1]:.2f}" for n in samples)
+            line = "  ".join(f"{n} w {samples[n]['write'][-1]:.2f} r {samples[n]['read'][-1]:.2f}" for n in tools)
             print(f"round {r + 1}/{rounds}: {line} GB/s", file=sys.stderr)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         time.sleep(1)
     ratios = {op: statistics.median(samples["ckptbench"][op]) / statistics.median(samples["fio"][op])
               for op in ("write", "read")}
+    shared_ratios = {op: statistics.median(samples["ckptbench-shared"][op]) / statistics.median(samples["fio"][op])
+                     for op in ("write", "read")}
     return {
         "schema": "ckptbench.perf.fio_compare/1",
         "shape": {"size_bytes": size, "jobs": jobs, "block_size": block, "direct": True, "end_fsync": True,
                   "rounds": rounds, "directory": str(directory),
-                  "reads": "both tools read the same fio-written files"},
+                  "reads": "both tools read the same fio-written files",
+                  "ckptbench_schedule": "per-file (ckptbench-shared: shared)"},
         "units": {"gbps": "1e9 bytes per second"},
         "samples_gbps": samples,
         "median_gbps": {n: {op: statistics.median(v) for op, v in d.items()} for n, d in samples.items()},
         "ratio_ckptbench_over_fio": ratios,
+        "ratio_ckptbench_shared_over_fio": shared_ratios,
         "goal": 0.90,
         "fio_version": subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip(),
         "machine": {"host": socket.gethostname(), "kernel": platform.release(), "cpus": os.cpu_count()},
@@ -126,7 +133,9 @@ def main() -> int:
     for op in ("write", "read"):
         ratio = doc["ratio_ckptbench_over_fio"][op]
         print(f"{op:5s}: ckptbench {med['ckptbench'][op]:.2f} GB/s  fio {med['fio'][op]:.2f} GB/s  "
-              f"ratio {ratio:.3f}  {'OK' if ratio >= doc['goal'] else 'BELOW GOAL'} (goal >= {doc['goal']})")
+              f"ratio {ratio:.3f}  {'OK' if ratio >= doc['goal'] else 'BELOW GOAL'} (goal >= {doc['goal']});  "
+              f"shared schedule {med['ckptbench-shared'][op]:.2f} GB/s, "
+              f"ratio {doc['ratio_ckptbench_shared_over_fio'][op]:.3f}")
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
         path = args.save / f"fio-compare-{socket.gethostname()}-{time.strftime('%Y%m%dT%H%M%S')}.json"
