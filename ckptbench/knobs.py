@@ -49,5 +49,9 @@ FREE_SPACE_MARGIN = _env_float("FREE_SPACE_MARGIN", 0.05)
 #: Files written by the metadata benchmark, and their size.
 METADATA_FILES = _env_int("METADATA_FILES", 2000)
 METADATA_FILE_BYTES = _env_int("METADATA_FILE_BYTES", 4096)
+#: Checkpoint writer defaults (``ckptbench.save``): I/O and copy threads, shard size, bytes per pwrite.
+SAVE_THREADS = _env_int("SAVE_THREADS", max(2, min(8, os.cpu_count() or 2)))
+SAVE_SHARD_BYTES = _env_int("SAVE_SHARD_BYTES", 256 * 2**20)
+SAVE_BLOCK_BYTES = _env_int("SAVE_BLOCK_BYTES", 4 * 2**20)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)

@@ -5,12 +5,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "checksum.hpp"
 #include "engine.hpp"
 
 namespace nb = nanobind;
@@ -104,6 +106,9 @@ ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, c
 
 NB_MODULE(_native, m) {
     m.doc() = "ckptbench native I/O engine (C++17). Blocking calls release the GIL.";
+    // Buffers are legitimately alive at exit (torch tensors viewing a loaded checkpoint, the
+    // process-wide staging arena); nanobind's shutdown leak report would only be noise.
+    nb::set_leak_warnings(false);
 
     nb::register_exception_translator([](const std::exception_ptr &p, void *) {
         try {
@@ -222,6 +227,60 @@ NB_MODULE(_native, m) {
         },
         "dst"_a, "src"_a, "repeats"_a = 3,
         "Best memcpy bandwidth (bytes/s) copying src into dst (the shorter length), without allocating.");
+
+    m.def(
+        "crc32c",
+        [](nb::handle buffer, std::uint32_t crc) {
+            HeldBuffers held;
+            Py_buffer &view = held.acquire(buffer, false);
+            const char *data = static_cast<const char *>(view.buf);
+            auto n = static_cast<std::size_t>(view.len);
+            nb::gil_scoped_release release;
+            return ckpt::crc32c(data, n, crc);
+        },
+        "buffer"_a, "crc"_a = 0, "CRC-32C of a buffer (continue from `crc` to checksum in pieces).");
+
+    m.def(
+        "crc32c_ranges",
+        [](nb::handle buffer, const std::vector<std::pair<std::size_t, std::size_t>> &ranges, int threads) {
+            HeldBuffers held;
+            Py_buffer &view = held.acquire(buffer, false);
+            auto len = static_cast<std::size_t>(view.len);
+            for (const auto &[offset, nbytes] : ranges)
+                if (offset > len || nbytes > len - offset)
+                    throw nb::index_error(("range (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
+                                           ") is outside the buffer of " + std::to_string(len) + " bytes").c_str());
+            const char *base = static_cast<const char *>(view.buf);
+            nb::gil_scoped_release release;
+            return ckpt::crc32c_ranges(base, ranges, threads);
+        },
+        "buffer"_a, "ranges"_a, "threads"_a = 1, "One CRC-32C per (offset, nbytes) range of `buffer`, on N threads.");
+
+    m.def("crc32c_hardware", &ckpt::crc32c_hardware, "Whether CRC-32C uses the CPU instruction (SSE4.2).");
+
+    m.def(
+        "copy_from_addresses",
+        [](nb::handle dst, const std::vector<std::tuple<std::uintptr_t, std::size_t, std::size_t>> &jobs,
+           int threads) {
+            HeldBuffers held;
+            Py_buffer &view = held.acquire(dst, true);
+            auto len = static_cast<std::size_t>(view.len);
+            std::vector<ckpt::CopyJob> copies;
+            copies.reserve(jobs.size());
+            for (const auto &[src, offset, nbytes] : jobs) {
+                if (offset > len || nbytes > len - offset)
+                    throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
+                                           ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
+                if (nbytes && src == 0) throw nb::value_error("source address is null");
+                copies.push_back({reinterpret_cast<const char *>(src), static_cast<char *>(view.buf) + offset, nbytes});
+            }
+            nb::gil_scoped_release release;
+            ckpt::parallel_copy(copies, threads);
+        },
+        "dst"_a, "jobs"_a, "threads"_a = 1,
+        "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. The caller guarantees "
+        "each source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU "
+        "tensor's data_ptr()).");
 
     m.def(
         "fill_random",

@@ -1,0 +1,366 @@
+"""``save`` / ``load`` and the reusable :class:`Checkpointer` (the common training-loop use).
+
+Call sequence of a save (each step's result feeds the next; only step 2 blocks an async caller):
+
+1. plan   - flatten the state_dict, lay tensors out in shards (pure, ``plan.plan_save``)
+2. stage  - copy every tensor into the reused host arena (``stage.stage``); ``stall_s`` ends here
+3. write  - the engine writes the shards from the arena, O_DIRECT where possible, each file
+            fdatasynced and the directory fsynced; CRC-32C of every tensor computed alongside
+4. commit - the manifest, written to a temp name, fsynced, renamed, directory fsynced. Only now does
+            the checkpoint exist; ``persist_s`` (staging end -> durable) ends here.
+
+A save never touches the files of a committed checkpoint: shards carry a per-save id, and the files
+of the previous checkpoint are removed only after the new manifest is committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptbench import __version__, knobs, native
+from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
+from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
+from ckptbench.errors import InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointExistsError(UsageError):
+    """The target already holds a committed checkpoint and ``overwrite`` was not given."""
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save did. ``stall_s``: time the caller was blocked (plan + stage, plus any wait for a
+    previous save); ``persist_s``: staging end -> durable commit; ``gbps``: bytes / (stall + persist)."""
+
+    path: str
+    bytes: int
+    files: int
+    tensors: int
+    stall_s: float
+    persist_s: float
+    threads: int
+    shard_size: int
+    block_size: int
+    direct: bool
+    sync: str
+    checksum: bool
+    direct_fallback_reason: str | None = None
+
+    @property
+    def total_s(self) -> float:
+        return self.stall_s + self.persist_s
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.total_s / 1e9 if self.total_s > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_s": self.total_s, "gbps": self.gbps}
+
+
+class SaveHandle:
+    """An asynchronous save in flight. ``staged`` is True once the caller may change its tensors
+    (always on return from ``save``); ``result()`` blocks until the checkpoint is durable."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+        self.staged = True
+
+    def wait_staged(self) -> None:
+        """Returns at once: ``save(..., async_=True)`` returns only after staging."""
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> SaveResult:
+        return self._future.result(timeout)
+
+
+def _require_free(directory: Path, nbytes: int) -> None:
+    usage = os.statvfs(directory)
+    free = usage.f_bavail * usage.f_frsize
+    if usage.f_blocks and free < nbytes:
+        raise InsufficientSpaceError(
+            f"{directory} has {format_size(free)} free but the checkpoint needs {format_size(nbytes)}",
+            hint="free space or save elsewhere",
+        )
+
+
+class Checkpointer:
+    """Saves and loads checkpoints, keeping its staging arena between saves.
+
+    At most one save is in flight: a save started while the previous one persists first waits for
+    it, and that wait counts as stall. ``close()`` frees the arena.
+    """
+
+    def __init__(
+        self,
+        *,
+        threads: int | None = None,
+        shard_size: int | None = None,
+        block_size: int | None = None,
+        direct: bool | None = None,
+        checksum: bool = True,
+    ) -> None:
+        self.threads = threads or knobs.SAVE_THREADS
+        self.shard_size = shard_size or knobs.SAVE_SHARD_BYTES
+        self.block_size = block_size or knobs.SAVE_BLOCK_BYTES
+        self.direct = True if direct is None else direct
+        self.checksum = checksum
+        if self.threads < 1 or self.shard_size <= 0 or self.block_size <= 0:
+            raise UsageError(f"threads ({self.threads}), shard_size ({self.shard_size}) and block_size "
+                             f"({self.block_size}) must be positive")
+        self._arena = Arena()
+        self._in_flight: Future | None = None
+        self._lock = threading.Lock()
+
+    # -- save ---------------------------------------------------------------------------------
+
+    def save(self, state_dict: Any, path: str | os.PathLike, *, async_: bool = False,
+             overwrite: bool = False) -> SaveResult | SaveHandle:
+        """Save ``state_dict`` to the directory ``path`` (created if missing).
+
+        Sync: returns the SaveResult once the checkpoint is durable. Async: returns a SaveHandle
+        after staging; the caller may then modify its tensors. Raises CheckpointExistsError when
+        ``path`` holds a checkpoint and ``overwrite`` is False (nothing is written then).
+        """
+        t0 = time.perf_counter()
+        self._wait_in_flight()
+        directory = Path(path)
+        if directory.exists() and not directory.is_dir():
+            raise UsageError(f"{str(path)!r} is a file; a checkpoint is a directory")
+        if (directory / mf.MANIFEST_NAME).exists() and not overwrite:
+            raise CheckpointExistsError(f"{directory} already holds a checkpoint",
+                                        hint="pass overwrite=True to replace it (the old one stays valid until "
+                                             "the new one commits)")
+        save_id = secrets.token_hex(4)
+        plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
+        directory.mkdir(parents=True, exist_ok=True)
+        _require_free(directory, plan.total_bytes)
+        with self._lock:
+            stage(plan, tensors, self._arena, self.threads)
+        del tensors  # the arena holds the bytes now
+        stall_s = time.perf_counter() - t0
+        if not async_:
+            return self._persist(plan, directory, save_id, stall_s, time.perf_counter())
+        future: Future = Future()
+        staged_at = time.perf_counter()
+
+        def run() -> None:
+            try:
+                future.set_result(self._persist(plan, directory, save_id, stall_s, staged_at))
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(exc)
+
+        self._in_flight = future
+        threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
+        return SaveHandle(future)
+
+    def _wait_in_flight(self) -> None:
+        if self._in_flight is not None:
+            with contextlib.suppress(Exception):  # that save's caller sees its own error
+                self._in_flight.result()
+            self._in_flight = None
+
+    def _persist(self, plan: SavePlan, directory: Path, save_id: str, stall_s: float, staged_at: float) -> SaveResult:
+        arena = self._arena.buffer
+        view = memoryview(arena)
+        jobs = [(view[s.arena_offset:s.arena_offset + s.nbytes], str(directory / s.name), 0) for s in plan.shards]
+        ranges = plan.checksum_ranges() if self.checksum else []
+        crcs: list[int] = []
+        crc_thread = None
+        if ranges:
+            # CRC-32C of the staged bytes runs beside the write (CPU-bound vs I/O-bound).
+            def checksum() -> None:
+                crcs.extend(native.crc32c_ranges(arena, [(o, n) for _, o, n in ranges], max(1, self.threads // 2)))
+
+            crc_thread = threading.Thread(target=checksum, name="ckptbench-crc")
+            crc_thread.start()
+        try:
+            result = native.write(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct,
+                                  sync="fdatasync", sync_dir=True) if jobs else None
+        except OSError as exc:
+            self._remove(directory, [s.name for s in plan.shards])
+            raise StorageIOError(f"writing the checkpoint to {directory} failed: {exc}") from exc
+        finally:
+            if crc_thread is not None:
+                crc_thread.join()
+        per_entry: dict[int, list[int]] = {}
+        for (index, _, _), crc in zip(ranges, crcs, strict=True):
+            per_entry.setdefault(index, []).append(crc)
+        manifest = {
+            "format": mf.FORMAT,
+            "save_id": save_id,
+            "tool_version": __version__,
+            "created_unix_s": time.time(),
+            "total_bytes": plan.total_bytes,
+            "checksum": {"algorithm": "crc32c", "block_bytes": CHECKSUM_BLOCK_BYTES} if self.checksum else None,
+            "shards": [{"name": s.name, "nbytes": s.nbytes} for s in plan.shards],
+            "tensors": [
+                {"key": e.key, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes, "shard": e.shard,
+                 "offset": e.offset, "alias_of": e.alias_of, "crc32c": per_entry.get(e.index)}
+                for e in plan.entries
+            ],
+            "skeleton": plan.skeleton,
+        }
+        mf.commit(directory, manifest, save_id)
+        self._remove(directory, [p.name for p in mf.stale_files(directory, {s.name for s in plan.shards})])
+        persist_s = time.perf_counter() - staged_at
+        return SaveResult(
+            path=str(directory), bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
+            stall_s=stall_s, persist_s=persist_s, threads=self.threads, shard_size=self.shard_size,
+            block_size=self.block_size, direct=bool(result.direct_used) if result else self.direct,
+            sync=result.sync if result else "fdatasync", checksum=self.checksum,
+            direct_fallback_reason=(result.fallback_reason or None) if result else None,
+        )
+
+    @staticmethod
+    def _remove(directory: Path, names: list[str]) -> None:
+        for name in names:
+            try:
+                (directory / name).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove %s: %s", directory / name, exc)
+
+    # -- load ---------------------------------------------------------------------------------
+
+    def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True) -> dict:
+        """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact.
+
+        Tensors are views into one aligned buffer read with the engine (no copies on CPU); with
+        ``device`` other than cpu each is copied there. ``verify`` checks every CRC-32C and names
+        the tensor and shard of any mismatch (CorruptCheckpointError).
+        """
+        import torch
+
+        directory = Path(path)
+        manifest = mf.read_manifest(directory)
+        shards = manifest["shards"]
+        offsets, total = [], 0
+        for s in shards:
+            offsets.append(total)
+            total = -(-(total + s["nbytes"]) // 4096) * 4096
+        buffer = native.AlignedBuffer(max(total, 4096))
+        view = memoryview(buffer)
+        jobs = [(view[o:o + s["nbytes"]], str(directory / s["name"]), 0) for s, o in zip(shards, offsets, strict=True)]
+        for s in shards:
+            size = (directory / s["name"]).stat().st_size if (directory / s["name"]).exists() else None
+            if size != s["nbytes"]:
+                raise mf.CorruptCheckpointError(
+                    f"shard {s['name']} of {directory} is {'missing' if size is None else f'{size} bytes'}; "
+                    f"the manifest says {s['nbytes']} bytes")
+        if jobs:
+            native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct)
+        entries = manifest["tensors"]
+        if verify and manifest.get("checksum"):
+            self._verify(buffer, entries, shards, offsets, manifest["checksum"]["block_bytes"], directory)
+        flat = torch.frombuffer(buffer, dtype=torch.uint8) if total else None
+        tensors: list[Any] = []
+        for e in entries:
+            dtype, shape = dtype_of(e["dtype"]), tuple(e["shape"])
+            if e["alias_of"] is not None:
+                tensors.append(tensors[e["alias_of"]])
+                continue
+            if e["nbytes"] == 0:
+                t = torch.empty(shape, dtype=dtype)
+            else:
+                t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
+            tensors.append(t if str(device) == "cpu" else t.to(device))
+        return _rebuild(manifest["skeleton"], tensors)
+
+    def _verify(self, buffer: Any, entries: list[dict], shards: list[dict], offsets: list[int], block: int,
+                directory: Path) -> None:
+        ranges, owners = [], []
+        for e in entries:
+            if e["alias_of"] is not None or not e["nbytes"]:
+                continue
+            base = offsets[e["shard"]] + e["offset"]
+            for start in range(0, e["nbytes"], block):
+                ranges.append((base + start, min(block, e["nbytes"] - start)))
+                owners.append(e)
+        crcs = native.crc32c_ranges(buffer, ranges, self.threads)
+        expected = [c for e in entries if e["alias_of"] is None and e["nbytes"] for c in e["crc32c"]]
+        for got, want, e in zip(crcs, expected, owners, strict=True):
+            if got != want:
+                raise mf.CorruptCheckpointError(
+                    f"checksum mismatch in tensor {e['key']!r} (shard {shards[e['shard']]['name']} of {directory}): "
+                    f"crc32c {got:#010x}, manifest {want:#010x}",
+                    hint="the checkpoint is damaged; restore from another one")
+
+    def close(self) -> None:
+        """Wait for a save in flight, then free the staging arena."""
+        self._wait_in_flight()
+        self._arena.close()
+
+
+def _decode_value(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_decode_value(v) for v in node]
+    if isinstance(node, dict):
+        if "__tuple__" in node:
+            return tuple(_decode_value(v) for v in node["__tuple__"])
+        if "__float__" in node:
+            return float(node["__float__"])
+    return node
+
+
+def _rebuild(node: Any, tensors: list[Any]) -> Any:
+    """Invert ``plan.flatten``'s skeleton."""
+    if "__tensor__" in node:
+        return tensors[node["__tensor__"]]
+    if "__dict__" in node:
+        return {(_decode_value(k["__key__"]) if isinstance(k, dict) else k): _rebuild(v, tensors)
+                for k, v in node["__dict__"]}
+    if "__list__" in node:
+        return [_rebuild(v, tensors) for v in node["__list__"]]
+    if "__tuple__" in node:
+        return tuple(_rebuild(v, tensors) for v in node["__tuple__"])
+    return _decode_value(node["__value__"])
+
+
+_default: Checkpointer | None = None
+_default_lock = threading.Lock()
+
+
+def _default_checkpointer() -> Checkpointer:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Checkpointer()
+        return _default
+
+
+def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, threads: int | None = None,
+         shard_size: int | None = None, direct: bool | None = None, checksum: bool = True,
+         overwrite: bool = False, storage_options: dict | None = None) -> SaveResult | SaveHandle:
+    """Save ``state_dict`` to the directory ``path``; see :meth:`Checkpointer.save`.
+
+    With default settings a process-wide Checkpointer is reused, so its staging arena survives
+    between calls (allocate once, save many). Custom settings use a one-off Checkpointer.
+    """
+    if storage_options:
+        raise UsageError("storage_options apply to object storage, which is not supported yet")
+    if threads is None and shard_size is None and direct is None and checksum:
+        return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite)
+    ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
+    return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite)
+
+
+def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True) -> dict:
+    """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
+    return _default_checkpointer().load(path, device=device, verify=verify)

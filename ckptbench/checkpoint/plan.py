@@ -1,0 +1,199 @@
+"""Planning (pure): flatten a state_dict into tensor entries and a skeleton, then lay the tensors out
+in shards. No I/O, no copies; the result is a frozen :class:`SavePlan` that staging and writing consume.
+
+Layout rules: tensors are sorted largest first and each goes to the shard with the fewest bytes so
+far (greedy balancing, so shards come out near ``shard_size``); inside a shard a tensor starts at a
+4 KiB boundary when it is at least 64 KiB and at a 64-byte boundary otherwise, so many tiny tensors
+pack densely while big ones stay page-aligned. Tied weights (the same storage, offset, shape and
+strides) are stored once and loaded as one tensor.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ckptbench.errors import UsageError
+
+BIG_TENSOR_BYTES = 64 * 1024
+BIG_ALIGN = 4096
+SMALL_ALIGN = 64
+#: Checksums cover at most this many bytes each, so big tensors verify in parallel pieces.
+CHECKSUM_BLOCK_BYTES = 64 * 2**20
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of the state_dict. ``alias_of`` names the entry it shares storage with (tied weights)."""
+
+    index: int
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard: int = -1
+    offset: int = 0
+    alias_of: int | None = None
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    name: str
+    nbytes: int
+    arena_offset: int
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """Where every tensor goes. ``skeleton`` is the state_dict's structure with tensors replaced by
+    ``{"__tensor__": index}`` (JSON-ready); ``arena_bytes`` is the staging memory the plan needs."""
+
+    entries: tuple[TensorEntry, ...]
+    shards: tuple[ShardPlan, ...]
+    skeleton: Any
+    arena_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries if e.alias_of is None)
+
+    def arena_offset(self, entry: TensorEntry) -> int:
+        return self.shards[entry.shard].arena_offset + entry.offset
+
+    def checksum_ranges(self) -> list[tuple[int, int, int]]:
+        """(entry index, arena offset, nbytes) per checksum block, in entry order."""
+        out = []
+        for e in self.entries:
+            if e.alias_of is not None:
+                continue
+            base = self.arena_offset(e)
+            for start in range(0, e.nbytes, CHECKSUM_BLOCK_BYTES):
+                out.append((e.index, base + start, min(CHECKSUM_BLOCK_BYTES, e.nbytes - start)))
+        return out
+
+
+# -- flattening -------------------------------------------------------------------------------
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "untyped_storage")
+
+
+def _encode_key(key: Any, path: str) -> Any:
+    """Dict keys: str stays str; int/float/bool/None/tuple are tagged so they come back as they were."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool) or key is None or isinstance(key, (int, float)):
+        return {"__key__": _encode_value(key, path)}
+    if isinstance(key, tuple):
+        return {"__key__": _encode_value(key, path)}
+    raise UsageError(f"{path}: dict key {key!r} of type {type(key).__name__} cannot be saved",
+                     hint="use str, int, float, bool, None or tuple keys")
+
+
+def _encode_value(value: Any, path: str) -> Any:
+    """A plain Python value as JSON: tuples and non-finite floats are tagged."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(value, (list, tuple)):
+        items = [_encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else {"__tuple__": items}
+    raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved",
+                     hint="state_dict leaves must be tensors or plain Python values (numbers, str, bool, None, "
+                          "lists, tuples, dicts)")
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.tensors: list[Any] = []
+        self.entries: list[TensorEntry] = []
+        self._seen: dict[tuple, int] = {}
+
+    def visit(self, value: Any, path: str) -> Any:
+        if _is_tensor(value):
+            return {"__tensor__": self._tensor(value, path)}
+        if isinstance(value, dict):
+            return {"__dict__": [[_encode_key(k, path), self.visit(v, f"{path}.{k}" if path else str(k))]
+                                 for k, v in value.items()]}
+        if isinstance(value, (list, tuple)):
+            items = [self.visit(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return {"__list__": items} if isinstance(value, list) else {"__tuple__": items}
+        return {"__value__": _encode_value(value, path or "<root>")}
+
+    def _tensor(self, t: Any, path: str) -> int:
+        import torch  # only reached with a tensor in hand
+
+        if t.layout != torch.strided:
+            raise UsageError(f"{path}: {t.layout} tensors are not supported", hint="convert with .to_dense() first")
+        if t.is_quantized:
+            raise UsageError(f"{path}: quantized tensors are not supported", hint="dequantize first")
+        if t.device.type == "meta":
+            raise UsageError(f"{path}: meta tensors hold no data and cannot be saved")
+        index = len(self.entries)
+        identity = None
+        if t.numel() > 0:
+            storage = t.untyped_storage()
+            identity = (t.device.type, t.device.index, storage.data_ptr(), t.storage_offset(), tuple(t.shape),
+                        tuple(t.stride()), t.dtype)
+        alias = self._seen.get(identity) if identity is not None else None
+        nbytes = t.numel() * t.element_size()
+        self.entries.append(TensorEntry(index, path, str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes,
+                                        alias_of=alias))
+        self.tensors.append(t)
+        if identity is not None and alias is None:
+            self._seen[identity] = index
+        return index
+
+
+def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], list[Any]]:
+    """(skeleton, entries without placement, tensors in entry order)."""
+    if not isinstance(state_dict, dict):
+        raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__}")
+    f = _Flattener()
+    skeleton = f.visit(state_dict, "")
+    return skeleton, f.entries, f.tensors
+
+
+def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, list[Any]]:
+    """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
+    if shard_size <= 0:
+        raise UsageError(f"shard_size {shard_size} must be positive")
+    skeleton, entries, tensors = flatten(state_dict)
+    return layout(entries, skeleton, shard_size, shard_prefix), tensors
+
+
+def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_prefix: str = "shard") -> SavePlan:
+    """Place unaliased, non-empty entries into balanced shards of about ``shard_size`` bytes."""
+    stored = [e for e in entries if e.alias_of is None and e.nbytes > 0]
+    total = sum(e.nbytes for e in stored)
+    nshards = max(1, min(len(stored), math.ceil(total / shard_size))) if stored else 0
+    heap = [(0, s) for s in range(nshards)]  # (bytes so far, shard): the emptiest shard on top
+    placed: dict[int, tuple[int, int]] = {}
+    for e in sorted(stored, key=lambda e: (-e.nbytes, e.index)):
+        used, shard = heapq.heappop(heap)
+        offset = _align(used, BIG_ALIGN if e.nbytes >= BIG_TENSOR_BYTES else SMALL_ALIGN)
+        placed[e.index] = (shard, offset)
+        heapq.heappush(heap, (offset + e.nbytes, shard))
+    fill = [0] * nshards
+    for used, shard in heap:
+        fill[shard] = used
+    shards, arena = [], 0
+    for s in range(nshards):
+        shards.append(ShardPlan(s, f"{shard_prefix}-{s:05d}.bin", fill[s], arena))
+        arena = _align(arena + fill[s], BIG_ALIGN)
+    final = tuple(
+        TensorEntry(e.index, e.key, e.dtype, e.shape, e.nbytes, *placed.get(e.index, (-1, 0)), alias_of=e.alias_of)
+        for e in entries
+    )
+    return SavePlan(final, tuple(shards), skeleton, max(arena, BIG_ALIGN))

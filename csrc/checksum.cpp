@@ -1,0 +1,138 @@
+#include "checksum.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define CKPT_X86 1
+#endif
+
+namespace ckpt {
+
+namespace {
+
+constexpr std::uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
+
+// Slicing-by-8 tables for the software path.
+struct Tables {
+    std::uint32_t t[8][256];
+    Tables() {
+        for (std::uint32_t i = 0; i < 256; ++i) {
+            std::uint32_t c = i;
+            for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+            t[0][i] = c;
+        }
+        for (std::uint32_t i = 0; i < 256; ++i)
+            for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    }
+};
+
+const Tables &tables() {
+    static const Tables instance;
+    return instance;
+}
+
+std::uint32_t crc32c_soft(const unsigned char *p, std::size_t n, std::uint32_t crc) {
+    const auto &t = tables().t;
+    crc = ~crc;
+    while (n >= 8) {
+        std::uint64_t v;
+        std::memcpy(&v, p, 8);
+        v ^= crc;
+        crc = t[7][v & 0xFF] ^ t[6][(v >> 8) & 0xFF] ^ t[5][(v >> 16) & 0xFF] ^ t[4][(v >> 24) & 0xFF] ^
+              t[3][(v >> 32) & 0xFF] ^ t[2][(v >> 40) & 0xFF] ^ t[1][(v >> 48) & 0xFF] ^ t[0][v >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+#ifdef CKPT_X86
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_hw(const unsigned char *p, std::size_t n, std::uint32_t crc) {
+    std::uint64_t c = ~crc;
+    while (n >= 8) {
+        std::uint64_t v;
+        std::memcpy(&v, p, 8);
+        c = _mm_crc32_u64(c, v);
+        p += 8;
+        n -= 8;
+    }
+    auto c32 = static_cast<std::uint32_t>(c);
+    while (n--) c32 = _mm_crc32_u8(c32, *p++);
+    return ~c32;
+}
+#endif
+
+bool detect_hardware() {
+#ifdef CKPT_X86
+    return __builtin_cpu_supports("sse4.2");
+#else
+    return false;
+#endif
+}
+
+// Runs body(i) for i in [0, items) on up to `threads` threads; rethrows the first exception.
+template <typename Body>
+void parallel_for(std::size_t items, int threads, Body body) {
+    int n = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(std::max(threads, 1), items)));
+    std::atomic<std::size_t> next{0};
+    std::exception_ptr error;
+    std::mutex mutex;
+    auto run = [&] {
+        try {
+            for (std::size_t i; (i = next.fetch_add(1)) < items;) body(i);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex);
+            if (!error) error = std::current_exception();
+            next.store(items);
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n; ++t) pool.emplace_back(run);
+    run();
+    for (auto &t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+bool crc32c_hardware() {
+    static const bool hw = detect_hardware();
+    return hw;
+}
+
+std::uint32_t crc32c(const void *data, std::size_t nbytes, std::uint32_t crc) {
+    const auto *p = static_cast<const unsigned char *>(data);
+#ifdef CKPT_X86
+    if (crc32c_hardware()) return crc32c_hw(p, nbytes, crc);
+#endif
+    return crc32c_soft(p, nbytes, crc);
+}
+
+std::vector<std::uint32_t> crc32c_ranges(const char *base, const std::vector<std::pair<std::size_t, std::size_t>> &ranges,
+                                         int threads) {
+    std::vector<std::uint32_t> out(ranges.size());
+    parallel_for(ranges.size(), threads, [&](std::size_t i) { out[i] = crc32c(base + ranges[i].first, ranges[i].second); });
+    return out;
+}
+
+void parallel_copy(const std::vector<CopyJob> &jobs, int threads) {
+    // Split large copies into 8 MiB pieces so one huge tensor still uses every thread.
+    constexpr std::size_t kPiece = 8u << 20;
+    std::vector<CopyJob> pieces;
+    pieces.reserve(jobs.size());
+    for (const auto &j : jobs) {
+        for (std::size_t off = 0; off < j.nbytes; off += kPiece)
+            pieces.push_back({j.src + off, j.dst + off, std::min(kPiece, j.nbytes - off)});
+    }
+    parallel_for(pieces.size(), threads, [&](std::size_t i) { std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].nbytes); });
+}
+
+}  // namespace ckpt

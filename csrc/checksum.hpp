@@ -1,0 +1,29 @@
+// CRC-32C (Castagnoli), hardware-accelerated where the CPU has it (SSE4.2), table-driven otherwise,
+// and a parallel batch form: many (offset, length) ranges of one buffer on N threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace ckpt {
+
+std::uint32_t crc32c(const void *data, std::size_t nbytes, std::uint32_t crc = 0);
+
+// One CRC per range, computed on `threads` threads (ranges are the unit of work).
+std::vector<std::uint32_t> crc32c_ranges(const char *base, const std::vector<std::pair<std::size_t, std::size_t>> &ranges,
+                                         int threads);
+
+// True when the hardware instruction is used.
+bool crc32c_hardware();
+
+// Copy each (src, dst, nbytes) on `threads` threads; big copies are split so threads share them.
+struct CopyJob {
+    const char *src;
+    char *dst;
+    std::size_t nbytes;
+};
+void parallel_copy(const std::vector<CopyJob> &jobs, int threads);
+
+}  // namespace ckpt

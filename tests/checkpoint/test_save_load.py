@@ -1,0 +1,279 @@
+"""ckptbench.save/load: bit-exact round trips, structure, aliasing, errors, crash safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptbench
+from ckptbench.checkpoint import Checkpointer
+from ckptbench.checkpoint.api import CheckpointExistsError
+from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
+from ckptbench.checkpoint.plan import plan_save
+from ckptbench.errors import UsageError
+
+
+def all_cpu_dtypes() -> list[torch.dtype]:
+    names = ["float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int64", "int32", "int16",
+             "int8", "uint8", "bool", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+             "float8_e4m3fnuz", "float8_e5m2fnuz", "complex32"]
+    return [getattr(torch, n) for n in names if hasattr(torch, n)]
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """Random bits of the dtype (every bit pattern, NaNs included), so equality is bitwise."""
+    g = torch.Generator().manual_seed(seed)
+    nbytes = int(torch.empty(shape, dtype=dtype).numel()) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    t = raw.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)
+    return t.clone() if dtype != torch.bool else (raw.reshape(shape) % 2).bool() if nbytes else t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def assert_same(a, b, path="root"):
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert same_bits(a, b), f"{path}: tensors differ"
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("dtype", all_cpu_dtypes(), ids=str)
+def test_every_cpu_dtype_round_trips_bit_exact(tmp_path: Path, dtype: torch.dtype):
+    sd = {"x": random_tensor(dtype, (33, 7), seed=1), "scalar": random_tensor(dtype, (), seed=2),
+          "empty": torch.empty((0, 5), dtype=dtype)}
+    ckptbench.save(sd, tmp_path / "c")
+    assert_same(sd, ckptbench.load(tmp_path / "c"))
+
+
+def test_nested_structure_and_plain_values(tmp_path: Path):
+    sd = {
+        "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
+        "optimizer": {"state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.randn(64, 64)}, 1: {}},
+                      "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0, 1], "name": None}]},
+        "step": 1234, "loss": float("nan"), "inf": float("-inf"), "flag": True, "tag": "run-7",
+        "tuple_of_tensors": (torch.ones(3), [torch.arange(4)]),
+        (1, 2): "tuple key", 2.5: "float key", None: "none key", False: "bool key",
+    }
+    ckptbench.save(sd, tmp_path / "c")
+    assert_same(sd, ckptbench.load(tmp_path / "c"))
+
+
+def test_non_contiguous_and_views(tmp_path: Path):
+    base = torch.randn(32, 48)
+    sd = {"t": base.t(), "slice": base[::2, 3:9], "expanded": torch.randn(1, 5).expand(4, 5),
+          "conj": torch.randn(3, 3, dtype=torch.complex64).conj(), "neg": torch.randn(4)._neg_view()}
+    ckptbench.save(sd, tmp_path / "c")
+    out = ckptbench.load(tmp_path / "c")
+    for k in sd:
+        assert torch.equal(out[k], sd[k].resolve_conj().resolve_neg()), k
+
+
+def test_tied_weights_are_stored_once_and_load_tied(tmp_path: Path):
+    w = torch.randn(256, 256)
+    sd = {"embed": w, "lm_head": w, "other": torch.randn(256, 256)}
+    result = ckptbench.save(sd, tmp_path / "c")
+    assert result.bytes == 2 * w.numel() * 4
+    out = ckptbench.load(tmp_path / "c")
+    assert out["embed"] is out["lm_head"] and torch.equal(out["embed"], w)
+
+
+def test_many_tiny_tensors(tmp_path: Path):
+    sd = {f"layer{i}.bias": torch.full((3,), float(i)) for i in range(20000)}
+    result = ckptbench.save(sd, tmp_path / "c")
+    assert result.tensors == 20000
+    out = ckptbench.load(tmp_path / "c")
+    assert all(torch.equal(out[k], v) for k, v in sd.items())
+    # tiny tensors pack densely (64-byte alignment), not one page each
+    assert sum(s["nbytes"] for s in json.loads((tmp_path / "c" / "manifest.json").read_text())["shards"]) < 20000 * 64 + 64
+
+
+def test_plan_balances_shards_and_aligns_big_tensors():
+    sd = {f"w{i}": torch.empty(1024 * (i + 1), dtype=torch.uint8) for i in range(40)}
+    plan, tensors = plan_save(sd, shard_size=200 * 1024)
+    sizes = [s.nbytes for s in plan.shards]
+    assert len(sizes) == 5 and max(sizes) - min(sizes) < 64 * 1024
+    for e in plan.entries:
+        assert e.offset % (4096 if e.nbytes >= 64 * 1024 else 64) == 0
+    # no overlaps inside a shard
+    for s in plan.shards:
+        spans = sorted((e.offset, e.offset + e.nbytes) for e in plan.entries if e.shard == s.index)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_async_save_returns_after_staging(tmp_path: Path):
+    ckpt = Checkpointer()
+    sd = {"w": torch.randn(512, 1024)}
+    handle = ckpt.save(sd, tmp_path / "c", async_=True)
+    assert handle.staged
+    expected = sd["w"].clone()
+    sd["w"].add_(1.0)  # the caller may now change its tensors
+    result = handle.result(timeout=60)
+    assert handle.done() and result.persist_s > 0 and result.stall_s > 0
+    assert torch.equal(ckpt.load(tmp_path / "c")["w"], expected)
+    ckpt.close()
+
+
+def test_second_save_waits_for_the_first(tmp_path: Path):
+    ckpt = Checkpointer()
+    first = ckpt.save({"w": torch.randn(1024, 1024)}, tmp_path / "a", async_=True)
+    second = ckpt.save({"w": torch.ones(1024, 1024)}, tmp_path / "b", async_=True)
+    assert first.done()  # the second save could not stage before the first persisted
+    second.result(timeout=60)
+    assert torch.equal(ckpt.load(tmp_path / "b")["w"], torch.ones(1024, 1024))
+    ckpt.close()
+
+
+def test_existing_checkpoint_needs_overwrite_and_survives_refusal(tmp_path: Path):
+    ckptbench.save({"v": torch.tensor([1])}, tmp_path / "c")
+    with pytest.raises(CheckpointExistsError):
+        ckptbench.save({"v": torch.tensor([2])}, tmp_path / "c")
+    assert ckptbench.load(tmp_path / "c")["v"].item() == 1
+    ckptbench.save({"v": torch.tensor([3])}, tmp_path / "c", overwrite=True)
+    assert ckptbench.load(tmp_path / "c")["v"].item() == 3
+    shards = [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith("shard-")]
+    assert len(shards) == 1  # the replaced checkpoint's shard was removed after the commit
+
+
+def test_unrelated_files_are_left_alone(tmp_path: Path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("mine")
+    ckptbench.save({"v": torch.ones(3)}, tmp_path / "c")
+    ckptbench.save({"v": torch.ones(3)}, tmp_path / "c", overwrite=True)
+    assert (tmp_path / "c" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [(object(), "model.weird: value of type object"),
+     (torch.randn(4, 4).to_sparse(), "model.weird: torch.sparse_coo"),
+     (torch.empty(3, device="meta"), "meta tensors")],
+)
+def test_unsupported_leaves_name_the_key_and_write_nothing(tmp_path: Path, value, needle):
+    with pytest.raises(UsageError, match=needle.replace(".", r"\.")):
+        ckptbench.save({"model": {"ok": torch.ones(2), "weird": value}}, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_quantized_tensor_is_refused(tmp_path: Path):
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    with pytest.raises(UsageError, match="quantized"):
+        ckptbench.save({"q": q}, tmp_path / "c")
+
+
+def test_load_refuses_a_directory_without_manifest(tmp_path: Path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "shard-0123abcd-00000.bin").write_bytes(b"x" * 100)
+    with pytest.raises(NotACheckpointError, match="no committed checkpoint"):
+        ckptbench.load(tmp_path / "c")
+    with pytest.raises(NotACheckpointError):
+        ckptbench.load(tmp_path / "missing")
+
+
+def test_corruption_names_the_tensor_and_shard(tmp_path: Path):
+    sd = {"a": torch.randn(1000), "b": torch.randn(1000)}
+    ckptbench.save(sd, tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    entry = next(t for t in manifest["tensors"] if t["key"] == "b")
+    shard = tmp_path / "c" / manifest["shards"][entry["shard"]]["name"]
+    data = bytearray(shard.read_bytes())
+    data[entry["offset"] + 17] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"tensor 'b' \(shard shard-"):
+        ckptbench.load(tmp_path / "c")
+    assert ckptbench.load(tmp_path / "c", verify=False)["a"].equal(sd["a"])  # verify=False skips the check
+
+
+def test_truncated_shard_is_reported(tmp_path: Path):
+    ckptbench.save({"a": torch.randn(4096)}, tmp_path / "c")
+    shard = next((tmp_path / "c").glob("shard-*.bin"))
+    os.truncate(shard, 100)
+    with pytest.raises(CorruptCheckpointError, match="100 bytes"):
+        ckptbench.load(tmp_path / "c")
+
+
+def test_save_into_a_file_path_is_refused(tmp_path: Path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        ckptbench.save({"a": torch.ones(1)}, tmp_path / "f")
+
+
+def test_failed_write_leaves_no_checkpoint_and_no_shards(mount_fs):
+    where = mount_fs("tmpfs", "size=1m")
+    with pytest.raises(Exception, match="No space left|free"):
+        ckptbench.save({"a": torch.randn(1024, 1024)}, where / "c")
+    assert not (where / "c" / "manifest.json").exists()
+    assert not list((where / "c").glob("shard-*")) if (where / "c").exists() else True
+
+
+def test_settings_are_reported(tmp_path: Path):
+    r = ckptbench.save({"a": torch.randn(100)}, tmp_path / "c", threads=3, shard_size=2**20, checksum=False)
+    assert (r.threads, r.shard_size, r.checksum, r.sync) == (3, 2**20, False, "fdatasync")
+    assert r.direct is True and r.files == 2 and r.gbps > 0
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["checksum"] is None
+    ckptbench.load(tmp_path / "c")  # loads without checksums
+
+
+CHILD = textwrap.dedent("""
+    import sys, torch, ckptbench
+    path = sys.argv[1]
+    version = 1
+    while True:
+        sd = {f"w{i}": torch.full((256, 1024), float(version * 100 + i)) for i in range(8)}
+        sd["version"] = version
+        ckptbench.save(sd, path, overwrite=True)
+        print(version, flush=True)
+        version += 1
+""")
+
+
+def test_kill_9_at_random_moments_never_damages_the_committed_checkpoint(tmp_path: Path):
+    """A committed checkpoint survives SIGKILL at any moment of a later save: load gives a whole version."""
+    path = tmp_path / "c"
+    ckptbench.save({**{f"w{i}": torch.full((256, 1024), float(i)) for i in range(8)}, "version": 0}, path)
+    rng = random.Random(1234)
+    seen_versions = set()
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True,
+                                cwd=tmp_path)
+        assert proc.stdout.readline().strip()  # it has committed at least one save: now saves are back to back
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        out = ckptbench.load(path)
+        v = out["version"]
+        seen_versions.add(v)
+        for i in range(8):
+            assert torch.equal(out[f"w{i}"], torch.full((256, 1024), float(v * 100 + i) if v else float(i))), (v, i)
+    assert max(seen_versions) > 0
+    # what a killed save leaves behind is cleaned by the next successful one
+    ckptbench.save({"w": torch.ones(1)}, path, overwrite=True)
+    names = sorted(p.name for p in path.iterdir())
+    assert len(names) == 2 and "manifest.json" in names
