@@ -124,6 +124,7 @@ class Checkpointer:
             raise UsageError(f"threads ({self.threads}), shard_size ({self.shard_size}) and block_size "
                              f"({self.block_size}) must be positive")
         self._arena = Arena()
+        self._read_buffer = Arena()
         self._in_flight: Future | None = None
         self._lock = threading.Lock()
 
@@ -239,12 +240,16 @@ class Checkpointer:
 
     # -- load ---------------------------------------------------------------------------------
 
-    def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True) -> dict:
+    def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
+             into: dict | None = None) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact.
 
-        Tensors are views into one aligned buffer read with the engine (no copies on CPU); with
-        ``device`` other than cpu each is copied there. ``verify`` checks every CRC-32C and names
-        the tensor and shard of any mismatch (CorruptCheckpointError).
+        Shards are read with the engine (O_DIRECT) into one aligned buffer. Without ``into``, the
+        tensors are views into a fresh buffer (no copies on CPU), or copies on ``device``. With
+        ``into`` (a state_dict of the same structure, e.g. the live model's), every tensor is copied
+        into the matching preallocated tensor, on whatever device it lives, the read buffer is the
+        Checkpointer's own and reused across loads, and ``into`` is returned. ``verify`` checks every
+        CRC-32C and names the tensor and shard of any mismatch (CorruptCheckpointError).
         """
         import torch
 
@@ -255,7 +260,11 @@ class Checkpointer:
         for s in shards:
             offsets.append(total)
             total = -(-(total + s["nbytes"]) // 4096) * 4096
-        buffer = native.AlignedBuffer(max(total, 4096))
+        if into is not None:
+            self._read_buffer.ensure(max(total, 4096))
+            buffer = self._read_buffer.buffer
+        else:
+            buffer = native.AlignedBuffer(max(total, 4096))
         view = memoryview(buffer)
         jobs = [(view[o:o + s["nbytes"]], str(directory / s["name"]), 0) for s, o in zip(shards, offsets, strict=True)]
         for s in shards:
@@ -280,8 +289,12 @@ class Checkpointer:
                 t = torch.empty(shape, dtype=dtype)
             else:
                 t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
-            tensors.append(t if str(device) == "cpu" else t.to(device))
-        return _rebuild(manifest["skeleton"], tensors)
+            tensors.append(t if into is not None or str(device) == "cpu" else t.to(device))
+        loaded = _rebuild(manifest["skeleton"], tensors)
+        if into is None:
+            return loaded
+        _copy_into(into, loaded, "")
+        return into
 
     def _verify(self, buffer: Any, entries: list[dict], shards: list[dict], offsets: list[int], block: int,
                 directory: Path) -> None:
@@ -306,6 +319,31 @@ class Checkpointer:
         """Wait for a save in flight, then free the staging arena."""
         self._wait_in_flight()
         self._arena.close()
+        self._read_buffer.close()
+
+
+def _copy_into(dst: Any, src: Any, path: str) -> None:
+    """Copy loaded tensors into ``dst``'s tensors in place; plain values must already match."""
+    import torch
+
+    where = path or "<root>"
+    if isinstance(src, torch.Tensor):
+        if not isinstance(dst, torch.Tensor):
+            raise UsageError(f"{where}: the checkpoint holds a tensor, into= holds {type(dst).__name__}")
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise UsageError(f"{where}: checkpoint tensor {tuple(src.shape)} {src.dtype} does not fit into "
+                             f"{tuple(dst.shape)} {dst.dtype}")
+        dst.copy_(src)
+    elif isinstance(src, dict):
+        if not isinstance(dst, dict) or dst.keys() != src.keys():
+            raise UsageError(f"{where}: keys differ between the checkpoint and into=")
+        for key in src:
+            _copy_into(dst[key], src[key], f"{path}.{key}" if path else str(key))
+    elif isinstance(src, (list, tuple)):
+        if not isinstance(dst, (list, tuple)) or len(dst) != len(src):
+            raise UsageError(f"{where}: a sequence of {len(src)} items does not fit into= here")
+        for i, (d, s) in enumerate(zip(dst, src, strict=True)):
+            _copy_into(d, s, f"{path}[{i}]")
 
 
 def _decode_value(node: Any) -> Any:
@@ -361,6 +399,6 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
     return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite)
 
 
-def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True) -> dict:
+def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None) -> dict:
     """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
-    return _default_checkpointer().load(path, device=device, verify=verify)
+    return _default_checkpointer().load(path, device=device, verify=verify, into=into)

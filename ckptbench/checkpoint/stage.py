@@ -129,6 +129,8 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     if slow:
         flat = arena.bytes_tensor()
         stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())  # the tensors' producers come first
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for tensor, offset in slow:
                 nbytes = tensor.numel() * tensor.element_size()

@@ -233,6 +233,24 @@ def test_failed_write_leaves_no_checkpoint_and_no_shards(mount_fs):
     assert not list((where / "c").glob("shard-*")) if (where / "c").exists() else True
 
 
+def test_load_into_preallocated_tensors_reuses_one_buffer(tmp_path: Path):
+    ckpt = Checkpointer()
+    sd = {"w": torch.randn(64, 64), "opt": {"step": 3, "m": [torch.randn(10)]}}
+    ckpt.save(sd, tmp_path / "c")
+    live = {"w": torch.zeros(64, 64), "opt": {"step": 3, "m": [torch.zeros(10)]}}
+    w_before = live["w"]
+    assert ckpt.load(tmp_path / "c", into=live) is live
+    assert live["w"] is w_before and torch.equal(live["w"], sd["w"]) and torch.equal(live["opt"]["m"][0], sd["opt"]["m"][0])
+    address = ckpt._read_buffer.buffer.address
+    ckpt.load(tmp_path / "c", into=live)
+    assert ckpt._read_buffer.buffer.address == address  # reused, not reallocated
+    with pytest.raises(UsageError, match="does not fit"):
+        ckpt.load(tmp_path / "c", into={"w": torch.zeros(3), "opt": {"step": 3, "m": [torch.zeros(10)]}})
+    with pytest.raises(UsageError, match="keys differ"):
+        ckpt.load(tmp_path / "c", into={"w": torch.zeros(64, 64)})
+    ckpt.close()
+
+
 def test_settings_are_reported(tmp_path: Path):
     r = ckptbench.save({"a": torch.randn(100)}, tmp_path / "c", threads=3, shard_size=2**20, checksum=False)
     assert (r.threads, r.shard_size, r.checksum, r.sync) == (3, 2**20, False, "fdatasync")
