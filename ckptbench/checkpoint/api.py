@@ -23,7 +23,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from ckptbench import __version__, knobs, native
@@ -31,6 +30,7 @@ from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
 from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.storage.store import Store, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -89,12 +89,11 @@ class SaveHandle:
         return self._future.result(timeout)
 
 
-def _require_free(directory: Path, nbytes: int) -> None:
-    usage = os.statvfs(directory)
-    free = usage.f_bavail * usage.f_frsize
-    if usage.f_blocks and free < nbytes:
+def _require_free(store: Store, nbytes: int) -> None:
+    free = store.free_bytes()
+    if free is not None and free < nbytes:
         raise InsufficientSpaceError(
-            f"{directory} has {format_size(free)} free but the checkpoint needs {format_size(nbytes)}",
+            f"{store.url} has {format_size(free)} free but the checkpoint needs {format_size(nbytes)}",
             hint="free space or save elsewhere",
         )
 
@@ -131,7 +130,7 @@ class Checkpointer:
     # -- save ---------------------------------------------------------------------------------
 
     def save(self, state_dict: Any, path: str | os.PathLike, *, async_: bool = False,
-             overwrite: bool = False) -> SaveResult | SaveHandle:
+             overwrite: bool = False, storage_options: dict | None = None) -> SaveResult | SaveHandle:
         """Save ``state_dict`` to the directory ``path`` (created if missing).
 
         Sync: returns the SaveResult once the checkpoint is durable. Async: returns a SaveHandle
@@ -140,29 +139,29 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self._wait_in_flight()
-        directory = Path(path)
-        if directory.exists() and not directory.is_dir():
-            raise UsageError(f"{str(path)!r} is a file; a checkpoint is a directory")
-        if (directory / mf.MANIFEST_NAME).exists() and not overwrite:
-            raise CheckpointExistsError(f"{directory} already holds a checkpoint",
+        store = open_store(path, storage_options)
+        if not store.is_dir_like():
+            raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
+        if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
+            raise CheckpointExistsError(f"{store.url} already holds a checkpoint",
                                         hint="pass overwrite=True to replace it (the old one stays valid until "
                                              "the new one commits)")
         save_id = secrets.token_hex(4)
         plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
-        directory.mkdir(parents=True, exist_ok=True)
-        _require_free(directory, plan.total_bytes)
+        store.prepare()
+        _require_free(store, plan.total_bytes)
         with self._lock:
             stage(plan, tensors, self._arena, self.threads)
         del tensors  # the arena holds the bytes now
         stall_s = time.perf_counter() - t0
         if not async_:
-            return self._persist(plan, directory, save_id, stall_s, time.perf_counter())
+            return self._persist(plan, store, save_id, stall_s, time.perf_counter())
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
-                future.set_result(self._persist(plan, directory, save_id, stall_s, staged_at))
+                future.set_result(self._persist(plan, store, save_id, stall_s, staged_at))
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
 
@@ -176,10 +175,10 @@ class Checkpointer:
                 self._in_flight.result()
             self._in_flight = None
 
-    def _persist(self, plan: SavePlan, directory: Path, save_id: str, stall_s: float, staged_at: float) -> SaveResult:
+    def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float) -> SaveResult:
         arena = self._arena.buffer
         view = memoryview(arena)
-        jobs = [(view[s.arena_offset:s.arena_offset + s.nbytes], str(directory / s.name), 0) for s in plan.shards]
+        files = [(s.name, view[s.arena_offset:s.arena_offset + s.nbytes]) for s in plan.shards]
         ranges = plan.checksum_ranges() if self.checksum else []
         crcs: list[int] = []
         crc_thread = None
@@ -191,11 +190,9 @@ class Checkpointer:
             crc_thread = threading.Thread(target=checksum, name="ckptbench-crc")
             crc_thread.start()
         try:
-            result = native.write(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct,
-                                  sync="fdatasync", sync_dir=True) if jobs else None
+            report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
         except OSError as exc:
-            self._remove(directory, [s.name for s in plan.shards])
-            raise StorageIOError(f"writing the checkpoint to {directory} failed: {exc}") from exc
+            raise StorageIOError(f"writing the checkpoint to {store.url} failed: {exc}") from exc
         finally:
             if crc_thread is not None:
                 crc_thread.join()
@@ -217,31 +214,20 @@ class Checkpointer:
             ],
             "skeleton": plan.skeleton,
         }
-        mf.commit(directory, manifest, save_id)
-        self._remove(directory, [p.name for p in mf.stale_files(directory, {s.name for s in plan.shards})])
+        mf.commit(store, manifest)
+        store.remove(mf.stale_files(store, {s.name for s in plan.shards}))
         persist_s = time.perf_counter() - staged_at
         return SaveResult(
-            path=str(directory), bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
+            path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
             stall_s=stall_s, persist_s=persist_s, threads=self.threads, shard_size=self.shard_size,
-            block_size=self.block_size, direct=bool(result.direct_used) if result else self.direct,
-            sync=result.sync if result else "fdatasync", checksum=self.checksum,
-            direct_fallback_reason=(result.fallback_reason or None) if result else None,
+            block_size=self.block_size, direct=report.direct, sync=report.sync, checksum=self.checksum,
+            direct_fallback_reason=report.fallback_reason,
         )
-
-    @staticmethod
-    def _remove(directory: Path, names: list[str]) -> None:
-        for name in names:
-            try:
-                (directory / name).unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("could not remove %s: %s", directory / name, exc)
 
     # -- load ---------------------------------------------------------------------------------
 
     def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
-             into: dict | None = None) -> dict:
+             into: dict | None = None, storage_options: dict | None = None) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact.
 
         Shards are read with the engine (O_DIRECT) into one aligned buffer. Without ``into``, the
@@ -253,8 +239,8 @@ class Checkpointer:
         """
         import torch
 
-        directory = Path(path)
-        manifest = mf.read_manifest(directory)
+        store = open_store(path, storage_options)
+        manifest = mf.read_manifest(store)
         shards = manifest["shards"]
         offsets, total = [], 0
         for s in shards:
@@ -266,18 +252,17 @@ class Checkpointer:
         else:
             buffer = native.AlignedBuffer(max(total, 4096))
         view = memoryview(buffer)
-        jobs = [(view[o:o + s["nbytes"]], str(directory / s["name"]), 0) for s, o in zip(shards, offsets, strict=True)]
         for s in shards:
-            size = (directory / s["name"]).stat().st_size if (directory / s["name"]).exists() else None
+            size = store.size(s["name"])
             if size != s["nbytes"]:
                 raise mf.CorruptCheckpointError(
-                    f"shard {s['name']} of {directory} is {'missing' if size is None else f'{size} bytes'}; "
+                    f"shard {s['name']} of {store.url} is {'missing' if size is None else f'{size} bytes'}; "
                     f"the manifest says {s['nbytes']} bytes")
-        if jobs:
-            native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct)
+        store.read_files([(s["name"], view[o:o + s["nbytes"]]) for s, o in zip(shards, offsets, strict=True)],
+                         threads=self.threads, block_size=self.block_size, direct=self.direct)
         entries = manifest["tensors"]
         if verify and manifest.get("checksum"):
-            self._verify(buffer, entries, shards, offsets, manifest["checksum"]["block_bytes"], directory)
+            self._verify(buffer, entries, shards, offsets, manifest["checksum"]["block_bytes"], store.url)
         flat = torch.frombuffer(buffer, dtype=torch.uint8) if total else None
         tensors: list[Any] = []
         for e in entries:
@@ -297,7 +282,7 @@ class Checkpointer:
         return into
 
     def _verify(self, buffer: Any, entries: list[dict], shards: list[dict], offsets: list[int], block: int,
-                directory: Path) -> None:
+                where: str) -> None:
         ranges, owners = [], []
         for e in entries:
             if e["alias_of"] is not None or not e["nbytes"]:
@@ -311,7 +296,7 @@ class Checkpointer:
         for got, want, e in zip(crcs, expected, owners, strict=True):
             if got != want:
                 raise mf.CorruptCheckpointError(
-                    f"checksum mismatch in tensor {e['key']!r} (shard {shards[e['shard']]['name']} of {directory}): "
+                    f"checksum mismatch in tensor {e['key']!r} (shard {shards[e['shard']]['name']} of {where}): "
                     f"crc32c {got:#010x}, manifest {want:#010x}",
                     hint="the checkpoint is damaged; restore from another one")
 
@@ -391,14 +376,15 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
     With default settings a process-wide Checkpointer is reused, so its staging arena survives
     between calls (allocate once, save many). Custom settings use a one-off Checkpointer.
     """
-    if storage_options:
-        raise UsageError("storage_options apply to object storage, which is not supported yet")
     if threads is None and shard_size is None and direct is None and checksum:
-        return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite)
+        return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
+                                            storage_options=storage_options)
     ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
-    return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite)
+    return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options)
 
 
-def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None) -> dict:
+def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None,
+         storage_options: dict | None = None) -> dict:
     """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
-    return _default_checkpointer().load(path, device=device, verify=verify, into=into)
+    return _default_checkpointer().load(path, device=device, verify=verify, into=into,
+                                        storage_options=storage_options)

@@ -1,20 +1,19 @@
 """The manifest: the commit record of a checkpoint, written last and atomically.
 
-A directory holds a checkpoint exactly when it holds a valid ``manifest.json``. Commit order:
-shards durable (fdatasync each, fsync the directory) -> manifest written to a temp name, fsynced ->
-renamed over ``manifest.json`` -> directory fsynced. A crash at any point leaves either the previous
-manifest (and the shards it names, which a save never touches) or the new one.
+A location holds a checkpoint exactly when it holds a valid ``manifest.json``. Commit order:
+shards durable (``Store.write_files``) -> manifest put atomically (``Store.put_atomic``: locally a
+temp name, fsync, rename, directory fsync). A crash at any point leaves either the previous manifest
+(and the shards it names, which a save never touches) or the new one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import CkptbenchError
+from ckptbench.storage.store import Store
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "ckptbench.checkpoint/1"
@@ -32,43 +31,21 @@ class CorruptCheckpointError(CkptbenchError):
     """A committed checkpoint whose data does not match its manifest (checksum or size)."""
 
 
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def commit(store: Store, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` durably and atomically as the store's ``manifest.json``: the commit."""
+    store.put_atomic(MANIFEST_NAME, json.dumps(manifest, separators=(",", ":")).encode())
+
+
+def read_manifest(store: Store) -> dict[str, Any]:
+    """The committed manifest of ``store``; NotACheckpointError with the reason otherwise."""
+    path = f"{store.url}/{MANIFEST_NAME}"
+    if not store.is_dir_like():
+        raise NotACheckpointError(f"{store.url} is not a directory holding a checkpoint")
     try:
-        os.fsync(fd)
-    except OSError as exc:  # some FUSE filesystems refuse directory fsync
-        if exc.errno not in (22, 95, 30):
-            raise
-    finally:
-        os.close(fd)
-
-
-def commit(directory: Path, manifest: dict[str, Any], save_id: str) -> None:
-    """Write ``manifest`` durably and atomically as ``directory/manifest.json``."""
-    tmp = directory / f".manifest.json.tmp-{save_id}"
-    data = json.dumps(manifest, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, directory / MANIFEST_NAME)
-    fsync_directory(directory)
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The committed manifest of ``directory``; NotACheckpointError with the reason otherwise."""
-    path = directory / MANIFEST_NAME
-    if not directory.is_dir():
-        raise NotACheckpointError(f"{directory} is not a directory holding a checkpoint")
-    try:
-        manifest = json.loads(path.read_bytes())
+        manifest = json.loads(store.get(MANIFEST_NAME))
     except FileNotFoundError:
         raise NotACheckpointError(
-            f"{directory} holds no committed checkpoint (no {MANIFEST_NAME})",
+            f"{store.url} holds no committed checkpoint (no {MANIFEST_NAME})",
             hint="a save that did not finish leaves no manifest; nothing here can be loaded",
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -79,6 +56,6 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def stale_files(directory: Path, keep: set[str]) -> list[Path]:
-    """Files a save created that the committed manifest no longer names (older or crashed saves)."""
-    return [p for p in directory.iterdir() if OWNED_FILE.match(p.name) and p.name not in keep]
+def stale_files(store: Store, keep: set[str]) -> list[str]:
+    """Objects a save created that the committed manifest no longer names (older or crashed saves)."""
+    return [name for name in store.list() if OWNED_FILE.match(name) and name not in keep]

@@ -1,0 +1,164 @@
+"""The storage seam for checkpoints: a handful of primitives a backend implements; the writer,
+the reader and the commit protocol are written once above them (``checkpoint/``).
+
+Contract, in the order the writer calls it:
+
+1. ``prepare()``            - make the location usable (mkdir / check the bucket); idempotent
+2. ``write_files(files)``   - write whole named objects from memory; durable when it returns
+                              (local: O_DIRECT or fdatasync per file + directory fsync; object
+                              stores: completed uploads). On failure nothing half-written stays
+                              visible under those names (partial files removed, multipart aborted).
+3. ``put_atomic(name, b)``  - the commit: a small object that appears whole or not at all, durable
+                              when it returns (local: temp + fsync + rename + fsync dir; S3: one PUT)
+4. ``remove(names)``        - best effort, after the commit
+
+Readers use ``get``, ``size`` and ``read_files`` (fill caller buffers, in parallel); ``list`` names
+the objects directly under the location. Names are flat (no ``/``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ckptbench import native
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    """How ``write_files`` made the bytes durable."""
+
+    direct: bool
+    sync: str
+    fallback_reason: str | None = None
+
+
+class Store(Protocol):
+    url: str
+
+    def prepare(self) -> None: ...
+    def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> WriteReport: ...
+    def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                   direct: bool) -> None: ...
+    def put_atomic(self, name: str, data: bytes) -> None: ...
+    def get(self, name: str) -> bytes: ...
+    def size(self, name: str) -> int | None: ...
+    def list(self) -> list[str]: ...
+    def remove(self, names: list[str]) -> None: ...
+    def free_bytes(self) -> int | None: ...
+    def is_dir_like(self) -> bool: ...
+
+
+def fsync_directory(path: Path) -> None:
+    """fsync a directory; filesystems that cannot (some FUSE, tmpfs variants) are tolerated."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            raise
+    finally:
+        os.close(fd)
+
+
+class LocalStore:
+    """A directory on a local or mounted filesystem, written and read by the native engine."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.url = str(self.path)
+
+    def is_dir_like(self) -> bool:
+        return not self.path.exists() or self.path.is_dir()
+
+    def prepare(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> WriteReport:
+        if not files:
+            return WriteReport(direct=direct, sync="fdatasync")
+        jobs = [(view, str(self.path / name), 0) for name, view in files]
+        try:
+            result = native.write(jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
+                                  sync_dir=True)
+        except OSError:
+            self.remove([name for name, _ in files])
+            raise
+        return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
+
+    def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                   direct: bool) -> None:
+        if files:
+            native.read([(view, str(self.path / name), 0) for name, view in files], threads=threads,
+                        block_size=block_size, direct=direct)
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        tmp = self.path / f".{name}.tmp-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path / name)
+        fsync_directory(self.path)
+
+    def get(self, name: str) -> bytes:
+        return (self.path / name).read_bytes()
+
+    def size(self, name: str) -> int | None:
+        try:
+            return (self.path / name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def list(self) -> list[str]:
+        try:
+            return [p.name for p in self.path.iterdir()]
+        except FileNotFoundError:
+            return []
+
+    def remove(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                (self.path / name).unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("could not remove %s: %s", self.path / name, exc)
+
+    def free_bytes(self) -> int | None:
+        probe = self.path if self.path.exists() else self.path.parent
+        while not probe.exists():
+            probe = probe.parent
+        usage = os.statvfs(probe)
+        return usage.f_bavail * usage.f_frsize if usage.f_blocks else None
+
+
+def open_store(url: str | os.PathLike, storage_options: dict | None = None) -> Store:
+    """The Store for a checkpoint location: a path (or ``file://``) today; object stores by scheme."""
+    from ckptbench.errors import UsageError
+    from ckptbench.storage import scheme_of
+
+    text = os.fspath(url)
+    scheme = scheme_of(text)
+    if scheme == "file":
+        if storage_options:
+            raise UsageError("storage_options apply to object storage, not to a local path")
+        return LocalStore(text.removeprefix("file://"))
+    raise UsageError(f"{text!r}: {scheme}:// checkpoints are not supported yet",
+                     hint="object storage is planned; save to a local or mounted directory for now")
