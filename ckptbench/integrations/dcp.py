@@ -1,0 +1,1153 @@
+"""``torch.distributed.checkpoint`` storage backed by ckptbench's engine: :class:`Writer` and :class:`Reader`.
+
+    import torch.distributed.checkpoint as dcp
+    from ckptbench.integrations.dcp import Reader, Writer
+
+    dcp.save(state_dict, storage_writer=Writer("/ckpt/step-1000"))
+    dcp.load(state_dict, storage_reader=Reader("/ckpt/step-1000"))
+
+    writer = Writer("/ckpt")                      # keep one: its staging memory is reused
+    future = dcp.async_save(state_dict, storage_writer=writer, checkpoint_id="/ckpt/step-2000")
+    ...                                           # training continues; the writer staged the tensors
+    future.result()                               # durable
+
+Single process (no process group) and multi-process (any backend with a CPU side, e.g. gloo) work
+alike; ranks must see one shared directory, as with ``FileSystemWriter``.
+
+**What lands on disk.** FileSystemWriter's layout: data files ``__{rank}_{n}.{save}.distcp`` and one
+``.metadata`` (the pickled DCP ``Metadata``), whose ``storage_data`` maps every item to torch's own
+``_StorageInfo(relative_path, offset, length, transform_descriptors)``. What differs is how a tensor
+is stored. With ``serialization="raw"`` (the default) it is its bytes, row-major in the chunk's shape,
+starting 64-byte aligned, with the descriptor ``ckptbench-raw/1;DTYPE;SHAPE;crc32c=BLOCK:CRC,...``:
+no pickling, no zip, nothing to parse, and CRC-32C per 64 MiB verified on load. Non-tensor values
+(``BYTE_IO`` items) are stored exactly as DCP stores them (their ``torch.save`` bytes). With
+``serialization="torch_save"`` every tensor is a ``torch.save`` blob as FileSystemWriter writes it,
+so the checkpoint is byte-for-byte stock format.
+
+**Interoperability.** :class:`Reader` loads checkpoints written by :class:`Writer` (either
+serialization) and by torch's ``FileSystemWriter`` (``torch_save`` serialization, with or without
+its stream extensions). Torch's ``FileSystemReader`` loads a ``torch_save`` checkpoint of ours as is,
+and a ``raw`` one when given ``_extension_registry=extension_registry()``; without it, it stops with
+``ValueError: Unknown extension name='ckptbench-raw'`` (as does ``dcp.load(checkpoint_id=...)``
+without a ``storage_reader``, which picks FileSystemReader).
+
+**Durability.** When ``write_data`` returns on a rank, that rank's data files are on the device
+(O_DIRECT where the filesystem allows it, every file fdatasynced, the directory fsynced). ``finish``
+(the coordinator, after every rank's ``write_data``) writes ``.metadata`` to a temporary name,
+fsyncs it, renames it into place and fsyncs the directory: only then does the checkpoint exist. A
+save never overwrites the files of a committed checkpoint (data files carry a per-save id); files of
+earlier saves are removed only after the new ``.metadata`` is committed. A failed write removes the
+files it created and leaves no ``.metadata``.
+
+Importing this module does not import torch: ``Writer``, ``Reader`` and ``RawTensorExtension``
+subclass torch's DCP classes and are created on first access (their logic lives in ``_Writer``,
+``_Reader`` and ``_RawTensorExtension``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import errno
+import functools
+import io
+import logging
+import math
+import os
+import pickle
+import re
+import secrets
+import threading
+import time
+import types
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+from ckptbench import knobs, native
+from ckptbench.checkpoint.api import CheckpointExistsError
+from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
+from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN
+from ckptbench.checkpoint.stage import Arena, dtype_of, typed_view
+from ckptbench.errors import InsufficientSpaceError, MissingDependencyError, StorageIOError, TargetError, UsageError
+from ckptbench.storage.store import Store, open_store
+from ckptbench.units import format_size
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItem
+    from torch.distributed.checkpoint.staging import AsyncStager
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+    from torch.futures import Future
+
+__all__ = ["RAW_EXTENSION", "RawTensorExtension", "Reader", "SaveStats", "Writer", "extension_registry"]
+
+log = logging.getLogger(__name__)
+
+#: The metadata file DCP's readers look for.
+METADATA_NAME = ".metadata"
+#: Transform-descriptor name of a tensor stored as raw bytes.
+RAW_EXTENSION = "ckptbench-raw"
+_RAW_VERSION = "1"
+_PAGE = knobs.ALIGNMENT_BYTES
+#: Inside a file every item starts at this alignment, so any dtype can be viewed in place on load.
+_ITEM_ALIGN = SMALL_ALIGN
+#: Staged tensors further apart than this in memory go to separate files (the gap is not written).
+_SEGMENT_GAP_BYTES = 256 * 1024
+#: A rank's data is spread over at most ``files_per_rank`` files of at least this size.
+_MIN_FILE_BYTES = 16 * 2**20
+#: Reads of one file closer than this are merged into one request.
+_READ_MERGE_GAP_BYTES = 1 * 2**20
+#: Default bound of the reader's aligned buffer; bigger checkpoints are read in batches of this size.
+READ_BUFFER_BYTES = 1 * 2**30
+
+#: Files a save of ours creates: data files named by rank and save, and the metadata's temp name.
+_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.[0-9a-f]{8}\.distcp$")
+_TMP_METADATA = re.compile(r"^\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}$")
+
+
+def _align_up(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def _align_down(value: int, alignment: int) -> int:
+    return value // alignment * alignment
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- the raw tensor descriptor ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RawDescriptor:
+    """How a raw tensor is stored: dtype, chunk shape, and CRC-32C of each ``crc_block`` bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    crc_block: int = 0
+    crcs: tuple[int, ...] = ()
+
+    def encode(self) -> str:
+        text = f"{RAW_EXTENSION}/{_RAW_VERSION};{self.dtype};{','.join(map(str, self.shape))}"
+        if self.crcs:
+            text += f";crc32c={self.crc_block}:{','.join(f'{c:08x}' for c in self.crcs)}"
+        return text
+
+    @classmethod
+    def parse_version(cls, version: str) -> _RawDescriptor:
+        """Parse what follows ``ckptbench-raw/`` (ExtensionRegistry hands extensions this part)."""
+        parts = version.split(";")
+        if len(parts) < 3 or parts[0] != _RAW_VERSION:
+            raise CorruptCheckpointError(f"unsupported {RAW_EXTENSION} descriptor {version!r}",
+                                         hint=f"this ckptbench reads {RAW_EXTENSION}/{_RAW_VERSION}")
+        shape = tuple(int(d) for d in parts[2].split(",") if d)
+        crc_block, crcs = 0, ()
+        for extra in parts[3:]:
+            key, _, value = extra.partition("=")
+            if key == "crc32c":
+                block, _, listed = value.partition(":")
+                crc_block, crcs = int(block), tuple(int(c, 16) for c in listed.split(",") if c)
+        return cls(parts[1], shape, crc_block, crcs)
+
+    @classmethod
+    def find(cls, descriptors: Sequence[str] | None) -> _RawDescriptor | None:
+        for desc in descriptors or ():
+            name, _, version = desc.partition("/")
+            if name == RAW_EXTENSION:
+                return cls.parse_version(version)
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype_of(self.dtype).itemsize
+
+
+class _RawTensorExtension:
+    """Lets torch's own ``FileSystemReader`` read tensors that :class:`Writer` stored raw.
+
+    It turns the raw bytes of one chunk back into the ``torch.save`` stream FileSystemReader expects
+    (one extra copy per tensor: an escape hatch, not a fast path). Use :func:`extension_registry`.
+    """
+
+    def __init__(self, descriptor: _RawDescriptor) -> None:
+        self.descriptor = descriptor
+
+    @staticmethod
+    def registry_name() -> str:
+        return RAW_EXTENSION
+
+    @classmethod
+    def from_descriptor(cls, version: str) -> _RawTensorExtension:
+        return cls(_RawDescriptor.parse_version(version))
+
+    def get_descriptor(self) -> str:
+        return self.descriptor.encode()
+
+    def transform_to(self, output: IO[bytes]) -> IO[bytes]:
+        raise UsageError(f"{RAW_EXTENSION} is written by ckptbench.integrations.dcp.Writer, not as a stream extension")
+
+    def transform_from(self, input: IO[bytes]) -> IO[bytes]:
+        import torch
+
+        data = bytearray(input.read())
+        d = self.descriptor
+        dtype = dtype_of(d.dtype)
+        if len(data) != d.nbytes:
+            raise CorruptCheckpointError(f"raw tensor holds {len(data)} bytes; its descriptor says {d.nbytes}")
+        tensor = torch.frombuffer(data, dtype=torch.uint8).view(dtype).view(d.shape) if data else \
+            torch.empty(d.shape, dtype=dtype)
+        out = io.BytesIO()
+        torch.save(tensor, out)
+        out.seek(0)
+        return out
+
+
+def extension_registry() -> ExtensionRegistry:
+    """An ExtensionRegistry for ``FileSystemReader(path, _extension_registry=...)`` that reads raw tensors."""
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+
+    registry = ExtensionRegistry()
+    registry.register(_classes()["RawTensorExtension"])
+    return registry
+
+
+# -- copying tensors into an arena ------------------------------------------------------------
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _copy_into(arena: Arena, placements: Sequence[tuple[torch.Tensor, int]], threads: int) -> None:
+    """Copy each tensor's bytes (row-major) to its arena offset; returns when every byte is there.
+
+    Contiguous CPU tensors go through the engine on ``threads`` threads without the GIL; everything
+    else (views, GPU tensors) through ``Tensor.copy_`` into a typed view, GPU copies on a side stream
+    that first waits for the work already queued on the tensor's device.
+    """
+    import torch
+
+    fast: list[tuple[int, int, int]] = []
+    slow: list[tuple[torch.Tensor, int, int]] = []
+    for tensor, offset in placements:
+        nbytes = _nbytes(tensor)
+        if nbytes == 0:
+            continue
+        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
+            fast.append((tensor.data_ptr(), offset, nbytes))
+        else:
+            slow.append((tensor, offset, nbytes))
+    if fast:
+        # ``placements`` keeps every source alive for the duration of the call.
+        native.copy_from_addresses(arena.buffer, fast, threads)
+    if not slow:
+        return
+    flat = arena.bytes_tensor()
+    streams: dict[torch.device, Any] = {}
+    with torch.no_grad():
+        for tensor, offset, nbytes in slow:
+            on_cuda = tensor.device.type == "cuda"
+            if on_cuda and tensor.device not in streams:
+                stream = torch.cuda.Stream(device=tensor.device)
+                stream.wait_stream(torch.cuda.current_stream(tensor.device))
+                streams[tensor.device] = stream
+            with torch.cuda.stream(streams[tensor.device]) if on_cuda else contextlib.nullcontext():
+                dst = typed_view(flat, offset, nbytes, tensor.dtype, tuple(tensor.shape))
+                dst.copy_(tensor.resolve_conj().resolve_neg(), non_blocking=on_cuda)
+    for stream in streams.values():
+        stream.synchronize()
+
+
+# -- staging (AsyncStager) --------------------------------------------------------------------
+
+
+@functools.cache
+def _distributed_tensor_types() -> tuple[type, type]:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    return DTensor, ShardedTensor
+
+
+def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The local tensors of a state_dict, in the order :func:`_rebuild` consumes them."""
+    import torch
+
+    DTensor, ShardedTensor = _distributed_tensor_types()
+    if isinstance(obj, DTensor):
+        yield obj._local_tensor
+    elif isinstance(obj, ShardedTensor):
+        for shard in obj.local_shards():
+            yield shard.tensor
+    elif isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _local_tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _local_tensors(value)
+
+
+def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
+    """``obj`` with every local tensor replaced by the next staged one (same structure and wrappers)."""
+    import torch
+
+    DTensor, ShardedTensor = _distributed_tensor_types()
+    if isinstance(obj, DTensor):
+        return DTensor(next(staged), obj._spec, requires_grad=False)
+    if isinstance(obj, ShardedTensor):
+        # As torch's own stager does it; ShardedTensor is deprecated upstream.
+        out = obj.to("cpu") if obj.device.type != "cpu" else copy.deepcopy(obj)
+        for shard in out.local_shards():
+            shard.tensor = next(staged)
+        return out
+    if isinstance(obj, torch.Tensor):
+        return next(staged)
+    if isinstance(obj, dict):
+        return {key: _rebuild(value, staged) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_rebuild(value, staged) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(_rebuild(value, staged) for value in obj)
+    if obj is None or isinstance(obj, (int, float, str, bytes, io.BytesIO)):
+        return obj
+    return copy.deepcopy(obj)
+
+
+class _Staging:
+    """A staging arena and whether a staged state_dict in it still waits to be written."""
+
+    def __init__(self) -> None:
+        self.arena = Arena()
+        self.busy = False
+
+    def holds(self, tensor: torch.Tensor) -> int | None:
+        """The arena offset of ``tensor``'s bytes when they lie in this arena as-is, else None."""
+        buffer = self.arena.buffer
+        if buffer is None or tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj() \
+                or tensor.is_neg():
+            return None
+        offset = tensor.data_ptr() - buffer.address
+        return offset if offset >= 0 and offset + _nbytes(tensor) <= len(buffer) else None
+
+
+# -- planning a rank's files (pure) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RankPrefix:
+    """``SavePlan.storage_data`` between planning and writing: the file-name prefix of one rank."""
+
+    prefix: str
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """Where one item's bytes sit before writing: ``source`` 0 = the writer's arena, 1 = staged in place."""
+
+    index: int
+    source: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _File:
+    """One data file: the byte range ``[start, end)`` of one source buffer, and the items in it."""
+
+    source: int
+    start: int
+    end: int
+    items: tuple[_Placed, ...]
+
+
+def _bucket_copies(items: Sequence[_Placed], files: int) -> list[list[_Placed]]:
+    """Items to copy, largest first onto the lightest of ``files`` buckets (empty buckets dropped)."""
+    buckets: list[list[_Placed]] = [[] for _ in range(max(1, files))]
+    loads = [0] * len(buckets)
+    for p in sorted(items, key=lambda p: -p.nbytes):
+        lightest = loads.index(min(loads))
+        buckets[lightest].append(p)
+        loads[lightest] += p.nbytes
+    return [b for b in buckets if b]
+
+
+def _layout_copies(buckets: Sequence[Sequence[_Placed]]) -> tuple[list[_File], int]:
+    """Each bucket becomes one page-aligned run of the arena (items 64-byte aligned inside): the
+    files to write and the arena bytes they need."""
+    files: list[_File] = []
+    cursor = 0
+    for bucket in buckets:
+        start = cursor = _align_up(cursor, _PAGE)
+        laid = []
+        for p in bucket:
+            cursor = _align_up(cursor, _ITEM_ALIGN)
+            laid.append(dataclasses.replace(p, offset=cursor))
+            cursor += p.nbytes
+        files.append(_File(0, start, cursor, tuple(laid)))
+    return files, cursor
+
+
+def _staged_runs(items: Sequence[_Placed], files: int) -> list[_File]:
+    """Items already in the staging arena, in address order, cut into about ``files`` contiguous runs
+    of similar size, and also wherever a gap is too large to write along (tensors this rank does not
+    save). Each run starts page-aligned, so the engine can write it with O_DIRECT straight from memory."""
+    ordered = sorted(items, key=lambda p: p.offset)
+    target = -(-sum(p.nbytes for p in ordered) // max(1, files))
+    out: list[_File] = []
+    run: list[_Placed] = []
+    start = end = run_bytes = 0
+    for p in ordered:
+        if run and (p.offset - end > _SEGMENT_GAP_BYTES or run_bytes >= target):
+            out.append(_File(1, start, end, tuple(run)))
+            run = []
+        if not run:
+            start, end, run_bytes = _align_down(p.offset, _PAGE), p.offset, 0
+        run.append(p)
+        end = max(end, p.offset + p.nbytes)
+        run_bytes += p.nbytes
+    if run:
+        out.append(_File(1, start, end, tuple(run)))
+    return out
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """What one rank's ``write_data`` did (``Writer.last_stats``). ``stage_s``: resolving and copying
+    into the arena; ``write_s``: the engine's write including fdatasync of every file and the directory."""
+
+    bytes: int
+    files: int
+    items: int
+    in_place_bytes: int
+    stage_s: float
+    write_s: float
+    direct: bool
+    sync: str
+    fallback_reason: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        total = self.stage_s + self.write_s
+        return self.bytes / total / 1e9 if total > 0 else float("inf")
+
+
+# -- the writer -------------------------------------------------------------------------------
+
+
+class _Writer:
+    """A DCP StorageWriter that writes through ckptbench's engine (and an AsyncStager for async_save).
+
+    DCP calls, per save (``torch/distributed/checkpoint/storage.py``):
+
+    0. (all ranks)   ``reset(checkpoint_id)`` - only when ``dcp.save`` is given a ``checkpoint_id``
+    1. (all ranks)   ``set_up_storage_writer`` - records rank and coordination, draws this save's id
+    2. (all ranks)   ``prepare_local_plan`` - creates the directory; refuses an existing checkpoint when
+                     ``overwrite`` is False (nothing is written then)
+    3. (coordinator) ``prepare_global_plan`` - gives every rank its file prefix ``__{rank}_``
+    4. (all ranks)   ``write_data`` - resolves every item, copies it into one page-aligned arena (or
+                     leaves it where :meth:`stage` put it), writes all files with one engine call;
+                     returns a completed Future once this rank's files are durable
+    5. (coordinator) ``finish`` - commits ``.metadata`` atomically; the checkpoint exists from here
+
+    ``dcp.async_save(sd, storage_writer=writer)`` first calls :meth:`stage` on the caller's thread.
+
+    Args:
+        path: checkpoint directory (created if missing, parents included).
+        threads: engine threads for copying and writing (default ``knobs.SAVE_THREADS``).
+        files_per_rank: at most this many data files per rank (default ``threads``), each at least
+            16 MiB; several files let filesystems that serialise appends to one file write in parallel.
+        block_size: bytes per pwrite (default ``knobs.SAVE_BLOCK_BYTES``).
+        direct: O_DIRECT where the filesystem allows it; elsewhere buffered + fdatasync (logged, and
+            in ``last_stats``). Either way every file is fdatasynced and the directory fsynced.
+        checksum: store CRC-32C of raw tensors (verified by :class:`Reader`).
+        serialization: ``"raw"`` (tensor bytes) or ``"torch_save"`` (FileSystemWriter's exact format).
+        overwrite: replace a checkpoint already at ``path`` (the old one stays loadable until the new
+            ``.metadata`` commits); False raises CheckpointExistsError before anything is written.
+
+    The staging memory (the size of this rank's checkpoint) is kept between saves: reuse one Writer
+    (pass ``checkpoint_id=`` to each save) and call :meth:`close` to free it. One save at a time per
+    Writer, as with FileSystemWriter: wait for an async save's future before the next save with it.
+    """
+
+    _synchronize_after_execute: bool = False  # stage() returns only when its copy is complete
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        files_per_rank: int | None = None,
+        block_size: int | None = None,
+        direct: bool = True,
+        checksum: bool = True,
+        serialization: Literal["raw", "torch_save"] = "raw",
+        overwrite: bool = True,
+    ) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.threads = threads if threads is not None else knobs.SAVE_THREADS
+        self.files_per_rank = files_per_rank if files_per_rank is not None else self.threads
+        self.block_size = block_size if block_size is not None else knobs.SAVE_BLOCK_BYTES
+        if self.threads < 1 or self.files_per_rank < 1 or self.block_size < 1:
+            raise UsageError(f"threads ({self.threads}), files_per_rank ({self.files_per_rank}) and block_size "
+                             f"({self.block_size}) must be positive")
+        if serialization not in ("raw", "torch_save"):
+            raise UsageError(f"serialization must be 'raw' or 'torch_save', not {serialization!r}")
+        self.direct = direct
+        self.checksum = checksum
+        self.serialization = serialization
+        self.overwrite = overwrite
+        self.save_id = secrets.token_hex(8)
+        self.last_stats: SaveStats | None = None
+        self._rank: int | None = None
+        self._use_collectives = True
+        self._tag = secrets.token_hex(4)
+        self._arena = Arena()
+        self._staging: _Staging | None = None
+        self._write_lock = threading.Lock()  # one write_data at a time uses the arena
+        self._stage_lock = threading.Lock()  # guards the staging arena and its busy flag
+
+    # The arenas and locks stay in this process (DCP's process-based async executor pickles the writer).
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for transient in ("_arena", "_staging", "_write_lock", "_stage_lock"):
+            state.pop(transient)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._arena, self._staging = Arena(), None
+        self._write_lock, self._stage_lock = threading.Lock(), threading.Lock()
+
+    @property
+    def _store(self) -> Store:
+        return open_store(self.path)
+
+    # -- StorageWriter ----------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """Point the next save at ``checkpoint_id`` (a directory) when given; draws a new save id."""
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self.save_id = secrets.token_hex(8)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._rank = kwargs.get("rank")
+        self._use_collectives = kwargs.get("use_collectives", True)
+        self._tag = secrets.token_hex(4)
+
+    def _metadata_name(self) -> str:
+        """``.metadata``, or ``__{rank}.metadata`` when ranks save without collectives."""
+        return METADATA_NAME if self._use_collectives or self._rank is None else f"__{self._rank}{METADATA_NAME}"
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        store = self._store
+        if not store.is_dir_like():
+            raise TargetError(f"{self.path} is a file; a DCP checkpoint is a directory", hint="give a directory")
+        try:
+            store.prepare()
+        except OSError as exc:
+            raise TargetError(f"cannot create the checkpoint directory {self.path}: {exc.strerror or exc}",
+                              hint="save to a writable directory") from exc
+        committed = METADATA_NAME if self._use_collectives else f"__0{METADATA_NAME}"
+        if store.size(committed) is not None:
+            if not self.overwrite:
+                raise CheckpointExistsError(f"{self.path} already holds a DCP checkpoint",
+                                            hint="pass overwrite=True to replace it")
+            log.info("replacing the checkpoint in %s (it stays loadable until the new one commits)", self.path)
+        if self._rank is not None and not self._use_collectives:
+            plan = dataclasses.replace(plan, storage_data=_RankPrefix(f"__{self._rank}_"))
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [plan if plan.storage_data is not None else dataclasses.replace(plan, storage_data=_RankPrefix(f"__{i}_"))
+                for i, plan in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write every item of this rank's ``plan``; returns an already completed Future once the
+        files are durable. Errors raise here (DCP gathers them from every rank); a failed write
+        removes the files it created."""
+        from torch.futures import Future
+
+        with self._write_lock:
+            results = self._write(plan, planner)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+        from torch.distributed.checkpoint import filesystem as _fs
+        from torch.distributed.checkpoint.planner import WriteItemType
+        from torch.distributed.checkpoint.storage import WriteResult
+
+        t0 = time.perf_counter()
+        store = self._store
+        prefix = plan.storage_data.prefix if isinstance(plan.storage_data, _RankPrefix) else f"__{self._rank or 0}_"
+        items: list[WriteItem] = list(plan.items)
+        with self._stage_lock:
+            staging = self._staging if self._staging is not None and self._staging.busy else None
+
+        # Resolve every item: a tensor to the chunk it stores, anything else to its bytes.
+        tensors: dict[int, torch.Tensor] = {}
+        blobs: dict[int, memoryview] = {}
+        placed: list[_Placed] = []
+        for i, item in enumerate(items):
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                blobs[i] = _as_bytes(data)
+            elif self.serialization == "torch_save":
+                blobs[i] = _torch_save_bytes(_chunk_of(data, item))
+            else:
+                tensors[i] = _chunk_of(data, item)
+            if i in tensors:
+                in_place = staging.holds(tensors[i]) if staging is not None else None
+                nbytes = _nbytes(tensors[i])
+                placed.append(_Placed(i, 1, in_place, nbytes) if in_place is not None else _Placed(i, 0, 0, nbytes))
+            else:
+                placed.append(_Placed(i, 0, 0, len(blobs[i])))
+
+        # Files: staged items as contiguous runs of the staging arena, the rest copied into the arena.
+        total = sum(p.nbytes for p in placed)
+        staged_bytes = sum(p.nbytes for p in placed if p.source == 1)
+        n_files = max(1, min(self.files_per_rank, len(items), -(-total // _MIN_FILE_BYTES)))
+        n_staged = min(n_files, max(1, round(n_files * staged_bytes / total))) if staged_bytes else 0
+        files = _staged_runs([p for p in placed if p.source == 1], n_staged)
+        copy_files, copy_bytes = _layout_copies(_bucket_copies([p for p in placed if p.source == 0],
+                                                               max(1, n_files - n_staged)))
+        files += copy_files
+        free = store.free_bytes()
+        if free is not None and free < total:
+            raise InsufficientSpaceError(
+                f"{self.path} has {format_size(free)} free but this rank's checkpoint needs {format_size(total)}",
+                hint="free space or save elsewhere")
+        if copy_bytes:
+            self._arena.ensure(copy_bytes)
+            copies = [p for copy_file in copy_files for p in copy_file.items]
+            _copy_into(self._arena, [(tensors[p.index], p.offset) for p in copies if p.index in tensors], self.threads)
+            arena_view = memoryview(self._arena.buffer)
+            for p in copies:
+                if p.index in blobs:
+                    arena_view[p.offset:p.offset + p.nbytes] = blobs[p.index]
+        buffers = [self._arena.buffer if copy_bytes else None, staging.arena.buffer if staging is not None else None]
+        names = [f"{prefix}{n}.{self._tag}.distcp" for n in range(len(files))]
+        writes = [(name, memoryview(buffers[f.source])[f.start:f.end])
+                  for name, f in zip(names, files, strict=True) if f.end > f.start]
+        stage_s = time.perf_counter() - t0
+
+        # CRC-32C of every raw tensor, beside the write (CPU-bound against I/O-bound).
+        crcs: dict[int, list[int]] = {}
+        crc_thread = None
+        if self.checksum and tensors:
+            by_source: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+            for f in files:
+                for p in f.items:
+                    if p.index in tensors:
+                        for start in range(0, p.nbytes, CHECKSUM_BLOCK_BYTES):
+                            by_source[f.source].append((p.index, p.offset + start,
+                                                        min(CHECKSUM_BLOCK_BYTES, p.nbytes - start)))
+
+            def checksum() -> None:
+                for source, ranges in by_source.items():
+                    values = native.crc32c_ranges(buffers[source], [(o, n) for _, o, n in ranges],
+                                                  max(1, self.threads // 2))
+                    for (index, _, _), value in zip(ranges, values, strict=True):
+                        crcs.setdefault(index, []).append(value)
+
+            crc_thread = threading.Thread(target=checksum, name="ckptbench-dcp-crc")
+            crc_thread.start()
+        t1 = time.perf_counter()
+        try:
+            report = store.write_files(writes, threads=self.threads, block_size=self.block_size, direct=self.direct)
+        except OSError as exc:
+            raise StorageIOError(f"writing the checkpoint to {self.path} failed: {exc}",
+                                 hint="check free space and permissions of the target") from exc
+        finally:
+            if crc_thread is not None:
+                crc_thread.join()
+            if staging is not None and staged_bytes:
+                with self._stage_lock:
+                    staging.busy = False  # its staged state_dict is written; the next stage() may reuse it
+        write_s = time.perf_counter() - t1
+
+        results: dict[int, WriteResult] = {}
+        for name, f in zip(names, files, strict=True):
+            for p in f.items:
+                descriptors = None
+                if p.index in tensors:
+                    t = tensors[p.index]
+                    crc = tuple(crcs.get(p.index, ()))
+                    descriptors = [_RawDescriptor(_dtype_name(t.dtype), tuple(t.shape),
+                                                  CHECKSUM_BLOCK_BYTES if crc else 0, crc).encode()]
+                offset = p.offset - f.start if p.nbytes else 0
+                info = _fs._StorageInfo(name, offset, p.nbytes, transform_descriptors=descriptors)
+                results[p.index] = WriteResult(index=items[p.index].index, size_in_bytes=p.nbytes, storage_data=info)
+
+        self.last_stats = SaveStats(
+            bytes=total, files=len(writes), items=len(items), in_place_bytes=staged_bytes, stage_s=stage_s,
+            write_s=write_s, direct=report.direct, sync=report.sync, fallback_reason=report.fallback_reason)
+        if report.fallback_reason:
+            log.info("O_DIRECT not used for %s: %s", self.path, report.fallback_reason)
+        log.info("dcp write_data: %s in %d files (%s from the staging arena), stage %.3f s, write %.3f s, "
+                 "direct=%s sync=%s", format_size(total), len(writes), format_size(staged_bytes), stage_s, write_s,
+                 report.direct, report.sync)
+        return [results[i] for i in range(len(items))]
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """The commit, on the coordinator once every rank's write_data returned: ``.metadata`` goes to
+        a temp name, is fsynced, renamed into place, the directory fsynced; then the data files of
+        earlier saves are removed."""
+        from torch.distributed.checkpoint import filesystem as _fs
+
+        storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
+        metadata.storage_data = storage_data
+        metadata.storage_meta = self.storage_meta()
+        metadata.version = getattr(_fs, "CURRENT_DCP_VERSION", metadata.version)
+        name = self._metadata_name()
+        store = self._store
+        try:
+            store.put_atomic(name, pickle.dumps(metadata))
+        except OSError as exc:
+            raise StorageIOError(f"committing {self.path / name} failed: {exc}") from exc
+        self._remove_stale(store, {info.relative_path for info in storage_data.values()})
+
+    def _remove_stale(self, store: Store, keep: set[str]) -> None:
+        """Data files (and metadata temps) of earlier or crashed saves of ours; with per-rank
+        metadata a rank removes only its own."""
+        own = None if self._use_collectives or self._rank is None else str(self._rank)
+        stale = []
+        for name in store.list():
+            match = _DATA_FILE.match(name) or _TMP_METADATA.match(name)
+            if match is None or name in keep or (own is not None and match.group("rank") != own):
+                continue
+            stale.append(name)
+        if stale:
+            log.info("removing %d files of earlier saves from %s", len(stale), self.path)
+            store.remove(stale)
+
+    def storage_meta(self) -> StorageMeta | None:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> str | os.PathLike:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        return FileSystem.validate_checkpoint_id(checkpoint_id)
+
+    # -- AsyncStager ------------------------------------------------------------------------
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``state_dict`` whose tensors live in this writer's page-aligned staging arena
+        (pinned with cudaHostRegister when CUDA is present); returns once every byte is copied, so
+        the caller may then change its tensors. ``write_data`` writes these tensors straight from the
+        arena (no second copy). The staged copy is valid until the next ``stage`` call; a ``stage``
+        while the previous staged copy has not been written yet allocates a second arena."""
+        sources = list(_local_tensors(state_dict))
+        offsets, cursor = [], 0
+        for tensor in sources:
+            nbytes = _nbytes(tensor)
+            cursor = _align_up(cursor, BIG_ALIGN if nbytes >= BIG_TENSOR_BYTES else SMALL_ALIGN)
+            offsets.append(cursor)
+            cursor += nbytes
+        with self._stage_lock:
+            if self._staging is None or self._staging.busy:
+                if self._staging is not None:
+                    log.info("the previous staged checkpoint is not written yet; staging into a second arena")
+                self._staging = _Staging()
+            staging = self._staging
+            staging.arena.ensure(max(cursor, _PAGE))
+            _copy_into(staging.arena, list(zip(sources, offsets, strict=True)), self.threads)
+            staging.busy = True
+        flat = staging.arena.bytes_tensor()
+        views = (typed_view(flat, offset, _nbytes(t), t.dtype, tuple(t.shape))
+                 for t, offset in zip(sources, offsets, strict=True))
+        return _rebuild(state_dict, views)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: :meth:`stage` returns after its copy completes."""
+
+    def close(self) -> None:
+        """Free the staging memory (both arenas). The writer stays usable; its next save reallocates."""
+        with self._write_lock, self._stage_lock:
+            self._arena.close()
+            if self._staging is not None:
+                self._staging.arena.close()
+                self._staging = None
+
+
+def _as_bytes(data: Any) -> memoryview:
+    if isinstance(data, io.BytesIO):
+        return data.getbuffer()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
+    raise UsageError(f"a BYTE_IO item resolved to {type(data).__name__}, not io.BytesIO")
+
+
+def _chunk_of(data: Any, item: WriteItem) -> torch.Tensor:
+    """The tensor bytes one WriteItem stores: the resolved tensor, narrowed to the chunk when the
+    planner handed back the whole tensor."""
+    import torch
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+
+    DTensor, _ = _distributed_tensor_types()
+    if not isinstance(data, torch.Tensor):
+        raise UsageError(f"{item.index.fqn}: a tensor item resolved to {type(data).__name__}")
+    tensor = data.detach()
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
+    chunk = item.tensor_data.chunk if item.tensor_data is not None else None
+    if chunk is not None and tuple(tensor.shape) != tuple(chunk.sizes):
+        if tuple(tensor.shape) == tuple(item.tensor_data.size):
+            tensor = narrow_tensor_by_index(tensor, chunk.offsets, chunk.sizes)
+        else:
+            raise UsageError(f"{item.index.fqn}: resolved tensor has shape {tuple(tensor.shape)}, the plan's chunk "
+                             f"{tuple(chunk.sizes)}")
+    return tensor
+
+
+def _torch_save_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor as FileSystemWriter stores it: ``torch.save`` of a CPU tensor with minimal storage."""
+    import torch
+
+    tensor = tensor.cpu()
+    if tensor.untyped_storage().nbytes() != _nbytes(tensor):
+        tensor = tensor.clone()
+    out = io.BytesIO()
+    torch.save(tensor, out)
+    return out.getbuffer()
+
+
+# -- the reader -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Range:
+    """One read request: ``[start, end)`` of ``file`` holding ``members`` (storage keys)."""
+
+    file: str
+    start: int
+    end: int
+    members: tuple[MetadataIndex, ...]
+
+    @property
+    def buffer_bytes(self) -> int:
+        return _align_up(self.end - self.start, _PAGE)
+
+
+def _plan_reads(entries: dict[MetadataIndex, Any], max_bytes: int) -> list[list[_Range]]:
+    """Group the stored items to read into ranges (per file, merged when close) and the ranges into
+    batches that fit the read buffer (a range bigger than the buffer is a batch of its own)."""
+    by_file: dict[str, list[MetadataIndex]] = defaultdict(list)
+    for key, info in entries.items():
+        if info.length:
+            by_file[info.relative_path].append(key)
+    ranges: list[_Range] = []
+    for file, keys in sorted(by_file.items()):
+        keys.sort(key=lambda k: entries[k].offset)
+        members: list[MetadataIndex] = []
+        start = end = 0
+        for key in keys:
+            info = entries[key]
+            item_end = info.offset + info.length
+            if members and info.offset - end <= _READ_MERGE_GAP_BYTES and max(end, item_end) - start <= max_bytes:
+                members.append(key)
+                end = max(end, item_end)
+                continue
+            if members:
+                ranges.append(_Range(file, start, end, tuple(members)))
+            members, start, end = [key], _align_down(info.offset, _PAGE), item_end
+        if members:
+            ranges.append(_Range(file, start, end, tuple(members)))
+    batches: list[list[_Range]] = []
+    used = 0
+    for r in ranges:
+        if not batches or used + r.buffer_bytes > max_bytes:
+            batches.append([])
+            used = 0
+        batches[-1].append(r)
+        used += r.buffer_bytes
+    return batches
+
+
+class _Reader:
+    """A DCP StorageReader that reads through ckptbench's engine.
+
+    DCP calls, per load: 0) ``reset(checkpoint_id)`` when ``dcp.load`` is given one, 1) ``read_metadata``,
+    2) ``set_up_storage_reader``, 3) ``prepare_local_plan``, 4) (coordinator) ``prepare_global_plan``,
+    5) ``read_data``: the byte ranges this rank needs are read with the engine (O_DIRECT, N threads)
+    into one page-aligned buffer, in batches of at most ``buffer_bytes``; each raw tensor is verified
+    against its CRC-32C (``verify``) and copied into the destination the planner resolves. Reads
+    checkpoints of :class:`Writer` and of torch's FileSystemWriter.
+
+    Args:
+        path: checkpoint directory.
+        threads, block_size, direct: as for the engine's reads (defaults: ``knobs``, O_DIRECT).
+        verify: check CRC-32C of raw tensors; a mismatch raises CorruptCheckpointError.
+        buffer_bytes: bound of the read buffer, kept between loads until :meth:`close`.
+        _extension_registry: stream extensions of FileSystemWriter checkpoints (default: torch's).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        block_size: int | None = None,
+        direct: bool = True,
+        verify: bool = True,
+        buffer_bytes: int = READ_BUFFER_BYTES,
+        _extension_registry: ExtensionRegistry | None = None,
+    ) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.threads = threads if threads is not None else knobs.SAVE_THREADS
+        self.block_size = block_size if block_size is not None else knobs.SAVE_BLOCK_BYTES
+        if self.threads < 1 or self.block_size < 1 or buffer_bytes < _PAGE:
+            raise UsageError(f"threads ({self.threads}) and block_size ({self.block_size}) must be positive and "
+                             f"buffer_bytes ({buffer_bytes}) at least {_PAGE}")
+        self.direct = direct
+        self.verify = verify
+        self.buffer_bytes = buffer_bytes
+        self.storage_data: dict[MetadataIndex, Any] = {}
+        self.load_id = secrets.token_hex(8)
+        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
+
+        self._transforms = _StorageReaderTransforms(_extension_registry)
+        self._arena = Arena()
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self.load_id = secrets.token_hex(8)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The pickled Metadata of ``path`` (``__{rank}.metadata`` when DCP passes ``rank``)."""
+        rank = kwargs.get("rank")
+        name = METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
+        try:
+            metadata = pickle.loads(open_store(self.path).get(name))
+        except FileNotFoundError:
+            raise NotACheckpointError(f"{self.path} holds no committed DCP checkpoint (no {name})",
+                                      hint="a save that did not finish leaves no metadata; nothing here can be "
+                                           "loaded") from None
+        except (OSError, pickle.UnpicklingError, EOFError) as exc:
+            raise NotACheckpointError(f"cannot read {self.path / name}: {exc}") from exc
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if metadata.storage_data is None:
+            raise NotACheckpointError(f"{self.path}: the metadata has no storage_data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item of ``plan`` into the destinations ``planner`` resolves; the returned
+        Future is already complete (errors raise here)."""
+        from torch.futures import Future
+
+        requests: dict[MetadataIndex, list[ReadItem]] = defaultdict(list)
+        entries: dict[MetadataIndex, Any] = {}
+        for req in plan.items:
+            try:
+                entries[req.storage_index] = self.storage_data[req.storage_index]
+            except KeyError:
+                raise CorruptCheckpointError(f"{self.path}: the metadata has no storage entry for "
+                                             f"{req.storage_index.fqn!r}") from None
+            requests[req.storage_index].append(req)
+        for key, info in entries.items():
+            if not info.length:
+                self._deliver(key, info, memoryview(b""), planner, requests[key])
+        for batch in _plan_reads(entries, self.buffer_bytes):
+            self._read_batch(batch, entries, requests, planner)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _read_batch(self, batch: list[_Range], entries: dict[MetadataIndex, Any],
+                    requests: dict[MetadataIndex, list[ReadItem]], planner: LoadPlanner) -> None:
+        self._arena.ensure(max(_PAGE, sum(r.buffer_bytes for r in batch)))
+        view = memoryview(self._arena.buffer)
+        placed: list[tuple[_Range, int]] = []
+        jobs = []
+        cursor = 0
+        for r in batch:
+            placed.append((r, cursor))
+            jobs.append((view[cursor:cursor + r.end - r.start], str(self.path / r.file), r.start))
+            cursor += r.buffer_bytes
+        try:
+            native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct, drop_cache=False)
+        except OSError as exc:
+            where = exc.filename or self.path
+            if exc.errno == errno.ENOENT:
+                raise CorruptCheckpointError(f"data file {where} of the checkpoint is missing") from exc
+            if exc.errno == errno.ENODATA:
+                raise CorruptCheckpointError(f"data file {where} is shorter than the checkpoint metadata says") from exc
+            raise StorageIOError(f"reading the checkpoint {self.path} failed: {exc}") from exc
+        located = [(key, r, base + entries[key].offset - r.start) for r, base in placed for key in r.members]
+        if self.verify:
+            self._verify(located, entries)
+        for key, _, at in located:
+            info = entries[key]
+            self._deliver(key, info, view[at:at + info.length], planner, requests[key], at)
+
+    def _verify(self, located: list[tuple[MetadataIndex, _Range, int]], entries: dict[MetadataIndex, Any]) -> None:
+        ranges, expected = [], []
+        for key, r, at in located:
+            raw = _RawDescriptor.find(entries[key].transform_descriptors)
+            if raw is None or not raw.crcs:
+                continue
+            length = entries[key].length
+            for k, start in enumerate(range(0, length, raw.crc_block)):
+                ranges.append((at + start, min(raw.crc_block, length - start)))
+                expected.append((key, r, raw.crcs[k] if k < len(raw.crcs) else None))
+        if not ranges:
+            return
+        for got, (key, r, want) in zip(native.crc32c_ranges(self._arena.buffer, ranges, self.threads), expected,
+                                       strict=True):
+            if got != want:
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {key.fqn!r} (chunk at {tuple(key.offset or ())}) in {self.path / r.file}: "
+                    f"crc32c {got:#010x}, metadata {want if want is None else f'{want:#010x}'}",
+                    hint="the checkpoint is damaged; restore from another one")
+
+    def _deliver(self, key: MetadataIndex, info: Any, data: memoryview, planner: LoadPlanner,
+                 reqs: list[ReadItem], at: int = 0) -> None:
+        """Hand one stored item to the planner: bytes to ``load_bytes``, a tensor narrowed to each request."""
+        import torch
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        raw = _RawDescriptor.find(info.transform_descriptors)
+        tensor: torch.Tensor | None = None
+        for req in reqs:
+            if req.type == LoadItemType.BYTE_IO:
+                stream = self._stream(req, info, data)
+                planner.load_bytes(req, stream if isinstance(stream, io.BytesIO) else io.BytesIO(stream.read()))
+                continue
+            if tensor is None:
+                tensor = self._raw_tensor(raw, data, at, info) if raw is not None else torch.load(
+                    self._seekable(req, info, data), map_location="cpu", weights_only=True)
+            piece = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != piece.size():
+                raise UsageError(f"{req.dest_index.fqn!r}: the stored chunk gives {tuple(piece.shape)} but the "
+                                 f"destination is {tuple(target.shape)}")
+            target.copy_(piece)
+            planner.commit_tensor(req, target)
+
+    def _raw_tensor(self, raw: _RawDescriptor, data: memoryview, at: int, info: Any) -> torch.Tensor:
+        import torch
+
+        if len(data) != raw.nbytes:
+            raise CorruptCheckpointError(f"{self.path / info.relative_path}: a raw tensor of {raw.nbytes} bytes "
+                                         f"is recorded with length {len(data)}")
+        dtype = dtype_of(raw.dtype)
+        if not len(data):
+            return torch.empty(raw.shape, dtype=dtype)
+        flat = self._arena.bytes_tensor()
+        if at % dtype.itemsize:
+            return flat[at:at + len(data)].clone().view(dtype).view(raw.shape)
+        return typed_view(flat, at, len(data), dtype, raw.shape)
+
+    def _stream(self, req: ReadItem, info: Any, data: memoryview) -> IO[bytes]:
+        raw_stream = io.BytesIO(data)
+        descriptors = info.transform_descriptors or ()
+        return self._transforms.transform_load_stream(req, descriptors, raw_stream) if descriptors else raw_stream
+
+    def _seekable(self, req: ReadItem, info: Any, data: memoryview) -> IO[bytes]:
+        stream = self._stream(req, info, data)
+        return stream if stream.seekable() else io.BytesIO(stream.read())
+
+    @property
+    def checkpoint_id(self) -> str | os.PathLike:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        return FileSystem.validate_checkpoint_id(checkpoint_id)
+
+    def close(self) -> None:
+        """Free the read buffer; the reader stays usable."""
+        self._arena.close()
+
+
+# -- the public classes: subclasses of torch's DCP classes, created on first use ----------------
+
+_PUBLIC_CLASSES = ("Writer", "Reader", "RawTensorExtension")
+
+
+@functools.cache
+def _classes() -> dict[str, type]:
+    """Writer (a StorageWriter and AsyncStager), Reader (a StorageReader) and RawTensorExtension (a
+    StreamTransformExtension), built on first use: importing this module must not import torch."""
+    from torch.distributed.checkpoint import filesystem as _fs
+    from torch.distributed.checkpoint._extension import StreamTransformExtension
+    from torch.distributed.checkpoint.staging import AsyncStager
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
+
+    if "transform_descriptors" not in {f.name for f in dataclasses.fields(_fs._StorageInfo)}:
+        import torch
+
+        raise MissingDependencyError(
+            f"ckptbench.integrations.dcp needs torch >= 2.7 (DCP transform descriptors); found {torch.__version__}",
+            hint="pip install -U torch")
+
+    def subclass(name: str, implementation: type, *bases: type) -> type:
+        def body(namespace: dict[str, Any]) -> None:
+            namespace.update(__module__=__name__, __qualname__=name, __doc__=implementation.__doc__)
+
+        return types.new_class(name, (implementation, *bases), exec_body=body)
+
+    return {
+        "Writer": subclass("Writer", _Writer, StorageWriter, AsyncStager),
+        "Reader": subclass("Reader", _Reader, StorageReader),
+        "RawTensorExtension": subclass("RawTensorExtension", _RawTensorExtension, StreamTransformExtension),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC_CLASSES:
+        cls = _classes()[name]
+        globals()[name] = cls  # later lookups (and pickle) find the same class object
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+
+    class Writer(_Writer, StorageWriter, AsyncStager): ...
+
+    class Reader(_Reader, StorageReader): ...
+
+    class RawTensorExtension(_RawTensorExtension, StreamTransformExtension): ...
