@@ -28,7 +28,7 @@ def resolve_target(target: str) -> LocalDirectory:
         return LocalDirectory.from_string(target.removeprefix("file://"))
     if scheme in _NOT_YET:
         raise TargetError(
-            f"{target!r}: {scheme}:// targets are not supported yet",
-            hint="object storage is planned; for now give a local or mounted directory",
+            f"{target!r}: {scheme}:// targets are not supported yet by the storage benchmark",
+            hint="give a local or mounted directory; checkpoints (ckptbench.save) can already go to s3://",
         )
     raise TargetError(f"{target!r}: unknown URL scheme {scheme!r}", hint="give a directory path")

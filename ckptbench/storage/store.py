@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,16 +150,33 @@ class LocalStore:
         return usage.f_bavail * usage.f_frsize if usage.f_blocks else None
 
 
+#: Checkpoint stores by URL scheme, as "module:Class", imported on first use so that optional
+#: dependencies (boto3, fsspec backends) stay optional. Schemes not listed go to the generic
+#: fsspec store, which refuses protocols fsspec does not know.
+STORES: dict[str, str] = {
+    "s3": "ckptbench.storage.s3:S3Store",
+    "s3a": "ckptbench.storage.s3:S3Store",
+}
+FSSPEC_STORE = "ckptbench.storage.fsspec_store:FsspecStore"
+
+
 def open_store(url: str | os.PathLike, storage_options: dict | None = None) -> Store:
-    """The Store for a checkpoint location: a path (or ``file://``) today; object stores by scheme."""
+    """The Store for a checkpoint location, chosen by URL scheme: a path (or ``file://``) ->
+    LocalStore; ``s3://`` -> S3Store; any other fsspec protocol -> FsspecStore. Opening does no I/O
+    beyond resolving credentials; ``prepare`` checks the location."""
+    import importlib
+
     from ckptbench.errors import UsageError
     from ckptbench.storage import scheme_of
 
     text = os.fspath(url)
     scheme = scheme_of(text)
+    if scheme == "file" and re.match(r"^(s3a?|gcs?|gs|az|abfss?):(?!//)", text, re.IGNORECASE):
+        raise UsageError(f"{text!r} is a malformed URL", hint="write SCHEME://BUCKET/PREFIX, e.g. s3://bucket/ckpt")
     if scheme == "file":
         if storage_options:
             raise UsageError("storage_options apply to object storage, not to a local path")
         return LocalStore(text.removeprefix("file://"))
-    raise UsageError(f"{text!r}: {scheme}:// checkpoints are not supported yet",
-                     hint="object storage is planned; save to a local or mounted directory for now")
+    module_name, _, class_name = STORES.get(scheme, FSSPEC_STORE).partition(":")
+    store_class = getattr(importlib.import_module(module_name), class_name)
+    return store_class(text, storage_options)

@@ -1,0 +1,621 @@
+"""S3 (and S3-compatible: Ceph RGW, MinIO) checkpoint storage on boto3, driven by threads.
+
+Why boto3 and threads rather than s3fs: bandwidth to object storage comes from concurrency (one
+connection to real S3 tops out near 100 MB/s), so every part of every shard goes through one pool of
+``max_concurrency`` workers, each part uploaded straight from the caller's memory (no copy of the
+shard), and reads are ranged GETs in parallel into the caller's buffers.
+
+Semantics the checkpoint writer relies on (see ``store.Store``):
+
+- ``write_files`` returns once every object is complete (PutObject or CompleteMultipartUpload
+  acknowledged: S3 stores it durably before answering). On any failure, Ctrl-C included, the
+  multipart uploads it started are aborted (no orphan parts) and the objects it completed are deleted.
+- ``put_atomic`` is one PutObject: the object appears whole or not at all. It is the commit.
+- Requests are retried by botocore (``adaptive`` mode: exponential backoff with jitter on throttling,
+  5xx and connection errors, plus client-side rate limiting). Metadata requests use fewer attempts
+  and a short connect timeout, so an unreachable endpoint fails in a few seconds, not a hang.
+
+Credentials and endpoint come the standard way (environment incl. ``AWS_ENDPOINT_URL``, profiles,
+shared files, instance roles) or from ``storage_options``; see :class:`S3Options`. Secrets never
+appear in messages, logs or ``repr``: errors name the credential *source*.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ckptbench.errors import (
+    CkptbenchError,
+    MissingDependencyError,
+    StorageIOError,
+    TargetError,
+    UsageError,
+)
+from ckptbench.storage.store import WriteReport
+from ckptbench.units import format_size, parse_size
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'ckptbench[s3]'"
+MIN_PART_BYTES = 5 * 2**20  # S3: every part but the last is at least 5 MiB
+MAX_PART_BYTES = 5 * 2**30
+MAX_PARTS = 10_000
+#: Below this many workers an upload is bounded by per-connection throughput; used when neither
+#: ``max_concurrency`` nor a larger ``threads`` is given (logged).
+DEFAULT_MIN_CONCURRENCY = 8
+#: Attempts (first try included) and connect timeout of metadata requests (HEAD, GET manifest, LIST):
+#: 3 attempts x 2 s plus backoff bound how long an unreachable endpoint takes to report (< 10 s).
+CONTROL_MAX_ATTEMPTS = 3
+CONTROL_CONNECT_TIMEOUT_S = 2.0
+READ_CHUNK_BYTES = 2**20
+#: HTTP connections a data client may keep (created on demand): the ceiling on requests in flight.
+MAX_POOL_CONNECTIONS = 64
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                 "ExpiredToken", "TokenRefreshRequired", "AllAccessDisabled", "403"}
+_CREDENTIAL_METHODS = {
+    "env": "the environment (AWS_ACCESS_KEY_ID)",
+    "shared-credentials-file": "the shared credentials file (~/.aws/credentials)",
+    "config-file": "the AWS config file (~/.aws/config)",
+    "iam-role": "the instance metadata (IAM role)",
+    "container-role": "the container credentials endpoint",
+    "assume-role": "an assumed role",
+    "assume-role-with-web-identity": "a web identity role",
+    "sso": "AWS SSO",
+}
+
+
+def _import_boto3() -> Any:
+    try:
+        import boto3
+        import botocore  # noqa: F401 - comes with boto3; imported here so a broken install says so
+    except ImportError as exc:
+        raise MissingDependencyError(f"s3:// needs boto3, which is not installed ({exc})", hint=INSTALL_HINT) from None
+    return boto3
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"storage option {key}={value!r} is not a boolean (true/false)")
+
+
+def _as_number(key: str, value: Any, kind: Callable[[str], Any], minimum: float) -> Any:
+    try:
+        number = kind(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum:
+        raise UsageError(f"storage option {key}={value!r} must be a number >= {minimum:g}")
+    return number
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """``storage_options`` for ``s3://`` (the CLI's ``--storage-option key=value`` and ``--endpoint-url``).
+
+    Strings are accepted for every field (``part_size="16MiB"``, ``max_concurrency="32"``). Names of
+    boto3 and s3fs work as aliases (``aws_access_key_id``/``key``, ``region``/``region_name``,
+    ``client_kwargs={"endpoint_url": ...}``).
+    """
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    profile: str | None = None
+    key: str | None = field(default=None, repr=False)
+    secret: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    #: Unsigned requests (public buckets); no credentials are looked up.
+    anon: bool = False
+    #: Multipart part size; objects up to this size are one PutObject. Raised automatically (logged)
+    #: for objects that would need more than 10,000 parts.
+    part_size: int = 16 * 2**20
+    #: Parts in flight across all objects (uploads and ranged reads). Default: max(threads, 8).
+    max_concurrency: int | None = None
+    #: botocore attempts per data request (first try included), adaptive retry mode.
+    max_attempts: int = 8
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    #: Create the bucket in ``prepare`` when it does not exist (never done implicitly otherwise).
+    create_bucket: bool = False
+    #: "path" or "virtual"; default: path-style with a custom endpoint (what RGW/MinIO expect), else auto.
+    addressing_style: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None and not re.match(r"^https?://[^/\s]+", self.endpoint_url):
+            raise UsageError(f"endpoint_url {self.endpoint_url!r} is not an http:// or https:// URL")
+        if not MIN_PART_BYTES <= self.part_size <= MAX_PART_BYTES:
+            raise UsageError(f"part_size {format_size(self.part_size)} is outside S3's limits "
+                             f"({format_size(MIN_PART_BYTES)} to {format_size(MAX_PART_BYTES)})")
+        if self.addressing_style not in (None, "path", "virtual", "auto"):
+            raise UsageError(f"addressing_style {self.addressing_style!r} must be path, virtual or auto")
+        if (self.key is None) != (self.secret is None):
+            raise UsageError("storage options key and secret must be given together")
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> S3Options:
+        aliases = {"aws_access_key_id": "key", "aws_secret_access_key": "secret", "aws_session_token": "token",
+                   "region": "region_name", "profile_name": "profile", "connect_timeout": "connect_timeout_s",
+                   "read_timeout": "read_timeout_s", "endpoint": "endpoint_url"}
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for raw_key, value in dict(options or {}).items():
+            if raw_key == "client_kwargs" and isinstance(value, Mapping):  # s3fs style
+                for sub_key in ("endpoint_url", "region_name"):
+                    if value.get(sub_key) is not None:
+                        values[sub_key] = value[sub_key]
+                continue
+            key = aliases.get(raw_key, raw_key)
+            if key not in known:
+                raise UsageError(f"unknown storage option {raw_key!r} for s3://",
+                                 hint=f"known: {', '.join(sorted(known))}")
+            if value is not None:
+                values[key] = value
+        if "part_size" in values:
+            try:
+                values["part_size"] = parse_size(values["part_size"])
+            except ValueError as exc:
+                raise UsageError(f"storage option part_size: {exc}") from None
+        for key in ("anon", "create_bucket"):
+            if key in values:
+                values[key] = _as_bool(key, values[key])
+        for key, kind, minimum in (("max_concurrency", int, 1), ("max_attempts", int, 1),
+                                   ("connect_timeout_s", float, 0.1), ("read_timeout_s", float, 0.1)):
+            if key in values:
+                values[key] = _as_number(key, values[key], kind, minimum)
+        return cls(**values)
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``"s3://bucket/a/b/"`` -> ``("bucket", "a/b")``; UsageError for anything that is not such a URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("s3", "s3a"):
+        raise TargetError(f"{url!r} is not an s3:// URL")
+    bucket, _, prefix = rest.partition("/")
+    if "@" in bucket:  # never echo what may be a secret
+        raise TargetError("credentials inside an s3:// URL are not accepted",
+                          hint="use the environment, a profile or storage_options")
+    shown = f"s3://{bucket}/{prefix}"
+    if not bucket:
+        raise TargetError(f"{url!r} names no bucket", hint="write s3://BUCKET/PREFIX")
+    if "?" in rest or "#" in rest:
+        raise TargetError(f"{shown!r}: query strings and fragments are not part of an S3 location")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise TargetError(f"{shown!r}: {bucket!r} is not a valid bucket name",
+                          hint="3-63 characters: lowercase letters, digits, '.', '-'")
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise TargetError(f"{shown!r}: '.' and '..' are not allowed in an S3 prefix")
+    return bucket, "/".join(parts)
+
+
+class _ViewReader:
+    """A seekable, read-only file over a memoryview, so botocore uploads a part without copying it
+    (and can rewind it to retry). ``read`` returns views; the socket layer accepts them."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, size: int = -1) -> memoryview:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        chunk = self._view[self._pos:end]
+        self._pos = end
+        return chunk
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+
+@dataclass
+class _Upload:
+    """One multipart upload in flight: the worker finishing its last part completes it."""
+
+    key: str
+    view: memoryview
+    part_bytes: int
+    upload_id: str
+    etags: list[str | None]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    completed: bool = False
+
+    @property
+    def parts(self) -> int:
+        return len(self.etags)
+
+
+@dataclass(frozen=True)
+class _Connection:
+    """boto3 clients for one set of options; shared by every S3Store opened with them."""
+
+    data: Any  # part uploads and ranged reads: many attempts, adaptive retries, a large pool
+    control: Any  # metadata requests: few attempts, short connect timeout (fast, bounded failure)
+    endpoint: str
+    endpoint_source: str
+    credential_source: str
+
+
+def _credential_source(session: Any, opts: S3Options) -> str:
+    if opts.anon:
+        return "none (anonymous requests)"
+    if opts.key is not None:
+        return "storage_options (key/secret)"
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise TargetError(
+            "no AWS credentials found for s3://",
+            hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use a profile (AWS_PROFILE or storage_options "
+                 "profile), pass storage_options key/secret, or anon=true for a public bucket")
+    source = _CREDENTIAL_METHODS.get(credentials.method, credentials.method)
+    if opts.profile or session.profile_name not in (None, "default"):
+        source += f", profile {session.profile_name!r}"
+    return source
+
+
+@functools.lru_cache(maxsize=8)
+def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _Connection:
+    """Clients for ``opts`` (cached: creating a boto3 session costs ~0.2-0.5 s). ``aws_environment``
+    (the AWS_* variables) is part of the cache key, so changed credentials give new clients."""
+    boto3 = _import_boto3()
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+    env = dict(aws_environment)
+    endpoint, endpoint_source = opts.endpoint_url, "storage_options endpoint_url"
+    if endpoint is None:
+        endpoint_source = "the default"
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if env.get(var):
+                endpoint, endpoint_source = env[var], var
+                break
+    try:
+        session = boto3.session.Session(profile_name=opts.profile, aws_access_key_id=opts.key,
+                                        aws_secret_access_key=opts.secret, aws_session_token=opts.token)
+    except ProfileNotFound:
+        raise UsageError(f"AWS profile {opts.profile!r} not found", hint="check ~/.aws/config") from None
+    credential_source = _credential_source(session, opts)
+    style = opts.addressing_style or ("path" if endpoint else "auto")
+    common: dict[str, Any] = {"s3": {"addressing_style": style}, "read_timeout": opts.read_timeout_s}
+    if opts.anon:
+        common["signature_version"] = UNSIGNED
+    region = opts.region_name or session.region_name or "us-east-1"
+    try:
+        data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
+            retries={"max_attempts": opts.max_attempts, "mode": "adaptive"}, connect_timeout=opts.connect_timeout_s,
+            max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS), **common))
+        control = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
+            retries={"max_attempts": min(CONTROL_MAX_ATTEMPTS, opts.max_attempts), "mode": "standard"},
+            connect_timeout=min(CONTROL_CONNECT_TIMEOUT_S, opts.connect_timeout_s), **common))
+    except (ValueError, BotoCoreError) as exc:
+        where = f" from {endpoint_source}" if endpoint else ""
+        raise UsageError(f"cannot use S3 endpoint {endpoint!r}{where}: {exc}") from None
+    return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source)
+
+
+class S3Store:
+    """``s3://bucket/prefix``: objects named ``prefix/NAME``. See the module docstring for semantics."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.options = S3Options.from_mapping(storage_options)
+        _import_boto3()
+        connection = _connect(self.options, tuple(sorted((k, v) for k, v in os.environ.items()
+                                                         if k.startswith("AWS_"))))
+        self._data, self._control = connection.data, connection.control
+        self.endpoint, self.endpoint_source = connection.endpoint, connection.endpoint_source
+        self.credential_source = connection.credential_source
+        self._reached = False  # whether a request succeeded (connection errors after that are runtime errors)
+        log.debug("S3 store %s at %s (endpoint from %s), credentials from %s, part size %s", self.url,
+                  self.endpoint, self.endpoint_source, self.credential_source, format_size(self.options.part_size))
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r}, credentials from {self.credential_source})"
+
+    # -- names --------------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _where(self, name: str | None = None) -> str:
+        return f"{self.url}/{name}" if name else self.url
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def _error(self, exc: BaseException, action: str, name: str | None = None,
+               attempts: int | None = None) -> BaseException:
+        """A botocore exception as a ckptbench error (or FileNotFoundError), in one line."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
+
+        if isinstance(exc, (CkptbenchError, FileNotFoundError)):
+            return exc
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket":
+                return self._missing_bucket()
+            if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchUpload"):
+                return FileNotFoundError(f"{self._where(name)} does not exist")
+            if code in _ACCESS_CODES or status == 403:
+                detail = "" if code in ("403", "AccessDenied") else f" ({code})"
+                return TargetError(
+                    f"access denied to {self.url} at {self.endpoint}{detail}; credentials from {self.credential_source}",
+                    hint="check the key pair and the bucket's permissions")
+            message = error.get("Message") or ""
+            return StorageIOError(f"{action} {self._where(name)} failed: {code or status}"
+                                  f"{': ' + message if message else ''}")
+        if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+            kind = StorageIOError if self._reached else TargetError
+            tries = f" after {attempts} attempts" if attempts else ""
+            return kind(f"cannot reach the S3 endpoint {self.endpoint} (from {self.endpoint_source}){tries}",
+                        hint="check the endpoint URL and that the server is up")
+        if isinstance(exc, NoCredentialsError):
+            return TargetError("no AWS credentials found for s3://",
+                               hint="set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or storage_options")
+        if isinstance(exc, BotoCoreError):
+            return StorageIOError(f"{action} {self._where(name)} failed: {exc}")
+        return exc
+
+    def _missing_bucket(self) -> TargetError:
+        return TargetError(f"bucket {self.bucket!r} does not exist at {self.endpoint}",
+                           hint="create it first, or pass storage_options create_bucket=true")
+
+    def _call(self, client: Any, action: str, name: str | None, method: str, **kwargs: Any) -> Any:
+        try:
+            response = getattr(client, method)(Bucket=self.bucket, **kwargs)
+        except Exception as exc:
+            attempts = self.options.max_attempts if client is self._data else min(CONTROL_MAX_ATTEMPTS,
+                                                                                  self.options.max_attempts)
+            raise self._error(exc, action, name, attempts) from exc
+        self._reached = True
+        return response
+
+    # -- the Store primitives -----------------------------------------------------------------
+
+    def is_dir_like(self) -> bool:
+        return True
+
+    def free_bytes(self) -> int | None:
+        return None
+
+    def prepare(self) -> None:
+        """Check that the bucket exists and is accessible (create it only if ``create_bucket``)."""
+        try:
+            self._call(self._control, "checking bucket", None, "head_bucket")
+        except FileNotFoundError:
+            if not self.options.create_bucket:
+                raise self._missing_bucket() from None
+            log.info("creating bucket %r at %s (create_bucket=true)", self.bucket, self.endpoint)
+            self._call(self._control, "creating bucket", None, "create_bucket")
+
+    def concurrency(self, threads: int) -> int:
+        """Requests in flight: ``max_concurrency``, else max(threads, DEFAULT_MIN_CONCURRENCY)."""
+        if self.options.max_concurrency:
+            return self.options.max_concurrency
+        chosen = min(max(threads, DEFAULT_MIN_CONCURRENCY), MAX_POOL_CONNECTIONS)
+        if chosen != threads:
+            log.info("S3: %d requests in flight (threads=%d; one connection is bounded by per-request "
+                     "throughput; set storage_options max_concurrency to change)", chosen, threads)
+        return chosen
+
+    def part_bytes_for(self, nbytes: int) -> int:
+        part = self.options.part_size
+        if nbytes > part * MAX_PARTS:
+            part = -(-nbytes // MAX_PARTS // 2**20) * 2**20 + 2**20
+            log.info("S3: part size raised to %s for a %s object (at most %d parts)", format_size(part),
+                     format_size(nbytes), MAX_PARTS)
+        return part
+
+    def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> WriteReport:
+        """Upload every file, all parts of all files through one pool of ``concurrency(threads)``
+        workers; complete every object, or abort and delete everything this call wrote.
+        ``block_size`` and ``direct`` do not apply (the unit is ``part_size``)."""
+        report = WriteReport(direct=False, sync="s3-complete")
+        if not files:
+            return report
+        stop = threading.Event()  # set on the first failure (or Ctrl-C): queued parts do nothing
+        uploads: list[_Upload] = []
+        done_keys: list[str] = []
+        done_lock = threading.Lock()
+        futures: list[Future] = []
+
+        def put_whole(key: str, name: str, view: memoryview) -> None:
+            if stop.is_set():
+                return
+            self._call(self._data, "uploading", name, "put_object", Key=key, Body=_ViewReader(view))
+            with done_lock:
+                done_keys.append(key)
+
+        def put_part(upload: _Upload, name: str, index: int) -> None:
+            if stop.is_set():
+                return
+            start = index * upload.part_bytes
+            body = _ViewReader(upload.view[start:start + upload.part_bytes])
+            response = self._call(self._data, "uploading a part of", name, "upload_part", Key=upload.key,
+                                  UploadId=upload.upload_id, PartNumber=index + 1, Body=body)
+            with upload.lock:
+                upload.etags[index] = response["ETag"]
+                last = all(upload.etags)
+            if last and not stop.is_set():
+                parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(upload.etags)]
+                self._call(self._data, "completing", name, "complete_multipart_upload", Key=upload.key,
+                           UploadId=upload.upload_id, MultipartUpload={"Parts": parts})
+                upload.completed = True
+                with done_lock:
+                    done_keys.append(upload.key)
+
+        def guarded(fn: Callable[..., None], *args: Any) -> None:
+            try:
+                fn(*args)
+            except BaseException:
+                stop.set()
+                raise
+
+        pool = ThreadPoolExecutor(self.concurrency(threads), thread_name_prefix="ckptbench-s3")
+        try:
+            for name, view in files:
+                view = view.cast("B") if view.format != "B" else view
+                key, part = self._key(name), self.part_bytes_for(len(view))
+                if len(view) <= part:
+                    futures.append(pool.submit(guarded, put_whole, key, name, view))
+                    continue
+                created = self._call(self._data, "starting the upload of", name, "create_multipart_upload", Key=key)
+                upload = _Upload(key, view, part, created["UploadId"], [None] * math.ceil(len(view) / part))
+                uploads.append(upload)
+                futures.extend(pool.submit(guarded, put_part, upload, name, i) for i in range(upload.parts))
+                if stop.is_set():
+                    break  # fail fast: no new uploads once one failed
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in finished:
+                future.result()
+            for future in futures:
+                future.result()
+        except BaseException:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._discard(uploads, done_keys)
+            raise
+        pool.shutdown(wait=True)
+        return report
+
+    def _discard(self, uploads: list[_Upload], done_keys: list[str]) -> None:
+        """After a failed write: abort unfinished multipart uploads, delete completed objects."""
+        for upload in uploads:
+            if upload.completed:
+                continue
+            try:
+                self._data.abort_multipart_upload(Bucket=self.bucket, Key=upload.key, UploadId=upload.upload_id)
+            except Exception as exc:  # noqa: BLE001 - best effort; the original error is what matters
+                log.warning("could not abort the multipart upload of %s: %s", upload.key,
+                            self._error(exc, "aborting"))
+        if done_keys:
+            self._delete_keys(list(done_keys))
+
+    def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
+                   direct: bool) -> None:
+        """Fill each caller buffer with its object, ranged GETs of ``part_size`` in parallel."""
+        jobs = []
+        for name, view in files:
+            view = view.cast("B") if view.format != "B" else view
+            part = self.part_bytes_for(len(view))
+            jobs.extend((name, view[start:start + part], start) for start in range(0, len(view), part))
+        if not jobs:
+            return
+        stop = threading.Event()
+
+        def get_range(name: str, view: memoryview, start: int) -> None:
+            if stop.is_set():
+                return
+            end = start + len(view) - 1
+            body = self._call(self._data, "reading", name, "get_object", Key=self._key(name),
+                              Range=f"bytes={start}-{end}")["Body"]
+            try:
+                filled = 0
+                while filled < len(view):
+                    chunk = body.read(min(READ_CHUNK_BYTES, len(view) - filled))
+                    if not chunk:
+                        break
+                    view[filled:filled + len(chunk)] = chunk
+                    filled += len(chunk)
+            except Exception as exc:
+                raise self._error(exc, "reading", name) from None
+            finally:
+                body.close()
+            if filled != len(view):
+                raise StorageIOError(f"{self._where(name)} ended at byte {start + filled}, expected {end + 1}")
+
+        with ThreadPoolExecutor(self.concurrency(threads), thread_name_prefix="ckptbench-s3") as pool:
+            futures = [pool.submit(get_range, *job) for job in jobs]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        """One PutObject: S3 makes it visible whole or not at all, durably, when it answers."""
+        self._call(self._data, "writing", name, "put_object", Key=self._key(name), Body=bytes(data))
+
+    def get(self, name: str) -> bytes:
+        body = self._call(self._control, "reading", name, "get_object", Key=self._key(name))["Body"]
+        try:
+            return body.read()
+        except Exception as exc:
+            raise self._error(exc, "reading", name) from None
+        finally:
+            body.close()
+
+    def size(self, name: str) -> int | None:
+        try:
+            return int(self._call(self._control, "inspecting", name, "head_object", Key=self._key(name))
+                       ["ContentLength"])
+        except FileNotFoundError:
+            return None
+
+    def list(self) -> list[str]:
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        names: list[str] = []
+        token: dict[str, str] = {}
+        while True:
+            page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, Delimiter="/",
+                              **token)
+            names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return names
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def remove(self, names: list[str]) -> None:
+        self._delete_keys([self._key(name) for name in names])
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        """Best effort: failures are logged, never raised (callers are cleaning up)."""
+        for start in range(0, len(keys), 1000):
+            batch = keys[start:start + 1000]
+            try:
+                response = self._data.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            except Exception as exc:  # noqa: BLE001
+                log.warning("could not delete %d object(s) under %s: %s", len(batch), self.url,
+                            self._error(exc, "deleting"))
+                continue
+            for error in response.get("Errors", []):
+                log.warning("could not delete s3://%s/%s: %s", self.bucket, error.get("Key"), error.get("Code"))

@@ -1,0 +1,198 @@
+"""One conformance suite for every checkpoint Store: the same tests against a local directory, CephFS
+(a FUSE network filesystem), S3 (Ceph RGW) and a generic fsspec filesystem (memory://).
+
+Part 1 exercises the Store primitives the writer relies on; part 2 the checkpoint API on top of them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import ckptbench
+from ckptbench.checkpoint import Checkpointer
+from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint.api import CheckpointExistsError
+from ckptbench.checkpoint.manifest import NotACheckpointError
+from ckptbench.storage.store import Store, open_store
+
+PART = 5 * 2**20  # S3's smallest part: objects above it are multipart uploads / several ranged GETs
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    url: str
+    storage_options: dict[str, Any] | None
+
+    def store(self) -> Store:
+        return open_store(self.url, self.storage_options)
+
+    def save(self, state_dict: Any, **kwargs: Any) -> Any:
+        return Checkpointer(threads=2, shard_size=4 * 2**20).save(
+            state_dict, self.url, storage_options=self.storage_options, **kwargs)
+
+    def load(self) -> dict:
+        return ckptbench.load(self.url, storage_options=self.storage_options)
+
+
+@pytest.fixture(params=[
+    pytest.param("local"),
+    pytest.param("cephfs", marks=pytest.mark.netfs),
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("memory"),
+])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    kind = request.param
+    if kind == "local":
+        yield Backend(kind, str(tmp_path / "ckpt"), None)
+    elif kind == "cephfs":
+        yield Backend(kind, str(request.getfixturevalue("cephfs_dir") / "ckpt"), None)
+    elif kind == "s3":
+        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
+        yield Backend(kind, f"s3://{bucket}/runs/ckpt", server.options(part_size=PART, max_concurrency=4))
+    else:
+        import fsspec
+
+        root = f"/ckptbench-test-{uuid.uuid4().hex[:12]}"
+        yield Backend(kind, f"memory://{root}/ckpt", None)
+        memory = fsspec.filesystem("memory")
+        if memory.exists(root):
+            memory.rm(root, recursive=True)
+
+
+def pattern(nbytes: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+# -- the Store primitives ------------------------------------------------------------------------
+
+
+def test_write_read_round_trip_of_several_sizes(backend: Backend):
+    store = backend.store()
+    store.prepare()
+    sizes = {"empty.bin": 0, "one.bin": 1, "odd.bin": 4097, "exact-part.bin": PART, "parts.bin": 2 * PART + 12345}
+    data = {name: pattern(n, i) for i, (name, n) in enumerate(sizes.items())}
+    report = store.write_files([(n, memoryview(a)) for n, a in data.items()], threads=2, block_size=2**20,
+                               direct=False)
+    assert report.sync
+    assert sorted(store.list()) == sorted(sizes)
+    for name, n in sizes.items():
+        assert store.size(name) == n
+    back = {name: np.zeros(n, dtype=np.uint8) for name, n in sizes.items()}
+    store.read_files([(n, memoryview(a)) for n, a in back.items()], threads=3, block_size=2**20, direct=False)
+    for name in sizes:
+        assert np.array_equal(back[name], data[name]), name
+
+
+def test_put_atomic_replaces_the_whole_object(backend: Backend):
+    store = backend.store()
+    store.prepare()
+    store.put_atomic("m.json", b"a" * 1000)
+    store.put_atomic("m.json", b"short")
+    assert store.get("m.json") == b"short"
+    assert store.size("m.json") == 5
+    assert [n for n in store.list() if not n.startswith(".")] == ["m.json"]
+
+
+def test_get_size_list_remove(backend: Backend):
+    store = backend.store()
+    store.prepare()
+    assert store.list() == []
+    for name in ("a", "b", "c"):
+        store.put_atomic(name, name.encode() * 3)
+    assert sorted(store.list()) == ["a", "b", "c"]
+    assert store.get("b") == b"bbb"
+    store.remove(["a", "c", "never-existed"])
+    assert store.list() == ["b"]
+    assert store.size("a") is None
+
+
+def test_missing_object(backend: Backend):
+    store = backend.store()
+    store.prepare()
+    assert store.size("nope") is None
+    with pytest.raises(FileNotFoundError):
+        store.get("nope")
+
+
+def test_a_location_never_prepared_lists_nothing(backend: Backend):
+    store = backend.store()
+    assert store.list() == []
+    assert store.size(mf.MANIFEST_NAME) is None
+    assert store.is_dir_like()
+
+
+# -- the checkpoint API on each backend ----------------------------------------------------------
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"big": torch.randn(1536, 1024, generator=g),  # 6 MiB: a shard above the part size
+                  "w": torch.randn(256, 256, generator=g).to(torch.bfloat16), "empty": torch.empty(0, 3)},
+        "optimizer": {"step": torch.tensor(seed), "m": torch.randn(512, 700, generator=g)},
+        "meta": {"epoch": seed, "name": "run", "lr": 1e-3},
+    }
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    else:
+        assert a == b
+
+
+def test_save_load_bit_exact(backend: Backend):
+    sd = state(1)
+    result = backend.save(sd)
+    assert result.files >= 3  # several shards and the manifest
+    assert result.path.rstrip("/").endswith("ckpt")
+    assert_same(sd, backend.load())
+
+
+def test_existing_checkpoint_needs_overwrite(backend: Backend):
+    backend.save(state(1))
+    with pytest.raises(CheckpointExistsError):
+        backend.save(state(2))
+    assert_same(state(1), backend.load())
+
+
+def test_overwrite_keeps_the_old_checkpoint_until_the_commit(backend: Backend, monkeypatch: pytest.MonkeyPatch):
+    backend.save(state(1))
+    first = set(backend.store().list())
+
+    def crash_before_commit(store: Store, manifest: dict) -> None:
+        raise RuntimeError("crashed before the commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mf, "commit", crash_before_commit)
+        with pytest.raises(RuntimeError, match="before the commit"):
+            backend.save(state(2), overwrite=True)
+    assert set(backend.store().list()) > first  # the new shards are there, not yet committed
+    assert_same(state(1), backend.load())
+    backend.save(state(3), overwrite=True)
+    assert_same(state(3), backend.load())
+    manifest = mf.read_manifest(backend.store())
+    # the crashed save's and the replaced checkpoint's shards are gone
+    assert sorted(backend.store().list()) == sorted([mf.MANIFEST_NAME] + [s["name"] for s in manifest["shards"]])
+
+
+def test_load_without_manifest_refuses(backend: Backend):
+    store = backend.store()
+    store.prepare()
+    store.put_atomic("shard-0123abcd-00000.bin", b"x" * 10)
+    with pytest.raises(NotACheckpointError, match="no committed checkpoint"):
+        backend.load()
