@@ -33,6 +33,11 @@ _RATE_RE = re.compile(rf"^\s*{_NUMBER}\s*([kKmMgGtTpP]?)(i?)(B|b|bit|byte|bytes)
 _DURATION_PART_RE = re.compile(rf"{_NUMBER}\s*([a-zA-Zµ]*)")
 
 
+def _require_finite(value: float, text: object) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{str(text)!r} must be finite (it overflows to infinity)")
+
+
 def parse_size(text: str | int) -> int:
     """``"140GB"`` -> 140_000_000_000; ``"1.5GiB"`` -> 1610612736; ``"4k"`` -> 4096; plain ints pass."""
     if isinstance(text, int) and not isinstance(text, bool):
@@ -42,7 +47,9 @@ def parse_size(text: str | int) -> int:
         unit = m.group(2).lower() if m else None
         if not m or unit not in SIZE_UNITS:
             raise ValueError(f"{text!r} is not a size (try 4096, 4KiB, 1.5GiB, 140GB)")
-        value = round(float(m.group(1)) * SIZE_UNITS[unit])
+        number = float(m.group(1)) * SIZE_UNITS[unit]
+        _require_finite(number, text)
+        value = round(number)
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return value
@@ -64,7 +71,8 @@ def parse_rate(text: str | float) -> float:
         multiplier = (1024**scale) if binary else (1000**scale)
         is_bits = unit in ("b", "bit") or (unit is None and str(text).strip().endswith("ps"))
         value = float(number) * multiplier / (8 if is_bits else 1)
-    if not math.isfinite(value) or value <= 0:
+    _require_finite(value, text)
+    if value <= 0:
         raise ValueError(f"rate {text!r} must be positive")
     return value
 
@@ -84,7 +92,8 @@ def parse_duration(text: str | float) -> float:
         # A bare number means seconds only when it stands alone ("1h30" is ambiguous).
         if parts == 0 or pos != len(s) or (bare and parts > 1):
             raise ValueError(f"{text!r} is not a duration (try 500ms, 140s, 30m, 2h, 1d, 1h30m)")
-    if not math.isfinite(value) or value <= 0:
+    _require_finite(value, text)
+    if value <= 0:
         raise ValueError(f"duration {text!r} must be positive")
     return value
 
@@ -99,7 +108,8 @@ def parse_count(text: str | float) -> float:
         if not m or unit not in COUNT_UNITS:
             raise ValueError(f"{text!r} is not a count (try 4000, 8B, 70B, 20T)")
         value = float(m.group(1)) * COUNT_UNITS[unit]
-    if not math.isfinite(value) or value <= 0:
+    _require_finite(value, text)
+    if value <= 0:
         raise ValueError(f"count {text!r} must be positive")
     return value
 

@@ -10,7 +10,7 @@ from ckptbench.cli import params
 from ckptbench.cli.interval import (
     UNITS,
     async_options,
-    emit_json,
+    emit,
     failure_options,
     named,
     pct,
@@ -22,6 +22,10 @@ from ckptbench.model import goodput as model
 from ckptbench.units import format_duration
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+#: Options without which nothing is computed (their names in code, see ``named``).
+_REQUIRED = ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s")
+#: Above this ``(interval + checkpoint + recovery) / MTBF`` the first-order accounting is flagged.
+FIRST_ORDER_NOTE_RATIO = 0.3
 
 EXPLAIN = """\
 How `ckptbench goodput` computes:
@@ -43,70 +47,62 @@ How `ckptbench goodput` computes:
 
 Without --ckpt-interval/--ckpt-time the waste is exactly faults x (detect + replace + resume), the
 simple model most articles use; lost work and stalls are then not counted.
-Hot spares: K idle nodes paid for the whole wall time; a failed node is swapped for a spare at once
-and repaired in the background (taking --replace). A fault waits for a repair only when all K
-spares are out, with the Erlang-B probability B(K, replace / MTBF), so the expected replace time
-becomes B(K, replace / MTBF) x replace.
+Hot spares: K idle nodes paid for the whole wall time (at most the job's node count); a failed
+node is swapped for a spare at once and repaired in the background (taking --replace). A fault
+waits only when all K spares are out, with the Erlang-B probability B(K, replace / MTBF), and then
+only until the first repair under way finishes (at most --replace; about replace / (K + 1) for
+exponential repair times). Charging B(K, replace / MTBF) x replace is therefore an upper bound.
 What-ifs change one thing each: halve the detection time; one more hot spare node (and none, when
 you have some); checkpoint at the optimal interval (the exact optimum of `ckptbench interval`).
 The lost-work term is first order: against the exact model it is off by terms of order
-((tau + C)/MTBF)^2 of the wall time.
+((tau + C + recovery)/MTBF)^2 of the wall time; a note compares the two when that ratio passes 0.3.
 """
 
 
-
-
 @click.command(context_settings=_CONTEXT)
-@click.option("--params", type=params.COUNT, default=None, help="Model parameters: 100B.")
+@click.option("--params", type=params.FINITE_COUNT, default=None, help="Model parameters: 100B.")
 @click.option("--model", metavar="PRESET", default=None,
               help="A model preset from configs/models instead of --params: llama3-405b.")
-@click.option("--tokens", type=params.COUNT, default=None, help="Training tokens: 20T.  [required]")
+@click.option("--tokens", type=params.FINITE_COUNT, default=None, help="Training tokens: 20T.  [required]")
 @click.option("--gpus", type=params.POSITIVE_INT, default=None, help="GPUs in the job: 4000.  [required]")
-@click.option("--peak-tflops", type=params.POSITIVE_NUMBER, default=None,
-              help="Peak TFLOP/s per GPU in the training dtype: 989 (H100 bf16 dense).  [required]")
+@click.option("--peak-tflops", type=params.FINITE_POSITIVE_NUMBER, default=None,
+              help="Peak dense TFLOP/s per GPU in the training dtype: 989 (H100 SXM bf16; 1979 is the same GPU with "
+                   "2:4 sparsity, which dense training does not use).  [required]")
 @click.option("--mfu", type=params.FRACTION, default=None,
               help="Model FLOPs utilisation: 0.35 or 35%.  [required]")
 @click.option("--gpus-per-node", type=params.POSITIVE_INT, default=8, show_default=True, help="GPUs per node.")
-@click.option("--node-hour-cost", type=params.POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
-@click.option("--gpu-hour-cost", type=params.POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
+@click.option("--node-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
+@click.option("--gpu-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
 @failure_options(with_count=False)
-@click.option("--detect", type=params.DURATION, default=None,
+@click.option("--detect", type=params.BOUNDED_DURATION, default=None,
               help="Time to notice a failure: 60m.  [required]")
-@click.option("--replace", type=params.DURATION, default=None,
+@click.option("--replace", type=params.BOUNDED_DURATION, default=None,
               help="Time to replace the failed node: 60m.  [required]")
-@click.option("--resume", type=params.DURATION, default=None,
+@click.option("--resume", type=params.BOUNDED_DURATION, default=None,
               help="Time to restart the job and load the checkpoint: 30m.  [required]")
-@click.option("--ckpt-interval", type=params.DURATION, default=None,
+@click.option("--ckpt-interval", type=params.BOUNDED_DURATION, default=None,
               help="Training time between checkpoints: 30m (adds lost work and stalls).")
-@click.option("--ckpt-time", type=params.DURATION, default=None,
+@click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
               help="Time to write one checkpoint: 140s (with --stall: the persist time).")
 @async_options
 @click.option("--hot-spares", type=params.NONNEGATIVE_INT, default=0, show_default=True,
-              help="Idle spare nodes kept ready to swap in.")
+              help="Idle spare nodes kept ready to swap in (at most the job's node count).")
 @click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
 def goodput(**opts: Any) -> None:
     """Goodput, wasted hours and wasted dollars of a training run, with what-ifs.
 
     \b
-    Example:
-      ckptbench goodput --params 100B --tokens 20T --gpus 4000 --peak-tflops 1979 --mfu 0.35 \\
+    Example (H100 SXM: 989 TFLOP/s dense bf16; 1979 is its 2:4-sparsity figure):
+      ckptbench goodput --params 100B --tokens 20T --gpus 4000 --peak-tflops 989 --mfu 0.35 \\
         --node-hour-cost 90 --faults-per-day 1 --detect 60m --replace 60m --resume 30m \\
         --ckpt-interval 30m --ckpt-time 140s
     """
     opts = named(opts)
-    required = ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s")
-    if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in required):
+    if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in _REQUIRED):
         click.echo(EXPLAIN, nl=False)
         return
-    doc = compute(opts)
-    if opts["as_json"]:
-        emit_json(doc)
-        return
-    _print_human(doc)
-    if opts["explain"]:
-        click.echo()
-        click.echo(EXPLAIN, nl=False)
+    emit(compute(opts), opts, _print_human, EXPLAIN)
 
 
 def compute(opts: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +110,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     from ckptbench.model import presets
     from ckptbench.model.interval import CheckpointCost
 
-    for key in ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s"):
+    for key in _REQUIRED:
         if opts[key] is None:
             flag = "--" + key.removesuffix("_s").replace("_", "-")
             raise UsageError(f"missing option {flag}", hint="see 'ckptbench goodput --help'")
@@ -125,8 +121,6 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     param_count = opts["param_count"] or presets.load_model(opts["model_preset"]).params
     run = model.TrainingRun(param_count, opts["tokens"], opts["gpus"], opts["peak_tflops"] * 1e12, opts["mfu"],
                             opts["gpus_per_node"])
-    if opts["gpu_hour_cost"] is not None and opts["node_hour_cost"] is not None:
-        raise UsageError("--gpu-hour-cost and --node-hour-cost both give the price", hint="give one of them")
     pricing = model.Pricing(gpu_hour_usd=opts["gpu_hour_cost"], node_hour_usd=opts["node_hour_cost"])
     failures = resolve_failures(
         mtbf_s=opts["mtbf_s"], gpu_mtbf_s=opts["gpu_mtbf_s"], node_mtbf_s=opts["node_mtbf_s"],
@@ -154,6 +148,16 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     spares = opts["hot_spares"]
     result = model.estimate(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
     scenarios = model.what_if(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
+    if checkpoint is not None:
+        ratio = model.first_order_ratio(run, failures, recovery, checkpoint, spares)
+        if ratio > FIRST_ORDER_NOTE_RATIO:
+            exact_h = model.exact_wall_hours(run, failures, recovery, checkpoint, spares)
+            notes.append(
+                f"(checkpoint interval + checkpoint + recovery) / MTBF = {ratio:.2f}, above "
+                f"{FIRST_ORDER_NOTE_RATIO:g}: the first-order lost-work accounting is off here; the exact model "
+                f"gives {exact_h:,.0f} wall hours ({100 * (exact_h / result.wall_hours - 1):+.0f} % against "
+                f"{result.wall_hours:,.0f}); checkpoint more often",
+            )
     if not pricing.given:
         notes.append("no --gpu-hour-cost or --node-hour-cost: costs are not computed")
     out = result.as_dict()

@@ -1,12 +1,13 @@
 """``ckptbench interval``: how often to checkpoint, given what a checkpoint costs and how often the job fails.
 
 Also the home of the option groups and helpers ``goodput`` shares (failure rate, async checkpoint
-cost, JSON output). Pure computation: nothing here imports torch, numpy or matplotlib (``--plot``
-imports matplotlib when it draws).
+cost, output). Nothing here imports torch; numpy is imported only by ``--simulate`` (through
+:mod:`ckptbench.model.simulate`) and matplotlib only by ``--plot``, when they run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from ckptbench.cli import params
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model import sizing
-from ckptbench.model.failures import FailureModel
+from ckptbench.model.failures import SECONDS_PER_DAY, FailureModel
 from ckptbench.units import format_duration, format_rate, format_size
 
 #: What the key suffixes of every JSON document mean.
@@ -78,21 +79,18 @@ than exponential (Weibull shape < 1); the simulator accepts Weibull shapes, the 
 # -- option groups shared with `goodput` --------------------------------------------------------
 
 
-
-
-
 def failure_options(*, with_count: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The failure-rate flags: one of --mtbf, --gpu-mtbf (with a GPU count), --node-mtbf, --faults-per-day, --failures."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         options = [
-            click.option("--mtbf", type=params.DURATION, default=None,
+            click.option("--mtbf", type=params.BOUNDED_DURATION, default=None,
                          help="MTBF of the whole job: 3h, 90m."),
-            click.option("--gpu-mtbf", type=params.DURATION, default=None,
+            click.option("--gpu-mtbf", type=params.BOUNDED_DURATION, default=None,
                          help="MTBF of one GPU (50000h); divided by the GPU count."),
-            click.option("--node-mtbf", type=params.DURATION, default=None,
+            click.option("--node-mtbf", type=params.BOUNDED_DURATION, default=None,
                          help="MTBF of one node; divided by the node count."),
-            click.option("--faults-per-day", type=params.COUNT, default=None,
+            click.option("--faults-per-day", type=params.FINITE_POSITIVE_NUMBER, default=None,
                          help="Faults of the whole job per day: 1, 0.5."),
             click.option("--failures", metavar="PRESET", default=None,
                          help="A failure preset from configs/failures: llama3, mlcommons, one-per-day."),
@@ -138,27 +136,36 @@ def resolve_failures(
         if nodes is not None and node_mtbf_s is None:
             raise UsageError(f"--nodes {nodes} is used only with --node-mtbf")
     if mtbf_s is not None:
-        return FailureModel(mtbf_s, source=f"--mtbf {format_duration(mtbf_s)}")
-    if gpu_mtbf_s is not None:
+        failures = FailureModel(mtbf_s, source=f"--mtbf {format_duration(mtbf_s)}")
+    elif gpu_mtbf_s is not None:
         assert gpus is not None
-        return FailureModel.from_unit_mtbf(gpu_mtbf_s, gpus, unit="GPU")
-    if node_mtbf_s is not None:
+        failures = FailureModel.from_unit_mtbf(gpu_mtbf_s, gpus, unit="GPU")
+    elif node_mtbf_s is not None:
         assert nodes is not None
-        return FailureModel.from_unit_mtbf(node_mtbf_s, nodes, unit="node")
-    if faults_per_day is not None:
-        return FailureModel(86400.0 / faults_per_day, source=f"--faults-per-day {faults_per_day:g}")
-    if failure_preset is not None:
-        return presets.load_failures(failure_preset).model(gpus)
-    return None
+        failures = FailureModel.from_unit_mtbf(node_mtbf_s, nodes, unit="node")
+    elif faults_per_day is not None:
+        per_day = FailureModel.from_faults_per_day(faults_per_day)
+        failures = dataclasses.replace(per_day, source=f"--faults-per-day {faults_per_day:g}")
+    elif failure_preset is not None:
+        failures = presets.load_failures(failure_preset).model(gpus)
+    else:
+        return None
+    low, high = params.DURATION_RANGE_S
+    if not low <= failures.mtbf_s <= high:
+        raise UsageError(
+            f"{failures.source} gives a job MTBF of {failures.mtbf_s:.3g} s: outside the 1 ns to {high:.0e} s the "
+            "model takes",
+        )
+    return failures
 
 
 def async_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--stall / --persist / --interference: an asynchronous checkpoint."""
     func = click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
                         help="Async: fraction of training speed lost while persisting (0.05 or 5%).")(func)
-    func = click.option("--persist", type=params.DURATION, default=None,
+    func = click.option("--persist", type=params.BOUNDED_DURATION, default=None,
                         help="Async: staging end to durable (default: the checkpoint time).")(func)
-    func = click.option("--stall", type=params.DURATION, default=None,
+    func = click.option("--stall", type=params.BOUNDED_DURATION, default=None,
                         help="Async: time training is blocked per checkpoint (staging); makes it async.")(func)
     return func
 
@@ -184,6 +191,17 @@ def resolve_cost(
 def emit_json(doc: dict[str, Any]) -> None:
     """Exactly one JSON document on stdout."""
     click.echo(json.dumps(doc, indent=2, allow_nan=False))
+
+
+def emit(doc: dict[str, Any], opts: dict[str, Any], print_human: Callable[[dict[str, Any]], None], explain: str) -> None:
+    """The commands' common ending: one JSON document (``--json``), or the tables then, with ``--explain``, the formulas."""
+    if opts["as_json"]:
+        emit_json(doc)
+        return
+    print_human(doc)
+    if opts["explain"]:
+        click.echo()
+        click.echo(explain, nl=False)
 
 
 def check_plot_path(path: Path | None) -> None:
@@ -215,15 +233,15 @@ def pct(value: float | None, digits: int = 1) -> str:
 
 
 @click.command(context_settings=_CONTEXT)
-@click.option("--ckpt-time", type=params.DURATION, default=None,
+@click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
               help="Time to write one checkpoint: 140s (with --stall: the persist time).")
-@click.option("--size", type=params.SIZE, default=None,
+@click.option("--size", type=params.FINITE_SIZE, default=None,
               help="Checkpoint size (with --bandwidth): 140GB, 1.2TiB.")
-@click.option("--params", type=params.COUNT, default=None,
+@click.option("--params", type=params.FINITE_COUNT, default=None,
               help="Model parameters (with --bandwidth): 70B. Sized by the recipe flags below.")
 @click.option("--model", metavar="PRESET", default=None,
               help="A model preset from configs/models instead of --params: llama3-70b.")
-@click.option("--bandwidth", type=params.RATE, default=None,
+@click.option("--bandwidth", type=params.FINITE_RATE, default=None,
               help="Aggregate write bandwidth to storage: 1GB/s, 800MiB/s, 10Gbit/s.")
 @click.option("--dtype", type=click.Choice(sorted(sizing.DTYPE_BYTES)), default=None,
               help="Weights dtype  [default: bf16].")
@@ -240,17 +258,17 @@ def pct(value: float | None, digits: int = 1) -> str:
               help="Data-parallel sharding: zero1 (optimizer), zero2 (+grads), zero3/fsdp (+weights).")
 @async_options
 @failure_options(with_count=True)
-@click.option("--restart", type=params.DURATION, default=None,
+@click.option("--restart", type=params.BOUNDED_DURATION, default=None,
               help="Cost of one failure before training resumes (detect, replace, reload): 10m  [default: 0].")
-@click.option("--every", type=params.DURATION, default=None,
+@click.option("--every", type=params.BOUNDED_DURATION, default=None,
               help="Evaluate this interval (training time between checkpoints): 30m.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write a PNG of waste versus interval, optimum and --every marked.")
 @click.option("--simulate", type=params.POSITIVE_INT, default=None,
               help="Check the model with this many Monte Carlo runs (at the optimum and at --every): 10000.")
-@click.option("--work", type=params.DURATION, default=None,
+@click.option("--work", type=params.BOUNDED_DURATION, default=None,
               help="Simulated run: compute time to finish  [default: 30d].")
-@click.option("--weibull-shape", type=params.POSITIVE_NUMBER, default=None,
+@click.option("--weibull-shape", type=params.FINITE_POSITIVE_NUMBER, default=None,
               help="Simulated failures: Weibull shape (1 = exponential; < 1 bursty)  [default: the preset's, or 1].")
 @click.option("--seed", type=params.NONNEGATIVE_INT, default=None, help="Simulation RNG seed  [default: 0].")
 @click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
@@ -278,13 +296,7 @@ def interval(**opts: Any) -> None:
     doc = compute(opts)
     if opts["plot_path"] is not None:
         _plot(doc, opts["plot_path"])
-    if opts["as_json"]:
-        emit_json(doc)
-        return
-    _print_human(doc)
-    if opts["explain"]:
-        click.echo()
-        click.echo(EXPLAIN, nl=False)
+    emit(doc, opts, _print_human, EXPLAIN)
 
 
 def compute(opts: dict[str, Any]) -> dict[str, Any]:
@@ -297,6 +309,13 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     if size_info is not None:
         write_flag = "--size" if opts["size_bytes"] is not None else "--params"
         write_s = size_info["checkpoint_bytes"] / bandwidth
+        low, high = params.DURATION_RANGE_S
+        if not low <= write_s <= high:
+            raise UsageError(
+                f"{write_flag} gives {size_info['checkpoint_bytes']:.3g} bytes, which at --bandwidth "
+                f"{bandwidth:.3g} bytes/s take {write_s:.3g} s to write: outside the 1 ns to {high:.0e} s "
+                "the model takes",
+            )
     cost = resolve_cost(write_s, write_flag, stall_s=opts["stall_s"], persist_s=opts["persist_s"],
                         interference=opts["interference"])
     if cost is None:
@@ -313,6 +332,18 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     every_s = opts["every_s"]
     if opts["restart_s"] is None and failures is not None:
         notes.append("no --restart given: restarts assumed free, so the waste is a lower bound")
+    if failures is not None and restart_s > failures.mtbf_s:
+        notes.append(
+            f"--restart {format_duration(restart_s)} is longer than the MTBF ({format_duration(failures.mtbf_s)}): "
+            "most restarts are themselves interrupted and start over, so restarts dominate the waste; recover "
+            "faster (hot spares, quicker detection and restore) before tuning the interval",
+        )
+    if every_s is not None and every_s < cost.blocking_s:
+        notes.append(
+            f"--every {format_duration(every_s)} is shorter than the checkpoint itself "
+            f"({format_duration(cost.blocking_s)} of blocked training): checkpoints would cost "
+            f"{pct(model.overhead_fraction(every_s, cost), 0)} of compute time; checkpoint less often",
+        )
     doc: dict[str, Any] = {
         "command": "interval",
         "mode": "async" if cost.is_async else "sync",
@@ -335,6 +366,8 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         for flag, key in (("--work", "work_s"), ("--weibull-shape", "weibull_shape"), ("--seed", "seed")):
             if opts[key] is not None:
                 raise UsageError(f"{flag} applies only with --simulate")
+    elif opts["simulate_runs"] < 2:
+        raise UsageError(f"--simulate {opts['simulate_runs']}: runs must be >= 2 (one run has no spread to report)")
     doc["simulation"] = None
     if failures is None:
         for flag, key in (("--plot", "plot_path"), ("--simulate", "simulate_runs")):
@@ -372,21 +405,27 @@ def _simulate(
     opts: dict[str, Any], cost: model.CheckpointCost, failures: FailureModel, restart_s: float,
     analysis: model.IntervalAnalysis,
 ) -> dict[str, Any]:
-    """Monte Carlo runs at the optimum (and at --every) next to the exact model's expectation."""
+    """Monte Carlo runs at the optimum (and at --every) next to the exact model's expectation.
+
+    Both configurations are validated (including their size) before either runs.
+    """
     from ckptbench.model.simulate import SimulationConfig, simulate
 
-    work_s = opts["work_s"] or 30 * 86400.0
+    work_s = opts["work_s"] or 30 * SECONDS_PER_DAY
     shape = opts["weibull_shape"] if opts["weibull_shape"] is not None else failures.weibull_shape
     seed = opts["seed"] if opts["seed"] is not None else 0
     out: dict[str, Any] = {"runs": opts["simulate_runs"], "seed": seed, "work_s": work_s, "weibull_shape": shape}
     points = {"at_optimum": analysis.optimal_interval_s}
     if analysis.interval_s is not None:
         points["at_interval"] = analysis.interval_s
-    for name, tau in points.items():
-        config = SimulationConfig(work_s, tau, cost, failures.mtbf_s, restart_s, weibull_shape=shape,
-                                  runs=opts["simulate_runs"], seed=seed)
+    configs = {
+        name: SimulationConfig(work_s, tau, cost, failures.mtbf_s, restart_s, weibull_shape=shape,
+                               runs=opts["simulate_runs"], seed=seed)
+        for name, tau in points.items()
+    }
+    for name, config in configs.items():
         result = simulate(config)
-        expected = model.expected_wall_time_s(work_s, tau, cost, failures.mtbf_s, restart_s)
+        expected = config.expected_wall_s()
         out[name] = {
             "interval_s": config.used_interval_s,
             "mean_wall_s": result.mean_wall_s,
@@ -447,11 +486,14 @@ def _checkpoint_bytes(opts: dict[str, Any]) -> dict[str, Any] | None:
 # -- output ----------------------------------------------------------------------------------------
 
 
+def _cost(doc: dict[str, Any]) -> model.CheckpointCost:
+    return model.CheckpointCost(doc["stall_s"], doc["persist_s"], doc["interference"])
+
+
 def _plot(doc: dict[str, Any], path: Path) -> None:
     from ckptbench.report.plots import plot_waste_curve
 
-    cost = model.CheckpointCost(doc["stall_s"], doc["persist_s"], doc["interference"])
-    plot_waste_curve(path, cost, doc["mtbf_s"], doc["restart_s"], doc)
+    plot_waste_curve(path, _cost(doc), doc["mtbf_s"], doc["restart_s"], doc)
 
 
 def _print_human(doc: dict[str, Any]) -> None:
@@ -495,15 +537,19 @@ def _print_human(doc: dict[str, Any]) -> None:
         table.add_column("waste of wall time", justify="right")
         table.add_column("checkpoint overhead", justify="right")
         c_name = "(s + fP)" if asynchronous else "C"
+        cost = _cost(doc)
 
         def clamped(interval_s: float) -> str:
             below = interval_s < doc["min_interval_s"]
             return format_duration(interval_s) + (" (< bound)" if below else "")
 
+        def overhead(interval_s: float) -> str:  # at the interval used: the bound when below it
+            return pct(model.overhead_fraction(max(interval_s, doc["min_interval_s"]), cost), 2)
+
         table.add_row(f"Young  sqrt(2 {c_name} M)", clamped(doc["young_interval_s"]), pct(doc["waste_fraction_young"], 2),
-                      pct(doc["blocking_s"] / max(doc["young_interval_s"], doc["min_interval_s"]), 2))
+                      overhead(doc["young_interval_s"]))
         table.add_row("Daly (2006)", clamped(doc["daly_interval_s"]), pct(doc["waste_fraction_daly"], 2),
-                      pct(doc["blocking_s"] / max(doc["daly_interval_s"], doc["min_interval_s"]), 2))
+                      overhead(doc["daly_interval_s"]))
         label = "optimum (exact model)" + (" [bound binds]" if doc["constraint_binding"] else "")
         table.add_row(f"[bold]{label}[/bold]", f"[bold]{format_duration(doc['optimal_interval_s'])}[/bold]",
                       f"[bold]{pct(doc['waste_fraction'], 2)}[/bold]", pct(doc["overhead_fraction_at_optimum"], 2))

@@ -66,7 +66,9 @@ def _positive_number(value: Any) -> float:
         number = float(str(value).strip().lstrip("$").replace(",", ""))
     except ValueError:
         raise ValueError(f"{value!r} is not a number") from None
-    if not math.isfinite(number) or number <= 0:
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} must be finite")
+    if number <= 0:
         raise ValueError(f"{value!r} must be a positive number")
     return number
 
@@ -82,3 +84,21 @@ POSITIVE_INT = _UnitType("integer", _positive_int)
 NONNEGATIVE_INT = _UnitType("integer", _nonnegative_int)
 SIZE_LIST = ListType(SIZE)
 INT_LIST = ListType(POSITIVE_INT)
+
+
+# Durations the failure and interval models take: 1 ns to 1e18 s (about 32 billion years). Beyond
+# these, products and ratios of durations underflow or overflow a float long before they mean anything.
+DURATION_RANGE_S = (1e-9, 1e18)
+
+
+def _duration_in_range(value: Any) -> float:
+    seconds = units.parse_duration(value)
+    low, high = DURATION_RANGE_S
+    if not low <= seconds <= high:
+        raise ValueError(f"duration {str(value)!r} must lie between 1 ns and {high:.0e} s")
+    return seconds
+
+
+BOUNDED_DURATION = _UnitType("duration", _duration_in_range)
+# The parsers reject infinite and overflowing values ("must be finite") themselves.
+FINITE_SIZE, FINITE_RATE, FINITE_COUNT, FINITE_POSITIVE_NUMBER = SIZE, RATE, COUNT, POSITIVE_NUMBER

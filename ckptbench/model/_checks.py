@@ -9,14 +9,24 @@ from ckptbench.errors import UsageError
 
 def positive(name: str, value: float) -> None:
     """``value`` must be a finite number above zero."""
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    finite(name, value)
+    if value <= 0:
         raise UsageError(f"{name} {value!r} must be a positive number")
 
 
 def nonnegative(name: str, value: float) -> None:
     """``value`` must be a finite number, zero or more."""
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
+    finite(name, value)
+    if value < 0:
         raise UsageError(f"{name} {value!r} must be zero or more")
+
+
+def finite(name: str, value: float) -> None:
+    """``value`` must be a number, neither infinite nor NaN."""
+    if not _is_number(value):
+        raise UsageError(f"{name} {value!r} must be a number")
+    if not math.isfinite(value):
+        raise UsageError(f"{name} {value!r} must be finite")
 
 
 def positive_int(name: str, value: int) -> None:

@@ -17,7 +17,9 @@ order, see :func:`ckptbench.model.interval.lost_work_per_failure_s`). Checkpoint
 Without checkpoint options, ``faults = lambda * planned`` and the waste is exactly
 ``faults x (detect + replace + resume)``: the simple model most articles use. With them, this agrees
 with the exact model (:func:`ckptbench.model.interval.expected_wall_time_s` with
-``restart_can_fail=False``) to second order in ``(tau + C)/M``.
+``restart_can_fail=False``, see :func:`exact_wall_hours`) to second order in
+``(tau + s + P + recovery)/M`` (:func:`first_order_ratio`); when that ratio is large (a checkpoint
+interval near the MTBF) the first-order accounting overstates the wall time.
 
 ``goodput = planned / wall`` (productive time over wall time); ``wasted_fraction_of_plan =
 (wall - planned) / planned``. The whole cluster is paid for during recovery.
@@ -25,7 +27,10 @@ with the exact model (:func:`ckptbench.model.interval.expected_wall_time_s` with
 Hot spares: ``K`` idle nodes, paid for the whole wall time, let a failed node be swapped out at once
 while it is repaired (``replace`` long). A failure waits for a replacement only when all ``K`` spares
 are out, which happens with the Erlang-B probability ``B(K, lambda * replace)`` (spares form a
-``K``-server loss system); the expected replace time becomes ``B(K, lambda * replace) * replace``.
+``K``-server loss system). It then waits until the first repair under way finishes: at most
+``replace``, and about ``replace / (K + 1)`` when repair times are exponential. The model charges the
+whole ``replace``, so ``B(K, lambda * replace) * replace`` is an upper bound on the expected replace
+time. ``K`` is at most the job's node count.
 """
 
 from __future__ import annotations
@@ -36,10 +41,15 @@ from typing import Any
 
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks
-from ckptbench.model.failures import FailureModel
-from ckptbench.model.interval import CheckpointCost, exact_interval_s, lost_work_per_failure_s
+from ckptbench.model.failures import SECONDS_PER_HOUR, FailureModel
+from ckptbench.model.interval import (
+    CheckpointCost,
+    check_in_flight,
+    exact_interval_s,
+    expected_wall_time_s,
+    lost_work_per_failure_s,
+)
 
-SECONDS_PER_HOUR = 3600.0
 #: Badput categories, in the order they are reported.
 BADPUT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall", "lost_progress", "detection", "replacement", "restart_restore")
 
@@ -62,6 +72,17 @@ class TrainingRun:
         _checks.positive("peak FLOP/s", self.peak_flops)
         _checks.fraction("MFU", self.mfu, allow_zero=False)
         _checks.positive_int("GPUs per node", self.gpus_per_node)
+        what = f"6 N D = 6 x {self.params:g} parameters x {self.tokens:g} tokens"
+        if not math.isfinite(self.compute_flops):
+            raise UsageError(f"{what} is not a finite number of FLOPs")
+        sustained = self.gpus * self.peak_flops * self.mfu
+        if not (math.isfinite(sustained) and sustained > 0):
+            raise UsageError(f"{self.gpus:,} GPUs x {self.peak_flops:g} FLOP/s x {self.mfu:g} MFU = {sustained:g} "
+                             "FLOP/s is not a positive finite rate")
+        planned = self.planned_s
+        if not (math.isfinite(planned) and planned >= 1e-9):  # below a nanosecond, hours underflow in the report
+            raise UsageError(f"{what} at {sustained:g} FLOP/s is {planned:.3g} s of planned compute, "
+                             "not a finite time of at least 1 ns")
 
     @property
     def compute_flops(self) -> float:
@@ -144,11 +165,7 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         _checks.positive("checkpoint interval (s)", self.interval_s)
-        if self.interval_s < self.cost.min_interval_s:
-            raise UsageError(
-                f"checkpoint interval {self.interval_s:g} s is shorter than the persist bound "
-                f"(1 - f) P = {self.cost.min_interval_s:g} s: two checkpoints would be in flight",
-            )
+        check_in_flight(self.interval_s, self.cost)
 
 
 @dataclass(frozen=True)
@@ -204,13 +221,19 @@ class Scenario:
 
 
 def erlang_b(servers: int, offered_load: float) -> float:
-    """Erlang-B blocking probability ``B(K, a)`` (``B(0, a) = 1``), by the stable recurrence."""
+    """Erlang-B blocking probability ``B(K, a)`` (``B(0, a) = 1``), by the stable recurrence.
+
+    The recurrence stops once ``B`` underflows to 0 (it only decreases from there), so large ``K``
+    cost about ``a`` steps, not ``K``.
+    """
     if servers < 0:
         raise UsageError(f"hot spare count {servers!r} must be zero or more")
     _checks.nonnegative("offered load", offered_load)
     blocking = 1.0
     for k in range(1, servers + 1):
         blocking = offered_load * blocking / (k + offered_load * blocking)
+        if blocking == 0.0:
+            break
     return blocking
 
 
@@ -223,10 +246,14 @@ def estimate(
     pricing: Pricing | None = None,
     hot_spare_nodes: int = 0,
 ) -> GoodputResult:
-    """Wall time, waste by category, goodput and cost of ``run`` (see the module docstring for the model)."""
+    """Wall time, waste by category, goodput and cost of ``run`` (see the module docstring for the model).
+
+    Raises ``UsageError`` for more hot spares than the job has nodes, when each fault loses more work
+    than the MTBF (the run never finishes), or when a result is not a finite number.
+    """
     pricing = pricing or Pricing()
     rate = failures.rate_per_s
-    replace_s = erlang_b(hot_spare_nodes, rate * recovery.replace_s) * recovery.replace_s
+    replace_s = effective_replace_s(run, failures, recovery, hot_spare_nodes)
     lost_s = lost_work_per_failure_s(checkpoint.interval_s, checkpoint.cost) if checkpoint else 0.0
     per_fault_s = recovery.detect_s + replace_s + recovery.resume_s + lost_s
     planned_s = run.planned_s
@@ -259,6 +286,10 @@ def estimate(
         wasted_cost: float | None = wall_cost + spare_cost - planned_cost
     else:
         planned_cost = wall_cost = spare_cost = total_cost = wasted_cost = None
+    if not math.isfinite(wall_s):
+        raise UsageError(f"the wall time ({planned_h:.3g} h planned, {faults:.3g} faults) is not a finite number")
+    if total_cost is not None and not math.isfinite(total_cost):
+        raise UsageError(f"the cost (${cluster_rate:g} per cluster-hour for {wall_h:,.0f} h) is not a finite number")
     return GoodputResult(
         planned_hours=planned_h,
         wall_hours=wall_h,
@@ -282,6 +313,41 @@ def estimate(
     )
 
 
+def effective_replace_s(run: TrainingRun, failures: FailureModel, recovery: Recovery, hot_spare_nodes: int) -> float:
+    """Expected replace time per fault with ``K`` hot spares: ``B(K, lambda * replace) * replace`` (an upper bound)."""
+    if hot_spare_nodes > run.nodes:
+        raise UsageError(
+            f"hot spare count {hot_spare_nodes} is more than the job's {run.nodes:,} nodes",
+            hint=f"give at most {run.nodes:,}",
+        )
+    return erlang_b(hot_spare_nodes, failures.rate_per_s * recovery.replace_s) * recovery.replace_s
+
+
+def first_order_ratio(
+    run: TrainingRun, failures: FailureModel, recovery: Recovery, checkpoint: CheckpointPolicy,
+    hot_spare_nodes: int = 0,
+) -> float:
+    """``(tau + s + P + recovery)/M``: the relative size of the terms the first-order accounting drops."""
+    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    return (checkpoint.interval_s + checkpoint.cost.durable_s + recovery_s) / failures.mtbf_s
+
+
+def exact_wall_hours(
+    run: TrainingRun, failures: FailureModel, recovery: Recovery, checkpoint: CheckpointPolicy,
+    hot_spare_nodes: int = 0,
+) -> float:
+    """Wall hours from the exact model under the same conventions (a fault during a recovery is fixed by it).
+
+    :func:`ckptbench.model.interval.expected_wall_time_s` with the per-fault recovery as the restart
+    and ``restart_can_fail=False``; it also ends with a durable checkpoint and splits the work into
+    whole intervals, which :func:`estimate` does not.
+    """
+    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    wall_s = expected_wall_time_s(run.planned_s, checkpoint.interval_s, checkpoint.cost, failures.mtbf_s, recovery_s,
+                                  restart_can_fail=False)
+    return wall_s / SECONDS_PER_HOUR
+
+
 def what_if(
     run: TrainingRun,
     failures: FailureModel,
@@ -293,16 +359,18 @@ def what_if(
 ) -> list[Scenario]:
     """Alternatives to the baseline: halve detection, one more hot spare (or none), the optimal interval.
 
-    Each reports the hours it saves and, with pricing, its extra cost (spares) and net saving.
+    Each reports the hours it saves and, with pricing, its extra cost (spares) and net saving. "One
+    more hot spare" is left out when the spares already match the job's node count.
     """
     kwargs: dict[str, Any] = {"checkpoint": checkpoint, "pricing": pricing, "hot_spare_nodes": hot_spare_nodes}
     base = estimate(run, failures, recovery, **kwargs)
     candidates: list[tuple[str, str, dict[str, Any], Recovery]] = [
         ("faster_detection", f"detect failures in {_fmt_min(recovery.detect_s / 2)} instead of "
          f"{_fmt_min(recovery.detect_s)}", {}, replace(recovery, detect_s=recovery.detect_s / 2)),
-        ("hot_spare", f"keep {hot_spare_nodes + 1} hot spare node{'s' if hot_spare_nodes else ''}",
-         {"hot_spare_nodes": hot_spare_nodes + 1}, recovery),
     ]
+    if hot_spare_nodes < run.nodes:
+        candidates.append(("hot_spare", f"keep {hot_spare_nodes + 1} hot spare node{'s' if hot_spare_nodes else ''}",
+                           {"hot_spare_nodes": hot_spare_nodes + 1}, recovery))
     if hot_spare_nodes:
         candidates.append(("no_hot_spares", "keep no hot spare nodes", {"hot_spare_nodes": 0}, recovery))
     if checkpoint is not None:

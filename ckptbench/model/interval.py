@@ -35,6 +35,10 @@ failure before that loses it, and the job falls back to the previous durable sna
 "Waste fraction" is the expected fraction of wall-clock time that is not useful compute:
 ``1 - tau / E_cycle(tau)`` (``1 - goodput``). ``overhead_fraction`` is the checkpoint cost alone:
 ``(s + fP) / tau`` (``C / tau`` when synchronous).
+
+Limits: ``E_cycle`` grows like ``e^{(R + tau + s + P)/M}``. When that exponent passes
+:data:`MAX_EXPONENT` (a restart or an interval hundreds of MTBFs long) the job essentially never
+completes and the number cannot be represented; :func:`check_completes` refuses such inputs.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ from typing import Any
 
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks
+from ckptbench.model.failures import SECONDS_PER_DAY
 from ckptbench.units import format_duration
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+#: Largest ``(R + tau + s + P)/M`` computed: ``e^700`` is about 1e304, near the largest float (e^709.8).
+MAX_EXPONENT = 700.0
 
 
 @dataclass(frozen=True)
@@ -121,12 +128,21 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 def exact_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     """The ``tau`` minimising Daly's full model ``(e^{(tau + C)/M} - 1) / tau`` (numeric, independent of ``R``).
 
-    Golden-section search on ``log tau`` over ``[1e-12 M, M]`` (the optimum solves
-    ``e^{(tau+C)/M} (1 - tau/M) = 1``, so it lies below ``M``); relative precision about 1e-8.
+    Golden-section search on ``log tau`` over ``[min(1e-12 M, Young / 1000), M]``: the optimum solves
+    ``e^{(tau+C)/M} (1 - tau/M) = 1``, so it lies below ``M``, and it is within a factor of two of
+    Young's ``sqrt(2 C M)`` for ``C < M``, so the floor is far below it however small ``C/M`` is.
+    The objective is evaluated as ``(M (e^x - 1 - x) + C) / tau`` with ``x = (tau + C)/M`` (the same
+    function times ``M``, minus 1), which keeps its variation above rounding when ``C/M`` is tiny.
+    Relative precision about 1e-8.
     """
     _checks.positive("checkpoint time (s)", checkpoint_s)
     _checks.positive("MTBF (s)", mtbf_s)
-    return _minimise_log(lambda tau: math.expm1((tau + checkpoint_s) / mtbf_s) / tau, 1e-12 * mtbf_s, mtbf_s)
+
+    def excess(tau: float) -> float:  # M (e^((tau+C)/M) - 1)/tau - 1
+        return (mtbf_s * _expm1_minus_x((tau + checkpoint_s) / mtbf_s) + checkpoint_s) / tau
+
+    floor = min(1e-12 * mtbf_s, young_interval_s(checkpoint_s, mtbf_s) / 1e3)
+    return _minimise_log(excess, floor, mtbf_s)
 
 
 def cycle_time_s(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0) -> float:
@@ -153,7 +169,7 @@ def overhead_fraction(interval_s: float, cost: CheckpointCost) -> float:
     Raises ``UsageError`` for an interval that would put two async checkpoints in flight.
     """
     _checks.positive("interval (s)", interval_s)
-    _check_in_flight(interval_s, cost)
+    check_in_flight(interval_s, cost)
     return cost.blocking_s / interval_s
 
 
@@ -185,10 +201,10 @@ def expected_wall_time_s(
     second fault is fixed in the same recovery): every ``e^{R/M}`` becomes ``1 + R/M``.
     """
     _checks.positive("work (s)", work_s)
-    _validate(interval_s, cost, mtbf_s, restart_s)
+    _validate(interval_s, cost, mtbf_s, restart_s, restart_can_fail)
     n = intervals_for(work_s, interval_s, cost.min_interval_s)
     tau = work_s / n
-    _validate(tau, cost, mtbf_s, restart_s)
+    _validate(tau, cost, mtbf_s, restart_s, restart_can_fail)
     factor = _restart_factor(restart_s, mtbf_s, restart_can_fail)
     first = mtbf_s * factor * math.expm1((tau + cost.durable_s) / mtbf_s)
     return first + (n - 1) * _cycle(tau, cost, mtbf_s, restart_s, restart_can_fail)
@@ -203,6 +219,41 @@ def check_can_keep_up(cost: CheckpointCost, mtbf_s: float) -> None:
             + f" but the job fails every {format_duration(mtbf_s)} on average (MTBF), so most checkpoints never complete",
             hint="write faster: more bandwidth, smaller or sharded checkpoints, async; or fail less often",
         )
+
+
+def check_in_flight(interval_s: float, cost: CheckpointCost) -> None:
+    """Raise ``UsageError`` when ``interval_s`` would put two async checkpoints in flight (``tau < (1 - f) P``)."""
+    if interval_s < cost.min_interval_s * (1.0 - 1e-12):  # tolerance: an interval computed as the bound itself
+        raise UsageError(
+            f"interval {format_duration(interval_s)} would put two checkpoints in flight: with persist "
+            f"{format_duration(cost.persist_s)} and interference {cost.interference:g} it must be at least "
+            f"(1 - f) P = {format_duration(cost.min_interval_s)}",
+        )
+
+
+def check_completes(
+    interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0, *, restart_can_fail: bool = True,
+) -> None:
+    """Raise ``UsageError`` when the restart or the interval is so far beyond the MTBF that the job never completes.
+
+    A restart ``R`` (which starts over when a failure strikes it) or a segment ``tau + s + P`` hundreds
+    of MTBFs long is almost surely interrupted: the expected time grows like ``e^{(R + tau + s + P)/M}``,
+    past :data:`MAX_EXPONENT` beyond what a float holds. The message names the longer of the two.
+    """
+    restart_part = restart_s / mtbf_s if restart_can_fail else 0.0
+    interval_part = (interval_s + cost.durable_s) / mtbf_s
+    if restart_part + interval_part <= MAX_EXPONENT:
+        return
+    if restart_part >= interval_part:
+        what, value, hint = "restart", restart_s, "recover faster (detection, spares, restore) or fail less often"
+    else:
+        what, value, hint = "interval", interval_s, "checkpoint more often"
+    raise UsageError(
+        f"{what} {format_duration(value)} is {value / mtbf_s:,.0f} times the MTBF ({format_duration(mtbf_s)}): "
+        f"a failure almost surely strikes before it ends, so the job essentially never completes (its expected "
+        f"time, about e^{restart_part + interval_part:.0f} times the MTBF, cannot even be computed)",
+        hint=hint,
+    )
 
 
 @dataclass(frozen=True)
@@ -262,6 +313,7 @@ def analyse(
     exact = exact_interval_s(c_eff, mtbf_s)
     binding = exact < cost.min_interval_s
     optimal = max(exact, cost.min_interval_s)
+    check_completes(optimal, cost, mtbf_s, restart_s)
     waste_opt = _waste(optimal, cost, mtbf_s, restart_s)
     fields: dict[str, Any] = {}
     if every_s is not None:
@@ -292,7 +344,7 @@ def analyse(
         first_order_waste=_first_order(optimal, cost, mtbf_s, restart_s),
         overhead_fraction_at_optimum=overhead_fraction(optimal, cost),
         lost_work_per_failure_s=lost_work_per_failure_s(optimal, cost),
-        failures_per_day=86400.0 / mtbf_s,
+        failures_per_day=SECONDS_PER_DAY / mtbf_s,
         **fields,
     )
 
@@ -307,7 +359,10 @@ def waste_curve(
 def intervals_for(work_s: float, interval_s: float, min_interval_s: float = 0.0) -> int:
     """Equal intervals the work splits into: ``ceil(work / tau)``, fewer if that would undercut the bound."""
     _checks.positive("interval (s)", interval_s)
-    n = max(1, math.ceil(work_s / interval_s * (1.0 - 1e-12)))
+    count = work_s / interval_s
+    if not math.isfinite(count):
+        raise UsageError(f"work {work_s:.3g} s in intervals of {interval_s:.3g} s is not a finite number of intervals")
+    n = max(1, math.ceil(count * (1.0 - 1e-12)))
     if n > 1 and work_s / n < min_interval_s:
         n = max(1, math.floor(work_s / min_interval_s))
     return n
@@ -322,6 +377,10 @@ def _restart_factor(restart_s: float, mtbf_s: float, restart_can_fail: bool = Tr
 
 
 def _cycle(tau: float, cost: CheckpointCost, mtbf_s: float, restart_s: float, restart_can_fail: bool = True) -> float:
+    """:func:`cycle_time_s` unchecked; ``inf`` past :data:`MAX_EXPONENT` (plots draw such intervals as all waste)."""
+    restart_part = restart_s / mtbf_s if restart_can_fail else 0.0
+    if restart_part + (tau + cost.durable_s) / mtbf_s > MAX_EXPONENT:
+        return math.inf
     return (
         mtbf_s * _restart_factor(restart_s, mtbf_s, restart_can_fail) * math.exp(cost.rollback_s / mtbf_s)
         * math.expm1((tau + cost.blocking_s) / mtbf_s)
@@ -336,20 +395,21 @@ def _first_order(tau: float, cost: CheckpointCost, mtbf_s: float, restart_s: flo
     return cost.blocking_s / tau + (tau / 2.0 + cost.durable_s + restart_s) / mtbf_s
 
 
-def _validate(interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float) -> None:
+def _validate(
+    interval_s: float, cost: CheckpointCost, mtbf_s: float, restart_s: float, restart_can_fail: bool = True,
+) -> None:
     _checks.positive("interval (s)", interval_s)
     _checks.positive("MTBF (s)", mtbf_s)
     _checks.nonnegative("restart (s)", restart_s)
-    _check_in_flight(interval_s, cost)
+    check_in_flight(interval_s, cost)
+    check_completes(interval_s, cost, mtbf_s, restart_s, restart_can_fail=restart_can_fail)
 
 
-def _check_in_flight(interval_s: float, cost: CheckpointCost) -> None:
-    if interval_s < cost.min_interval_s * (1.0 - 1e-12):
-        raise UsageError(
-            f"interval {format_duration(interval_s)} would put two checkpoints in flight: with persist "
-            f"{format_duration(cost.persist_s)} and interference {cost.interference:g} it must be at least "
-            f"(1 - f) P = {format_duration(cost.min_interval_s)}",
-        )
+def _expm1_minus_x(x: float) -> float:
+    """``e^x - 1 - x`` without cancellation for small ``x`` (series below 1e-3: error under 1e-15 relative)."""
+    if abs(x) < 1e-3:
+        return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x / 120.0)))
+    return math.expm1(x) - x
 
 
 def _minimise_log(func: Callable[[float], float], lo: float, hi: float, rel_tol: float = 1e-10) -> float:

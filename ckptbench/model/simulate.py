@@ -27,10 +27,18 @@ that were kept; the rest of a failed segment is ``lost``.
 Vectorised over runs with numpy: the loop runs once per failure (the longest run's count), each step
 handling the next failure of every unfinished run at once. With exponential failures the mean wall
 time converges to :func:`ckptbench.model.interval.expected_wall_time_s`.
+
+Cost: about one numpy step per failure of the longest run plus a few operations per failure of every
+run, i.e. proportional to ``(runs + STEP_COST_RUNS) x (expected failures per run + 1)``.
+:class:`SimulationConfig` refuses configurations where that exceeds :data:`MAX_SIMULATED_FAILURES`
+(a few seconds). The expectation is the exponential one; Weibull failures can need many more (with
+a large shape, failures so regular that a segment longer than the MTBF never completes), so
+:func:`simulate` also stops after twice the budget's worth of steps and says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -39,12 +47,18 @@ import numpy as np
 
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks
-from ckptbench.model.interval import CheckpointCost, expected_wall_time_s, intervals_for
+from ckptbench.model.interval import CheckpointCost, check_in_flight, expected_wall_time_s, intervals_for
+from ckptbench.units import format_duration
 
 log = logging.getLogger(__name__)
 
-#: Refuse simulations whose runs would each see more failures than this (they would take minutes).
-MAX_EXPECTED_FAILURES_PER_RUN = 100_000
+#: Budget of a simulation in failures handled, ``(runs + STEP_COST_RUNS) x (failures per run + 1)``:
+#: about 3e7 a second are handled, so this is a few seconds.
+MAX_SIMULATED_FAILURES = 100_000_000
+#: One loop step (numpy call overhead) costs about as much as handling one failure of this many runs.
+STEP_COST_RUNS = 1_000
+#: Checkpoints per run are counted in 64-bit integers and float seconds: exact below 2^53.
+MAX_CHECKPOINTS = 2**53
 
 
 @dataclass(frozen=True)
@@ -62,17 +76,21 @@ class SimulationConfig:
     restart_can_fail: bool = True
 
     def __post_init__(self) -> None:
+        """Validates the values, the one-in-flight bound, and the size of the work (see :meth:`expected_failures`)."""
         _checks.positive("work (s)", self.work_s)
         _checks.positive("interval (s)", self.interval_s)
         _checks.positive("MTBF (s)", self.mtbf_s)
         _checks.nonnegative("restart (s)", self.restart_s)
         _checks.positive("Weibull shape", self.weibull_shape)
         _checks.positive_int("runs", self.runs)
-        if self.interval_s < self.cost.min_interval_s * (1 - 1e-12):
+        check_in_flight(self.interval_s, self.cost)
+        if self.checkpoints > MAX_CHECKPOINTS:
             raise UsageError(
-                f"interval {self.interval_s:g} s would put two checkpoints in flight "
-                f"(it must be at least (1 - f) P = {self.cost.min_interval_s:g} s)",
+                f"work {format_duration(self.work_s)} in intervals of {format_duration(self.interval_s)} is "
+                f"{self.checkpoints:.3g} checkpoints per run, more than the simulator counts exactly (2^53)",
+                hint="a shorter run (--work) or a longer interval",
             )
+        self._check_size()
 
     @property
     def checkpoints(self) -> int:
@@ -83,6 +101,36 @@ class SimulationConfig:
     def used_interval_s(self) -> float:
         """The interval actually used: ``work / checkpoints`` (at most ``interval_s``, see above)."""
         return self.work_s / self.checkpoints
+
+    def expected_wall_s(self) -> float:
+        """The exact model's expected wall time of one run (exponential failures)."""
+        return expected_wall_time_s(
+            self.work_s, self.interval_s, self.cost, self.mtbf_s, self.restart_s,
+            restart_can_fail=self.restart_can_fail,
+        )
+
+    def _check_size(self) -> None:
+        """Refuse simulations that would not finish in a few seconds, saying what to shrink."""
+        expected = self.expected_wall_s()
+        per_run = expected / self.mtbf_s
+        total = (self.runs + STEP_COST_RUNS) * (per_run + 1.0)
+        if math.isfinite(total) and total <= MAX_SIMULATED_FAILURES:
+            log.debug("simulating %d runs, about %.1f failures each", self.runs, per_run)
+            return
+        runs = f"{self.runs:,} simulated run{'s' if self.runs > 1 else ''} of {format_duration(self.work_s)} of compute"
+        if self.cost.durable_s >= self.mtbf_s:
+            raise UsageError(
+                f"{runs}: checkpointing cannot keep up with this failure rate (a checkpoint takes longer than the "
+                f"MTBF to become durable), so each run would see about {per_run:.3g} failures",
+                hint="write checkpoints faster or fail less often",
+            )
+        slow = f"; at this failure rate a run takes {expected / self.work_s:.3g} times its compute time" if (
+            expected > 10.0 * self.work_s) else ""
+        raise UsageError(
+            f"{runs} would each see about {per_run:.3g} failures, {self.runs * per_run:.3g} in all: more than the "
+            f"simulator handles in a few seconds (about {MAX_SIMULATED_FAILURES:.0e}){slow}",
+            hint="use fewer runs (--simulate) or a shorter run (--work)",
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +153,7 @@ class SimulationResult:
 
     @property
     def stderr_wall_s(self) -> float:
-        """Standard error of :attr:`mean_wall_s`."""
+        """Standard error of :attr:`mean_wall_s` (NaN for a single run, which has no spread)."""
         return float(self.wall_s.std(ddof=1) / math.sqrt(self.wall_s.size)) if self.wall_s.size > 1 else math.nan
 
     @property
@@ -134,7 +182,6 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     tau = config.used_interval_s
     period = tau + cost.blocking_s  # durable-to-durable in steady state: tau + s + fP
     first = tau + cost.durable_s  # resume-to-durable: tau + s + P
-    _check_size(config)
 
     rng = np.random.default_rng(config.seed)
     shape, scale = config.weibull_shape, mtbf / math.gamma(1.0 + 1.0 / config.weibull_shape)
@@ -160,8 +207,19 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     lost = np.zeros(runs)
     restart = np.zeros(runs)
     failures = np.zeros(runs, dtype=np.int64)
+    max_steps = 2 * MAX_SIMULATED_FAILURES // (runs + STEP_COST_RUNS)
 
-    while idx.size:
+    for step in itertools.count():
+        if not idx.size:
+            break
+        if step > max_steps:
+            expected = config.expected_wall_s() / mtbf
+            raise UsageError(
+                f"after {step:,} failures {idx.size:,} of {runs:,} simulated runs had not finished, where "
+                f"exponential failures would take about {expected:.3g} per run: with Weibull shape {shape:g} the "
+                "failures keep these runs from finishing",
+                hint="a shorter --work, a shorter interval or persist, or a Weibull shape nearer 1",
+            )
         in_restart = t_fail < t_start
         elapsed = t_fail - t_start
         remaining = n - durable
@@ -199,18 +257,3 @@ def simulate(config: SimulationConfig) -> SimulationResult:
         t_fail = t_fail + draw(idx.size)
 
     return SimulationResult(config, out_wall, out_ckpt, out_lost, out_restart, out_failures)
-
-
-def _check_size(config: SimulationConfig) -> None:
-    """Refuse runs so failure-bound that the loop would not finish in reasonable time."""
-    expected = expected_wall_time_s(
-        config.work_s, config.interval_s, config.cost, config.mtbf_s, config.restart_s,
-        restart_can_fail=config.restart_can_fail,
-    )
-    per_run = expected / config.mtbf_s
-    if not math.isfinite(per_run) or per_run > MAX_EXPECTED_FAILURES_PER_RUN:
-        raise UsageError(
-            f"each simulated run would see about {per_run:.3g} failures (more than "
-            f"{MAX_EXPECTED_FAILURES_PER_RUN:,}); checkpointing cannot keep up with this failure rate",
-        )
-    log.debug("simulating %d runs, about %.1f failures each", config.runs, per_run)

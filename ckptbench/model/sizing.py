@@ -15,9 +15,17 @@ parameter; ``weights_only`` keeps just the weights (2 bytes per parameter in bf1
 Sharding: tensor (``tp``) and pipeline (``pp``) parallelism split every tensor ``tp * pp`` ways.
 Across ``dp`` data-parallel ranks, ZeRO-1 shards optimizer state and master weights, ZeRO-2 also
 gradients, ZeRO-3 and FSDP (full shard) also the weights. State that stays replicated across
-data-parallel ranks is written once (by data-parallel rank 0), as torch.distributed.checkpoint
-deduplicates it, so the total is the same for every layout; what changes is how many ranks write
-and how much the busiest one writes.
+data-parallel ranks is written once, so the total is the same for every layout; what changes is
+how many ranks write and how much the busiest one writes.
+
+Who writes the replicated state depends on the writer. Here one data-parallel rank (rank 0) writes
+all of it, as DeepSpeed's model-states file and torch.distributed.checkpoint with
+``dedup_save_to_lowest_rank=True`` do, so ``per_rank_max_bytes`` is an upper bound for the busiest
+rank. torch.distributed.checkpoint's default (``dedup_save_plans(save_to_lowest_rank=False)``)
+gives each replicated item to the replica with the least planned bytes so far, which spreads it
+about evenly: the busiest rank then writes about ``total / ranks``, plus at most its largest tensor.
+The bound is kept because it is the conservative figure for a pre-flight check and does not depend
+on tensor sizes.
 """
 
 from __future__ import annotations
@@ -132,8 +140,9 @@ class CheckpointSize:
     """The size of one checkpoint, in total and per rank.
 
     ``total_bytes`` is what lands on storage (replicated state counted once). ``per_rank_max_bytes``
-    is what the busiest rank writes (data-parallel rank 0, which also writes the replicated state);
-    ``writer_ranks`` is how many ranks write anything.
+    is what the busiest rank writes when data-parallel rank 0 writes all replicated state: an upper
+    bound (see the module docstring for writers that balance it). ``per_rank_min_bytes`` is what every
+    other rank writes then, and ``writer_ranks`` how many ranks write anything.
     """
 
     params: float
@@ -171,13 +180,22 @@ def checkpoint_size(
     ``total = params * sum(bytes_per_param)``. Per rank: every component is divided by ``tp * pp``;
     components the sharding scheme splits are further divided by ``dp``; the others are written by
     data-parallel rank 0 only. Assumes an even split (real layouts differ by a few percent at most).
+    Raises ``UsageError`` when the checkpoint would be 0 bytes or not a finite number of bytes.
     """
     _checks.positive("parameter count", params)
     recipe = recipe or TrainingRecipe()
     parallelism = parallelism or Parallelism()
     per_param = recipe.bytes_per_param()
+    bytes_per_param = sum(per_param.values())
+    if not math.isfinite(params * bytes_per_param):
+        raise UsageError(f"parameter count {params:g} x {bytes_per_param} bytes per parameter is not a finite size")
     component_bytes = {name: round(params * nbytes) for name, nbytes in per_param.items()}
     total = sum(component_bytes.values())
+    if total == 0:
+        raise UsageError(
+            f"parameter count {params:g} gives a checkpoint of 0 bytes ({recipe.describe()}: "
+            f"{bytes_per_param} bytes per parameter, rounded to whole bytes)",
+        )
     sharded = parallelism.sharded_components()
     mp, dp = parallelism.model_parallel, parallelism.dp
     sharded_bytes = sum(b for name, b in component_bytes.items() if name in sharded)

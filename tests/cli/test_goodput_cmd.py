@@ -83,7 +83,7 @@ def test_hot_spares() -> None:
 def test_model_preset_and_failure_preset() -> None:
     doc = run_json("--model", "llama3-405b", "--tokens", "15.6T", "--gpus", "16384", "--peak-tflops", "989",
                    "--mfu", "0.4", "--failures", "llama3", "--detect", "10m", "--replace", "30m", "--resume", "20m")
-    assert doc["params"] == pytest.approx(405.9e9)
+    assert doc["params"] == 405_853_388_800
     assert doc["mtbf_s"] == pytest.approx(54 * 86400 / 419)
 
 
@@ -112,13 +112,23 @@ def test_explain_prints_the_model() -> None:
         (["--detect", "0s"], "0s"),
         (["--resume", "soon"], "soon"),
         (["--peak-tflops", "-1"], "-1"),
-        (["--node-hour-cost", "90", "--gpu-hour-cost", "11.25"], "--gpu-hour-cost"),
+        (["--node-hour-cost", "90", "--gpu-hour-cost", "11.25"], "GPU-hour cost 11.25 and node-hour cost 90"),
         (["--mtbf", "3h"], "--mtbf"),
         (["--failures", "nosuch", "--faults-per-day", "1"], "--failures"),
         (["--model", "llama3-70b"], "--model"),
         (["--ckpt-interval", "30m"], "--ckpt-time"),
         (["--ckpt-time", "140s"], "--ckpt-interval"),
         (["--ckpt-interval", "30d", "--ckpt-time", "140s"], "never finishes"),
+        # review findings 4, 5, 7
+        (["--hot-spares", "1000000000"], "hot spare count 1000000000 is more than the job's 500 nodes"),
+        (["--params", "1e200", "--tokens", "1e200", "--json"], "6 N D = 6 x 1e+200 parameters x 1e+200 tokens"),
+        (["--node-hour-cost", "1e305"], "cost ($5e+307 per cluster-hour"),
+        (["--peak-tflops", "1e400"], "'--peak-tflops': '1e400' must be finite"),
+        (["--params", "1e400"], "'--params': '1e400' must be finite"),
+        (["--mtbf", "1e400s", "--faults-per-day", "1"], "'--mtbf': '1e400s' must be finite"),
+        (["--faults-per-day", "-1"], "'--faults-per-day': '-1' must be a positive number"),
+        (["--detect", "1e30s"], "'--detect': duration '1e30s' must lie between 1 ns and 1e+18 s"),
+        (["--tokens", "1e-300"], "not a finite time of at least 1 ns"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(change: list[str], named: str) -> None:
@@ -127,6 +137,28 @@ def test_bad_input_exits_2_with_one_line_naming_it(change: list[str], named: str
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert named in lines[0]
+
+
+def test_hot_spares_up_to_the_node_count() -> None:
+    doc = run_json(*BASE, "--hot-spares", "500")
+    assert doc["hot_spare_nodes"] == 500
+    assert doc["badput"]["replacement_hours"] == 0
+    assert {s["name"] for s in doc["what_if"]} == {"faster_detection", "no_hot_spares"}
+
+
+def test_a_checkpoint_interval_near_the_mtbf_gets_a_note_with_the_exact_model() -> None:
+    doc = run_json(*BASE, "--ckpt-interval", "23h", "--ckpt-time", "140s")
+    [note] = [n for n in doc["notes"] if "first-order" in n]
+    assert "/ MTBF = 1.06, above 0.3" in note
+    assert "the exact model gives" in note and "-13 %" in note
+    readme = run_json(*BASE, "--ckpt-interval", "30m", "--ckpt-time", "140s")  # ratio 0.13: no note
+    assert not any("first-order" in n for n in readme["notes"])
+
+
+def test_peak_tflops_help_and_example_agree_on_dense_bf16() -> None:
+    text = run("--help").stdout
+    assert "989" in text and "1979" in text and "sparsity" in text
+    assert "--peak-tflops 989" in text
 
 
 def test_missing_required_option_and_unknown_failure_preset() -> None:

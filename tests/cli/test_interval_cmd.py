@@ -64,7 +64,7 @@ def test_params_are_sized_by_the_recipe() -> None:
 
 def test_model_preset_and_sharding_give_bytes_per_rank() -> None:
     doc = run_json("--model", "llama3-8b", "--bandwidth", "2GB/s", "--dp", "8", "--sharding", "fsdp")
-    assert doc["checkpoint_bytes"] == round(8.03e9) * 14
+    assert doc["checkpoint_bytes"] == 8_030_261_248 * 14
     assert doc["sizing"]["model"] == "llama3-8b"
     assert doc["sizing"]["per_rank_max_bytes"] == pytest.approx(doc["checkpoint_bytes"] / 8, abs=8)
 
@@ -163,43 +163,93 @@ def test_explain_prints_the_formulas() -> None:
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--ckpt-time", "-5m", "--mtbf", "3h"], "-5m"),
-        (["--ckpt-time", "0s", "--mtbf", "3h"], "0s"),
-        (["--ckpt-time", "140s", "--mtbf", "3 fortnights"], "3 fortnights"),
-        (["--size", "lots", "--bandwidth", "1GB/s"], "lots"),
-        (["--size", "140GB", "--bandwidth", "fast"], "fast"),
-        (["--params", "0", "--bandwidth", "1GB/s"], "0"),
-        (["--ckpt-time", "140s", "--gpus", "0", "--gpu-mtbf", "50000h"], "0"),
-        (["--ckpt-time", "140s", "--failures", "nosuch"], "nosuch"),
-        (["--model", "llama3-9b", "--bandwidth", "1GB/s"], "llama3-9b"),
-        (["--ckpt-time", "140s", "--size", "140GB", "--bandwidth", "1GB/s"], "--size"),
-        (["--ckpt-time", "140s", "--mtbf", "3h", "--failures", "llama3"], "--failures"),
-        (["--params", "70B", "--model", "llama3-70b", "--bandwidth", "1GB/s"], "--model"),
-        (["--params", "70B", "--bandwidth", "1GB/s", "--weights-only", "--optimizer", "adam"], "--weights-only"),
-        (["--stall", "1s", "--ckpt-time", "60s", "--persist", "60s"], "--persist"),
-        (["--ckpt-time", "60s", "--persist", "60s"], "--stall"),
-        (["--size", "140GB"], "--bandwidth"),
-        (["--ckpt-time", "60s", "--gpu-mtbf", "50000h"], "--gpus"),
-        (["--ckpt-time", "60s", "--mtbf", "3h", "--gpus", "8"], "--gpus"),
-        (["--ckpt-time", "60s", "--dtype", "fp8"], "--dtype"),
-        (["--ckpt-time", "4h", "--mtbf", "3h"], "cannot keep up"),
-        (["--stall", "1s", "--persist", "30m", "--mtbf", "3h", "--every", "10m"], "10m"),
-        (["--ckpt-time", "60s", "--plot", "x.png"], "--plot"),
-        (["--ckpt-time", "60s", "--mtbf", "3h", "--interference", "1.5"], "1.5"),
-        ([], "checkpoint cost"),
-        (["--ckpt-time", "60s", "--mtbf", "3h", "--seed", "1"], "--simulate"),
-        (["--ckpt-time", "60s", "--mtbf", "3h", "--weibull-shape", "0.7"], "--simulate"),
-        (["--ckpt-time", "60s", "--simulate", "100"], "--simulate"),
-        (["--ckpt-time", "60s", "--mtbf", "3h", "--simulate", "100", "--weibull-shape", "-1"], "-1"),
+        # each message names the flag and the value, and says what is wrong with it
+        (["--ckpt-time", "-5m", "--mtbf", "3h"], ("'--ckpt-time'", "'-5m'", "not a duration")),
+        (["--ckpt-time", "0s", "--mtbf", "3h"], ("'--ckpt-time'", "'0s'", "must be positive")),
+        (["--ckpt-time", "140s", "--mtbf", "3 fortnights"], ("'--mtbf'", "'3 fortnights'", "not a duration")),
+        (["--size", "lots", "--bandwidth", "1GB/s"], ("'--size'", "'lots'", "not a size")),
+        (["--size", "140GB", "--bandwidth", "fast"], ("'--bandwidth'", "'fast'", "not a rate")),
+        (["--params", "0", "--bandwidth", "1GB/s"], ("'--params'", "'0'", "must be positive")),
+        (["--ckpt-time", "140s", "--gpus", "0", "--gpu-mtbf", "50000h"], ("'--gpus'", "'0'", "positive whole number")),
+        (["--ckpt-time", "140s", "--failures", "nosuch"], ("failure preset 'nosuch'", "llama3")),
+        (["--model", "llama3-9b", "--bandwidth", "1GB/s"], ("model preset 'llama3-9b'", "llama3-8b")),
+        (["--ckpt-time", "140s", "--size", "140GB", "--bandwidth", "1GB/s"], ("--ckpt-time and --size",)),
+        (["--ckpt-time", "140s", "--mtbf", "3h", "--failures", "llama3"], ("--mtbf and --failures",)),
+        (["--params", "70B", "--model", "llama3-70b", "--bandwidth", "1GB/s"], ("--params and --model",)),
+        (["--params", "70B", "--bandwidth", "1GB/s", "--weights-only", "--optimizer", "adam"],
+         ("--weights-only and --optimizer",)),
+        (["--stall", "1s", "--ckpt-time", "60s", "--persist", "60s"], ("--persist and --ckpt-time",)),
+        (["--ckpt-time", "60s", "--persist", "60s"], ("--persist", "add --stall")),
+        (["--size", "140GB"], ("--size needs --bandwidth",)),
+        (["--ckpt-time", "60s", "--gpu-mtbf", "50000h"], ("--gpu-mtbf needs --gpus",)),
+        (["--ckpt-time", "60s", "--mtbf", "3h", "--gpus", "8"], ("--gpus 8",)),
+        (["--ckpt-time", "60s", "--dtype", "fp8"], ("--dtype applies only with --params or --model",)),
+        (["--ckpt-time", "4h", "--mtbf", "3h"], ("cannot keep up", "4h", "3h")),
+        (["--stall", "1s", "--persist", "30m", "--mtbf", "3h", "--every", "10m"],
+         ("interval 10m", "two checkpoints in flight", "30m")),
+        (["--ckpt-time", "60s", "--plot", "x.png"], ("--plot needs a failure rate",)),
+        (["--ckpt-time", "60s", "--mtbf", "3h", "--interference", "1.5"], ("'--interference'", "'1.5'")),
+        ([], ("give the checkpoint cost",)),
+        (["--ckpt-time", "60s", "--mtbf", "3h", "--seed", "1"], ("--seed applies only with --simulate",)),
+        (["--ckpt-time", "60s", "--mtbf", "3h", "--weibull-shape", "0.7"], ("--weibull-shape applies only",)),
+        (["--ckpt-time", "60s", "--simulate", "100"], ("--simulate needs a failure rate",)),
+        (["--ckpt-time", "60s", "--mtbf", "3h", "--simulate", "100", "--weibull-shape", "-1"],
+         ("'--weibull-shape'", "'-1'", "positive")),
+        # review findings 1-7
+        (["--ckpt-time", "140s", "--mtbf", "3h", "--simulate", "1", "--json"], ("--simulate 1", "runs must be >= 2")),
+        (["--ckpt-time", "1s", "--mtbf", "1m", "--restart", "12h"],
+         ("restart 12h", "720 times the MTBF (1m)", "never completes")),
+        (["--ckpt-time", "1s", "--mtbf", "1h", "--every", "1000h"],
+         ("interval 41d 16h", "1,000 times the MTBF (1h)", "never completes", "checkpoint more often")),
+        (["--ckpt-time", "2h", "--mtbf", "3h", "--restart", "2h", "--simulate", "100000", "--work", "300d"],
+         ("100,000 simulated runs of 300d", "fewer runs (--simulate)", "shorter run (--work)")),
+        (["--params", "1e-3", "--bandwidth", "1GB/s", "--mtbf", "3h"], ("parameter count 0.001", "0 bytes")),
+        (["--ckpt-time", "140s", "--mtbf", "1e400s"], ("'--mtbf'", "'1e400s'", "must be finite")),
+        (["--ckpt-time", "140s", "--mtbf", "1e308d"], ("'--mtbf'", "'1e308d'", "must be finite")),
+        (["--params", "1e400", "--bandwidth", "1GB/s"], ("'--params'", "'1e400'", "must be finite")),
+        (["--size", "1e400GB", "--bandwidth", "1GB/s"], ("'--size'", "'1e400GB'", "must be finite")),
+        (["--ckpt-time", "140s", "--faults-per-day", "-1"], ("'--faults-per-day'", "'-1'", "positive number")),
+        # durations the models can compute with: 1 ns to 1e18 s, given or derived
+        (["--ckpt-time", "1e-320s", "--mtbf", "3h"], ("'--ckpt-time'", "'1e-320s'", "between 1 ns and 1e+18 s")),
+        (["--size", "140GB", "--bandwidth", "1e-300B/s", "--mtbf", "3h"], ("--size gives 1.4e+11 bytes", "1e-300")),
+        (["--ckpt-time", "140s", "--faults-per-day", "1e300"], ("--faults-per-day 1e+300", "job MTBF of 8.64e-296 s")),
     ],
 )
-def test_bad_input_exits_2_with_one_line_naming_it(args: list[str], named: str) -> None:
+def test_bad_input_exits_2_with_one_line_naming_it(args: list[str], named: tuple[str, ...]) -> None:
     result = run(*args)
     assert result.exit_code == 2, result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert named in lines[0]
+    for fragment in named:
+        assert fragment in lines[0]
+    assert "try 4000, 8B" not in lines[0]  # a count's suggestions belong to counts only
     assert result.stdout == ""
+
+
+def test_notes_flag_an_interval_shorter_than_the_checkpoint_and_a_restart_longer_than_the_mtbf() -> None:
+    short = run_json("--ckpt-time", "140s", "--mtbf", "3h", "--every", "1s")
+    assert any("--every 1 s is shorter than the checkpoint itself" in n and "14000 %" in n for n in short["notes"])
+    without_rate = run_json("--ckpt-time", "140s", "--every", "1s")
+    assert any("shorter than the checkpoint itself" in n for n in without_rate["notes"])
+    slow_restart = run_json("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "10h")
+    assert any("--restart 10h is longer than the MTBF (3h)" in n for n in slow_restart["notes"])
+    human = run("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "10h")
+    assert "longer than the MTBF" in human.stdout
+    usual = run_json("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "10m", "--every", "1h")
+    assert not any("shorter than the checkpoint" in n or "longer than the MTBF" in n for n in usual["notes"])
+
+
+def test_simulate_builds_every_configuration_before_running_any(monkeypatch) -> None:
+    # At the optimum the run fits the budget; at --every (much longer intervals) it does not: nothing runs.
+    from ckptbench.model import simulate as simulate_module
+
+    ran: list[object] = []
+    monkeypatch.setattr(simulate_module, "simulate", lambda config: ran.append(config))
+    result = run("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "10m", "--every", "10h",
+                 "--simulate", "20000", "--work", "300d")
+    assert result.exit_code == 2, result.stdout
+    assert "fewer runs (--simulate)" in result.stderr
+    assert ran == []
 
 
 def test_plot_into_a_missing_directory_fails_before_computing(tmp_path: Path) -> None:

@@ -56,6 +56,15 @@ def test_bad_values_are_usage_errors(make) -> None:
         make()
 
 
+def test_infinite_values_are_called_infinite_not_negative() -> None:
+    with pytest.raises(UsageError, match="MTBF .* inf must be finite"):
+        FailureModel(math.inf)
+    with pytest.raises(UsageError, match="faults per day inf must be finite"):
+        FailureModel.from_faults_per_day(math.inf)
+    with pytest.raises(UsageError, match="faults per day -1 must be a positive number"):
+        FailureModel.from_faults_per_day(-1)
+
+
 def test_presets_exist_with_sources() -> None:
     names = presets.preset_names("failures")
     assert {"llama3", "mlcommons", "one-per-day"} <= set(names)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from ckptbench.errors import UsageError
@@ -14,6 +16,8 @@ from ckptbench.model.goodput import (
     TrainingRun,
     erlang_b,
     estimate,
+    exact_wall_hours,
+    first_order_ratio,
     what_if,
 )
 from ckptbench.model.interval import CheckpointCost, expected_wall_time_s
@@ -95,6 +99,19 @@ def test_erlang_b() -> None:
     assert erlang_b(3, 0.0) == 0.0
 
 
+def test_erlang_b_for_huge_spare_counts_stops_once_blocking_underflows() -> None:
+    # Would loop 10^18 times; the recurrence is 0.0 from a few hundred spares on at this load.
+    assert erlang_b(10**18, HOUR / 86400) == 0.0
+    assert erlang_b(10**18, 50.0) == 0.0
+
+
+def test_more_hot_spares_than_nodes_are_refused_naming_both() -> None:
+    with pytest.raises(UsageError, match="hot spare count 501 is more than the job's 500 nodes"):
+        estimate(RUN, ONE_PER_DAY, RECOVERY, hot_spare_nodes=501)
+    at_most = {s.name for s in what_if(RUN, ONE_PER_DAY, RECOVERY, hot_spare_nodes=500)}
+    assert at_most == {"faster_detection", "no_hot_spares"}  # no 501st spare
+
+
 def test_hot_spares_shrink_replacement_and_cost_idle_nodes() -> None:
     pricing = Pricing(node_hour_usd=90)
     base = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)
@@ -169,6 +186,46 @@ def test_goodput_model_agrees_with_the_simulator(cost: CheckpointCost, restart: 
 def test_bad_values_are_usage_errors(make) -> None:
     with pytest.raises(UsageError):
         make()
+
+
+def test_overflowing_compute_or_cost_is_refused_naming_the_inputs() -> None:
+    with pytest.raises(UsageError, match=r"6 N D = 6 x 1e\+200 parameters x 1e\+200 tokens is not a finite number"):
+        TrainingRun(1e200, 1e200, 8, 1e15, 0.4)
+    with pytest.raises(UsageError, match="not a finite time of at least 1 ns"):
+        TrainingRun(1e-300, 1e-300, 8, 1e15, 0.4)  # 6 N D underflows to 0
+    with pytest.raises(UsageError, match="is not a positive finite rate"):
+        TrainingRun(1e9, 1e12, 8, 1e-300, 1e-300)  # GPUs x peak x MFU underflows to 0
+    with pytest.raises(UsageError, match="cost .* is not a finite number"):
+        estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=Pricing(node_hour_usd=1e305))
+    with pytest.raises(UsageError, match="inf must be finite"):
+        TrainingRun(math.inf, 1e12, 8, 1e15, 0.4)
+
+
+def test_checkpoint_policy_uses_the_same_in_flight_check_as_the_interval_model() -> None:
+    cost = CheckpointCost(stall_s=1, persist_s=1000, interference=0.25)
+    CheckpointPolicy(cost.min_interval_s * (1 - 1e-13), cost)  # the bound, give or take rounding
+    with pytest.raises(UsageError, match=r"two checkpoints in flight.*at least \(1 - f\) P = 12m 30s"):
+        CheckpointPolicy(700, cost)
+
+
+def test_both_prices_are_refused_naming_both() -> None:
+    with pytest.raises(UsageError, match="GPU-hour cost 2 and node-hour cost 16 both give the price"):
+        Pricing(gpu_hour_usd=2, node_hour_usd=16)
+
+
+def test_first_order_accounting_is_close_to_the_exact_model_only_for_small_ratios() -> None:
+    # README case: checkpoint every 30 min, 2.5 h recovery, one fault a day: ratio 0.13, within 1 %.
+    short = CheckpointPolicy(1800, CheckpointCost.sync(140))
+    assert first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, short) == pytest.approx((1800 + 140 + 9000) / 86400)
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=short)
+    assert exact_wall_hours(RUN, ONE_PER_DAY, RECOVERY, short) == pytest.approx(result.wall_hours, rel=0.01)
+    # Every 23 h: ratio 1.06, and the first-order accounting overstates the wall time by over 10 %.
+    long = CheckpointPolicy(23 * HOUR, CheckpointCost.sync(140))
+    assert first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, long) > 1
+    result = estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=long)
+    assert result.wall_hours > 1.1 * exact_wall_hours(RUN, ONE_PER_DAY, RECOVERY, long)
+    # Hot spares shorten the recovery in both.
+    assert first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, long, 1) < first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, long)
 
 
 def test_losing_more_work_per_fault_than_the_mtbf_never_finishes() -> None:

@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from ckptbench.errors import UsageError
 from ckptbench.model.interval import (
+    MAX_EXPONENT,
     CheckpointCost,
     analyse,
     check_can_keep_up,
+    check_in_flight,
     cycle_time_s,
     daly_interval_s,
     exact_interval_s,
@@ -20,6 +22,7 @@ from ckptbench.model.interval import (
     first_order_waste,
     lost_work_per_failure_s,
     overhead_fraction,
+    waste_curve,
     waste_fraction,
     young_interval_s,
 )
@@ -61,6 +64,12 @@ def test_exact_optimum_matches_lambert_w(checkpoint_s: float, mtbf_s: float) -> 
     scipy_special = pytest.importorskip("scipy.special")
     closed = mtbf_s * (1.0 + scipy_special.lambertw(-math.exp(-(1.0 + checkpoint_s / mtbf_s))).real)
     assert exact_interval_s(checkpoint_s, mtbf_s) == pytest.approx(closed, rel=1e-6)
+
+
+@pytest.mark.parametrize(("checkpoint_s", "mtbf_s"), [(1e-9, 1e12 * HOUR), (1e-6, 1e9), (1e-30, 1.0)])
+def test_exact_optimum_for_tiny_checkpoint_to_mtbf_ratios_is_young(checkpoint_s: float, mtbf_s: float) -> None:
+    # C/M far below 1e-24: the optimum sqrt(2CM) lies far below 1e-12 M, where the search used to stop.
+    assert exact_interval_s(checkpoint_s, mtbf_s) == pytest.approx(young_interval_s(checkpoint_s, mtbf_s), rel=1e-6)
 
 
 @pytest.mark.parametrize("ratio", [1e-4, 1e-3, 1e-2])
@@ -143,8 +152,20 @@ def test_constraint_binds_when_persist_is_long() -> None:
     assert result.constraint_binding
     assert result.exact_interval_s < cost.min_interval_s
     assert result.optimal_interval_s == cost.min_interval_s == 20 * MINUTE
-    unconstrained = waste_fraction(cost.min_interval_s, cost, 4 * HOUR, 600)
-    assert result.waste_fraction == pytest.approx(unconstrained)
+    mtbf, restart = 4 * HOUR, 600.0
+    at_bound = waste_fraction(cost.min_interval_s, cost, mtbf, restart)
+    assert result.waste_fraction == pytest.approx(at_bound)
+
+    # The waste at the unconstrained optimum, written out (waste_fraction refuses an interval below the bound):
+    # 1 - tau / (M e^((R + (1-f)P)/M) (e^((tau + s + fP)/M) - 1)).
+    def by_hand(tau: float) -> float:
+        cycle = mtbf * math.exp((restart + cost.rollback_s) / mtbf) * math.expm1((tau + cost.blocking_s) / mtbf)
+        return 1.0 - tau / cycle
+
+    unconstrained = exact_interval_s(cost.blocking_s, mtbf)
+    assert unconstrained < cost.min_interval_s
+    assert by_hand(cost.min_interval_s) == pytest.approx(at_bound, rel=1e-12)
+    assert result.constraint_cost_fraction == pytest.approx(at_bound - by_hand(unconstrained), rel=1e-9)
     assert result.constraint_cost_fraction > 0
 
 
@@ -212,6 +233,40 @@ def test_checkpoint_longer_than_mtbf_cannot_keep_up() -> None:
         analyse(CheckpointCost(1, 3 * HOUR), 3 * HOUR)
 
 
+def test_restart_far_beyond_the_mtbf_is_refused_naming_it() -> None:
+    # R/M = 720: e^720 overflows a float; the job would essentially never complete.
+    with pytest.raises(UsageError, match=r"restart 12h is 720 times the MTBF \(1m\).*never completes"):
+        analyse(CheckpointCost.sync(1), MINUTE, 12 * HOUR)
+    # A restart many MTBFs long that can still be computed gives (almost) all waste, not an error.
+    assert analyse(CheckpointCost.sync(1), MINUTE, 100 * MINUTE).waste_fraction == pytest.approx(1.0)
+
+
+def test_interval_far_beyond_the_mtbf_is_refused_naming_it() -> None:
+    with pytest.raises(UsageError, match=r"interval 41d 16h is 1,000 times the MTBF \(1h\)"):
+        analyse(CheckpointCost.sync(1), HOUR, every_s=1000 * HOUR)
+    with pytest.raises(UsageError, match="never completes"):
+        waste_fraction(1000 * HOUR, CheckpointCost.sync(1), HOUR)
+    with pytest.raises(UsageError, match="never completes"):
+        expected_wall_time_s(10_000 * HOUR, 1000 * HOUR, CheckpointCost.sync(1), HOUR)
+    # Restarts that cannot fail do not grow exponentially: a long one is computable.
+    assert math.isfinite(expected_wall_time_s(10 * HOUR, HOUR, CheckpointCost.sync(1), HOUR, 1000 * HOUR,
+                                              restart_can_fail=False))
+
+
+def test_waste_curve_draws_intervals_past_the_limit_as_all_waste() -> None:
+    tau = (MAX_EXPONENT + 10) * HOUR
+    [(_, exact, first)] = waste_curve(CheckpointCost.sync(60), HOUR, 0.0, [tau])
+    assert exact == 1.0
+    assert math.isfinite(first)
+
+
+def test_one_in_flight_check_allows_the_bound_computed_with_rounding() -> None:
+    cost = CheckpointCost(stall_s=1, persist_s=1000, interference=0.25)
+    check_in_flight(cost.min_interval_s * (1 - 1e-13), cost)  # the bound, give or take rounding
+    with pytest.raises(UsageError, match=r"two checkpoints in flight.*at least \(1 - f\) P = 12m 30s"):
+        check_in_flight(cost.min_interval_s * (1 - 1e-9), cost)
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -224,8 +279,16 @@ def test_checkpoint_longer_than_mtbf_cannot_keep_up() -> None:
         lambda: daly_interval_s(10, -1),
         lambda: waste_fraction(0, CheckpointCost.sync(1), 100),
         lambda: analyse(CheckpointCost.sync(1), 100, restart_s=-1),
+        lambda: analyse(CheckpointCost.sync(1), math.inf),
+        lambda: CheckpointCost(math.nan),
+        lambda: expected_wall_time_s(1e300, 1e-20, CheckpointCost.sync(1), 1e300),  # work / interval overflows
     ],
 )
 def test_bad_values_are_usage_errors(make) -> None:
     with pytest.raises(UsageError):
         make()
+
+
+def test_infinite_values_are_called_infinite_not_negative() -> None:
+    with pytest.raises(UsageError, match="MTBF .* inf must be finite"):
+        analyse(CheckpointCost.sync(1), math.inf)

@@ -22,7 +22,7 @@ from ckptbench.model.interval import (
     first_order_waste,
     young_interval_s,
 )
-from ckptbench.model.simulate import SimulationConfig, simulate
+from ckptbench.model.simulate import MAX_SIMULATED_FAILURES, STEP_COST_RUNS, SimulationConfig, simulate
 
 MINUTE, HOUR = 60.0, 3600.0
 RUNS = 20_000
@@ -170,12 +170,41 @@ def test_intervals_split_the_work_evenly_and_respect_the_in_flight_bound() -> No
 
 
 def test_bad_configs_are_usage_errors() -> None:
-    with pytest.raises(UsageError, match="two checkpoints in flight"):
+    # the interval model's one-in-flight check and message
+    with pytest.raises(UsageError, match=r"two checkpoints in flight.*at least \(1 - f\) P = 16m 40s"):
         SimulationConfig(10 * HOUR, 500, CheckpointCost(1, 1000), 5 * HOUR)
     with pytest.raises(UsageError, match="runs"):
         SimulationConfig(10 * HOUR, HOUR, CheckpointCost.sync(60), 5 * HOUR, runs=0)
     with pytest.raises(UsageError, match="cannot keep up"):
-        simulate(SimulationConfig(1000 * HOUR, HOUR, CheckpointCost.sync(600), 60, runs=10))
+        SimulationConfig(1000 * HOUR, HOUR, CheckpointCost.sync(600), 60, runs=10)
+    with pytest.raises(UsageError, match=r"1e\+26 checkpoints per run"):  # would overflow numpy's int64
+        SimulationConfig(1e17, 1e-9, CheckpointCost.sync(1e-9), 1e18, runs=10)
+
+
+def test_the_total_work_of_a_simulation_is_bounded_not_just_failures_per_run() -> None:
+    # 2h checkpoints, 3h MTBF, 2h restarts, 300 days: ~20,000 failures per run (under the old per-run cap),
+    # ~2e9 for 100,000 runs. Refused when the config is made, before anything runs.
+    cost, mtbf, restart, work = CheckpointCost.sync(2 * HOUR), 3 * HOUR, 2 * HOUR, 300 * 24 * HOUR
+    tau = analyse(cost, mtbf, restart).optimal_interval_s
+    with pytest.raises(UsageError, match=r"100,000 simulated runs of 300d .* \d\.\d+e\+09 in all") as info:
+        SimulationConfig(work, tau, cost, mtbf, restart, runs=100_000)
+    assert "fewer runs (--simulate) or a shorter run (--work)" in str(info.value)
+    # The same run fits when there are fewer of them.
+    config = SimulationConfig(work, tau, cost, mtbf, restart, runs=100)
+    per_run = config.expected_wall_s() / mtbf
+    assert (config.runs + STEP_COST_RUNS) * (per_run + 1) <= MAX_SIMULATED_FAILURES
+
+
+def test_runs_that_never_finish_are_stopped_with_a_reason(monkeypatch) -> None:
+    # Weibull shape 50: failures come almost exactly every MTBF (3.1 h), so a 6 h segment (3 h interval
+    # + 3 h persist) never completes. The exponential estimate (~1,000 failures) passes the size check.
+    import ckptbench.model.simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "MAX_SIMULATED_FAILURES", 2_000_000)  # keep the test short
+    cost = CheckpointCost(stall_s=1e-6, persist_s=3 * HOUR)
+    config = SimulationConfig(30 * 24 * HOUR, 3 * HOUR, cost, 3.09 * HOUR, weibull_shape=50, runs=5)
+    with pytest.raises(UsageError, match="5 of 5 simulated runs had not finished.*Weibull shape 50"):
+        simulate(config)
 
 
 def test_hundred_thousand_runs_are_vectorised() -> None:

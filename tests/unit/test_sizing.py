@@ -96,6 +96,9 @@ def test_total_does_not_depend_on_layout_and_ranks_cover_it(
     written = mp * size.per_rank_max_bytes + mp * (dp - 1) * size.per_rank_min_bytes
     # Every byte is written by some rank; per-rank sizes are rounded up, at most 2 bytes per rank.
     assert size.total_bytes <= written <= size.total_bytes + 2 * layout.ranks
+    # per_rank_max_bytes is an upper bound for the busiest rank: however a writer spreads the replicated
+    # state (torch.distributed.checkpoint balances it), some rank writes at least total / ranks.
+    assert size.per_rank_max_bytes >= math.ceil(size.total_bytes / layout.ranks)
 
 
 @pytest.mark.parametrize(
@@ -111,12 +114,25 @@ def test_bad_recipe_names_the_value(kwargs: dict, word: str) -> None:
 
 
 def test_bad_layout_and_params_name_the_value() -> None:
-    with pytest.raises(UsageError, match="0"):
+    with pytest.raises(UsageError, match="data-parallel size 0 must be"):
         Parallelism(dp=0)
     with pytest.raises(UsageError, match="zero4"):
         Parallelism(sharding="zero4")
-    with pytest.raises(UsageError, match="-5"):
+    with pytest.raises(UsageError, match="parameter count -5 must be a positive number"):
         checkpoint_size(-5)
+    with pytest.raises(UsageError, match="parameter count inf must be finite"):
+        checkpoint_size(math.inf)
+
+
+def test_a_checkpoint_that_rounds_to_zero_bytes_says_so() -> None:
+    with pytest.raises(UsageError, match=r"parameter count 0\.001 gives a checkpoint of 0 bytes .*14 bytes per param"):
+        checkpoint_size(1e-3)
+    assert checkpoint_size(1.0).total_bytes == 14
+
+
+def test_a_checkpoint_too_large_to_count_says_so() -> None:
+    with pytest.raises(UsageError, match=r"parameter count 1e\+308 x 14 bytes per parameter is not a finite size"):
+        checkpoint_size(1e308)
 
 
 # -- model presets ------------------------------------------------------------------------------------
@@ -130,9 +146,25 @@ def test_required_model_presets_exist() -> None:
 def test_model_preset_shape_matches_its_parameter_count(name: str) -> None:
     shape = presets.load_model(name)
     assert shape.name == name
-    assert shape.params_from_shape() == pytest.approx(shape.params, rel=0.01)
+    assert shape.params_from_shape() == shape.params  # exact: one layer more or less is ~1 % off
     names = [n for n, _ in shape.tensor_shapes()]
     assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        # The counts published with the Hugging Face weights (8.03B, 70.6B, 405B) and the 100B preset's own.
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
+        ("dense-100b", 101_613_905_920),
+    ],
+)
+def test_model_preset_parameter_counts_are_exact(name: str, params: int) -> None:
+    shape = presets.load_model(name)
+    assert shape.params == params
+    assert shape.params_from_shape() == params
 
 
 def test_llama3_8b_tensor_list_is_the_published_layout() -> None:
