@@ -1,4 +1,6 @@
-"""``ckptbench bench TARGET``: throughput of a directory with durable writes and cold reads."""
+"""``ckptbench bench TARGET``: throughput of a directory with durable writes and cold reads
+(``--workload fs``), or checkpoint writers saving and loading a model-shaped state_dict
+(``--workload checkpoint``)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,14 @@ from ckptbench.units import format_size
 
 DEFAULT_SIZE = "1GiB"
 DEFAULT_FILES = 8
+DEFAULT_MODEL = "llama3-8b"
+#: Writers ``--writers`` accepts (bench.workloads.WRITERS; spelled out so --help needs no import).
+WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
+#: Options of the filesystem workload only, by parameter name -> flag.
+FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",
+           "direct": "--direct/--buffered", "fsync": "--fsync/--no-fsync", "read": "--read/--no-read",
+           "metadata": "--metadata"}
+CHECKPOINT_ONLY = {"model": "--model", "scale": "--scale", "writers": "--writers"}
 
 
 def _sigterm_as_interrupt() -> None:
@@ -32,14 +42,14 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
+def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, IO[str]] | None:
     """Create the result file before the run, so a bad --output fails in a second, not after an hour."""
     if output_dir is None:
         return None
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        path = output_dir / f"bench-{socket.gethostname()}-{stamp}.json"
+        path = output_dir / f"{prefix}-{socket.gethostname()}-{stamp}.json"
         return path, path.open("x")
     except OSError as exc:
         raise UsageError(f"--output {str(output_dir)!r} cannot hold a result file: {exc.strerror}") from None
@@ -73,12 +83,25 @@ def _open_output(output_dir: Path | None) -> tuple[Path, IO[str]] | None:
               help="Also measure the small-file create+write+fsync rate (sharded checkpoints create many files).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also draw the sweep (GB/s per configuration) to this PNG file.")
+              help="Also draw the sweep (GB/s per configuration), or with --workload checkpoint the writers' "
+                   "shoot-out, to this PNG file.")
 @click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Directory to write the JSON result file into (created if missing).")
+@click.option("--workload", type=click.Choice(["fs", "checkpoint"]), default="fs", show_default=True,
+              help="'fs': files written and read by the engine (a threads x block-size sweep). 'checkpoint': a "
+                   "synthetic model state_dict saved (sync and async) and loaded cold by checkpoint writers.")
+@click.option("--model", default=None,
+              help=f"Checkpoint workload: the model preset (configs/models) whose tensor shapes it uses  "
+                   f"[default: {DEFAULT_MODEL}].")
+@click.option("--scale", type=params.FRACTION, default=None,
+              help="Checkpoint workload: its size as a fraction of the full model's (0.05 or 5%), instead of --size.")
+@click.option("--writers", type=params.ListType(click.Choice(WRITER_NAMES)), default=None,
+              help="Checkpoint workload: writers compared in one process, alternating: "
+                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference)  [default: ckptbench].")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
-          metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None) -> None:
+          metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
+          model: str | None, scale: float | None, writers: list[str] | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) like a checkpoint writer would.
 
     TARGET defaults to the system's temporary directory (usually /tmp). Every run writes --size bytes over --files files with the native engine, durable by default
@@ -91,13 +114,30 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench /mnt/nvme --size 8GiB --threads 1,2,4,8 --block-size 1MiB,4MiB,16MiB
       ckptbench bench /mnt/cephfs --metadata --json > cephfs.json
       ckptbench bench /mnt/nvme --output results/
+      ckptbench bench /mnt/nvme --workload checkpoint --model llama3-8b --scale 0.05
+      ckptbench bench /mnt/nvme --workload checkpoint --size 4GiB --writers ckptbench,torch,dcp,safetensors
+
+    With --workload checkpoint, a state_dict with the model's tensor shapes (bf16 weights, fp32 optimizer
+    state for a subset, many small tensors) is built once; each writer saves it (timed until durable),
+    the page cache is dropped, and it loads it back (timed, cold, verified bit-exact). ckptbench and dcp
+    also save asynchronously: stall, persist and the slowdown of a compute probe running meanwhile.
     """
     import tempfile
 
-    from ckptbench.bench.fs import run_fs_bench
     from ckptbench.storage import resolve_target
 
     target = target if target is not None else tempfile.gettempdir()
+    ctx = click.get_current_context()
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    if workload == "checkpoint":
+        _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, as_json=as_json,
+                          plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers)
+        return
+    misplaced = sorted(given & set(CHECKPOINT_ONLY))
+    if misplaced:
+        raise UsageError(f"{CHECKPOINT_ONLY[misplaced[0]]} applies to --workload checkpoint only")
+
+    from ckptbench.bench.fs import run_fs_bench
 
     if file_size is not None and files is not None:
         raise UsageError("give --file-size or --files, not both")
@@ -191,3 +231,119 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         lat = m["latency_ms"]
         console.print(f"metadata: {m['threads']} thr: {m['ops_per_s']:.0f} files/s "
                       f"({m['files']} x {format_size(m['file_size_bytes'])}, {m['sync']}; p99 {lat['p99']:.2f} ms)")
+
+
+def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[int], repeat: int, warmup: int,
+                      as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
+                      scale: float | None, writers: list[str] | None) -> None:
+    """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
+    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan, run_checkpoint_bench
+    from ckptbench.storage import resolve_target
+
+    misplaced = sorted(given & set(FS_ONLY))
+    if misplaced:
+        raise UsageError(f"{FS_ONLY[misplaced[0]]} applies to --workload fs only")
+    if {"scale", "size"} <= given:
+        raise UsageError("give --scale or --size, not both")
+    if "threads" in given and len(threads) != 1:
+        raise UsageError("--threads takes one value with --workload checkpoint (ckptbench's writer threads)")
+    spec = CheckpointBenchSpec(
+        model=model or DEFAULT_MODEL, scale=scale, size_bytes=None if scale is not None else size,
+        writers=tuple(writers or ("ckptbench",)), repeat=repeat, warmup=warmup,
+        threads=threads[0] if "threads" in given else None,
+    )
+    storage = resolve_target(target)
+    workload = plan(spec)
+    if plot_path is not None and not plot_path.parent.is_dir():
+        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
+    output = _open_output(output_dir, "bench-checkpoint")
+    _sigterm_as_interrupt()
+    try:
+        with progress_bar(enabled=True) as progress:
+            report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
+    except BaseException:
+        if output is not None:
+            output[1].close()
+            output[0].unlink(missing_ok=True)
+        raise
+    document = report.to_dict()
+    document["argv"] = ["ckptbench", *sys.argv[1:]]
+    text = json.dumps(document, indent=2)
+    if output is not None:
+        with output[1] as fh:
+            fh.write(text + "\n")
+    if plot_path is not None:
+        from ckptbench.report.shootout import plot_shootout
+
+        plot_shootout(document, plot_path)
+    if as_json:
+        click.echo(text)
+    else:
+        _print_checkpoint_tables(document)
+        if output is not None:
+            click.echo(f"result: {os.path.relpath(output[0])}")
+        if plot_path is not None:
+            click.echo(f"plot: {plot_path}")
+    print_warnings(document["warnings"])
+
+
+def _seconds(value: float | None) -> str:
+    from ckptbench.units import format_duration
+
+    return "-" if value is None else format_duration(value)
+
+
+def _print_checkpoint_tables(document: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from ckptbench.units import format_rate
+
+    console = stdout_console()
+    spec, workload = document["spec"], document["workload"]
+    shape = workload["shape"]
+    by_dtype = ", ".join(f"{d} {b / workload['total_bytes']:.0%}" for d, b in workload["bytes_by_dtype"].items() if b)
+    console.print(
+        f"[bold]{document['target']}[/]  {document['environment']['target']['filesystem']}  ·  "
+        f"{workload['model']} x{workload['scale']:.3g}: {shape['layers']} blocks, hidden {shape['hidden']}, "
+        f"{format_size(workload['total_bytes'])} in {workload['tensors']} tensors ({by_dtype})  ·  "
+        f"{spec['repeat']} runs (+{spec['warmup']} warm-up), writers alternating  ·  "
+        f"cold loads: {document['cache_drop']['method']}  ·  memcpy {format_rate(document['memcpy_gbps'] * 1e9)}"
+    )
+    table = Table(header_style="bold")
+    for name, justify in (("writer", "left"), ("save GB/s", "right"), ("min–max", "right"), ("load GB/s", "right"),
+                          ("min–max", "right"), ("files", "right"), ("on disk", "right"), ("verified", "center")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in document["results"]:
+        save, load = r["save"], r["load"]
+        verified = {True: "yes", False: "NO", None: "n/a"}[r["verified"]]
+        table.add_row(r["writer"], f"{save['gbps']:.2f}",
+                      f"{save['summary_gbps']['min']:.2f}–{save['summary_gbps']['max']:.2f}",
+                      f"{load['gbps']:.2f}" + (" (cached!)" if load["cached"] else ""),
+                      f"{load['summary_gbps']['min']:.2f}–{load['summary_gbps']['max']:.2f}",
+                      str(r["files"]), format_size(r["disk_bytes"]), verified,
+                      style="bold green" if r["writer"] == "ckptbench" and len(document["results"]) > 1 else None)
+    console.print(table)
+    if document["async"]:
+        table = Table(header_style="bold", title="async saves (medians)", title_justify="left")
+        for name in ("writer", "stall", "persist", "total", "interference"):
+            table.add_column(name, justify="left" if name == "writer" else "right")
+        for a in document["async"]:
+            table.add_row(a["writer"], _seconds(a["stall_s"]), _seconds(a["persist_s"]), _seconds(a["total_s"]),
+                          "-" if a["interference"] is None else f"{a['interference']:+.0%}")
+        console.print(table)
+        probe = document["probe"]
+        console.print(f"interference: slowdown of a {probe['kind']} {probe['matrix'][0]}x{probe['matrix'][1]} loop "
+                      f"({probe['torch_threads']} threads) while persisting, vs the same loop alone")
+    memory = document["memory"]
+    if memory:
+        console.print(
+            f"memory: first save +{format_size(memory['first_peak_extra_bytes'])} peak RSS "
+            f"({memory['first_peak_extra_bytes'] / memory['checkpoint_bytes']:.2f}x the checkpoint, arena included), "
+            f"later saves +{format_size(memory['steady_peak_extra_bytes'])}; "
+            f"RSS growth over {memory['saves']} saves {format_size(memory['growth_bytes'])}")
+    for g in document["goals"]:
+        mark = "[green]met[/]" if g["met"] else "[red]missed[/]"
+        console.print(f"goal {g['name']}: {g['value']:.2f} ({g['comparison']} {g['goal']:g}) {mark}  "
+                      f"[dim]{g['description']}[/]")
+    for r in document["results"]:
+        console.print(f"[dim]{r['writer']}: durable: {r['durable']}; load: {r['load_how']}[/]")

@@ -1,0 +1,460 @@
+"""The checkpoint benchmark: writers saving and loading the same synthetic state_dict, alternating.
+
+Order of one run:
+
+1. plan the workload (``workloads.plan_workload``), check memory and free space, build the
+   state_dict once and measure memcpy bandwidth -- all outside every timed region;
+2. ``warmup + repeat`` rounds; in each, the writers go in an order rotated every round, so the drift
+   of a shared, noisy machine is spread over all of them. Per writer:
+   save (timed until durable) -> drop the page cache -> load (timed, cold, every page in memory)
+   -> verify bit-exact against the source (untimed) -> remove (untimed);
+   then per async-capable writer (ckptbench, dcp): an async save (stall = until the call returns,
+   persist = return -> durable), verified on the first measured round; then the same async save with
+   the compute probe stepping until durable, the probe alone for about half a persist before and
+   after it (interference = mean step time during / alone - 1);
+3. memory (when ckptbench takes part): a fresh Checkpointer saves ``memory_saves`` times to one path,
+   recording peak RSS during each save and RSS after each.
+
+Cold reads: ``sync`` then ``echo 1 > /proc/sys/vm/drop_caches`` where permitted (root); otherwise
+``posix_fadvise(DONTNEED)`` on the written files, and the report says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench import knobs, native
+from ckptbench.bench.environment import collect_environment
+from ckptbench.bench.progress import Progress
+from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
+from ckptbench.bench.workloads import (
+    WRITERS,
+    CheckpointWorkload,
+    CkptbenchWriter,
+    ComputeProbe,
+    Writer,
+    build_state_dict,
+    make_writer,
+    plan_workload,
+    verify_state_dict,
+)
+from ckptbench.errors import UsageError
+from ckptbench.model.presets import load_model
+from ckptbench.storage.local import LocalDirectory
+from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
+
+#: Saves of the memory measurement ("no growth across 10 repeated saves").
+MEMORY_SAVES = 10
+#: Copies of the checkpoint alive at once: the source, ckptbench's arena, a loaded copy (or dcp's staging copy).
+MEMORY_COPIES = 3.2
+#: Checkpoints on disk at once: one, plus the previous one while an overwrite commits.
+DISK_COPIES = 2
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+#: Bounds of the probe's solo run before each probed save (about one persist long).
+_PROBE_BASELINE_S = (0.25, 3.0)
+
+
+@dataclass(frozen=True)
+class CheckpointBenchSpec:
+    """One checkpoint benchmark: a model preset at ``scale`` (or ``size_bytes``), the writers compared,
+    and how often. ``threads`` sets ckptbench's writer threads (and fio's jobs); None: its default."""
+
+    model: str = "llama3-8b"
+    scale: float | None = None
+    size_bytes: int | None = None
+    writers: tuple[str, ...] = ("ckptbench",)
+    repeat: int = 3
+    warmup: int = 1
+    threads: int | None = None
+    memory_saves: int = MEMORY_SAVES
+
+    def __post_init__(self) -> None:
+        if (self.scale is None) == (self.size_bytes is None):
+            raise UsageError("give --scale or --size, not both")
+        if self.scale is not None and not 0 < self.scale <= 1:
+            raise UsageError(f"scale {self.scale!r} must be in (0, 1] (a fraction of the model)")
+        if self.size_bytes is not None and self.size_bytes <= 0:
+            raise UsageError(f"size {self.size_bytes} must be positive")
+        unknown = [w for w in self.writers if w not in WRITERS]
+        if not self.writers or unknown:
+            raise UsageError(f"unknown writer {unknown[0] if unknown else ''!r}", hint=f"known: {', '.join(WRITERS)}")
+        if len(set(self.writers)) != len(self.writers):
+            raise UsageError(f"writers {list(self.writers)} name one twice")
+        if self.repeat < 1:
+            raise UsageError(f"repeat {self.repeat} must be at least 1")
+        if self.warmup < 0:
+            raise UsageError(f"warmup {self.warmup} must be zero or more")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"threads {self.threads} must be at least 1")
+        if self.memory_saves < 0:
+            raise UsageError(f"memory saves {self.memory_saves} must be zero or more")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": "checkpoint", **asdict(self), "writers": list(self.writers)}
+
+
+class CacheDropper:
+    """Makes the next read of a written checkpoint cold: the whole page cache where permitted, else the files'."""
+
+    def __init__(self, drop_caches: str = DROP_CACHES) -> None:
+        self._path = drop_caches
+        try:
+            self._drop_all()
+            self.method, self.reason = "drop_caches", None
+        except OSError as exc:
+            self.method, self.reason = "fadvise", f"{drop_caches}: {exc.strerror or exc}"
+            log.info("cannot drop the page cache (%s); using posix_fadvise(DONTNEED)", self.reason)
+
+    def _drop_all(self) -> None:
+        os.sync()
+        with open(self._path, "w") as f:
+            f.write("1")
+
+    def drop(self, directory: Path) -> None:
+        if self.method == "drop_caches":
+            self._drop_all()
+            return
+        for path in directory.rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)  # DONTNEED drops clean pages only
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+    def to_dict(self) -> dict[str, Any]:
+        how = ("sync; echo 1 > /proc/sys/vm/drop_caches before every load" if self.method == "drop_caches"
+               else "fdatasync + posix_fadvise(POSIX_FADV_DONTNEED) on every written file before every load")
+        return {"method": self.method, "how": how, "reason": self.reason}
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+class PeakRss:
+    """Peak resident set size over a region: VmHWM reset through /proc/self/clear_refs, else sampled."""
+
+    SAMPLE_S = 0.002
+
+    def __init__(self) -> None:
+        self.exact = _reset_peak()
+        self.method = ("VmHWM after resetting it through /proc/self/clear_refs" if self.exact
+                       else f"VmRSS sampled every {self.SAMPLE_S * 1e3:.0f} ms")
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[dict[str, int]]:
+        """Yields a dict that holds ``base_bytes``, ``peak_bytes`` and ``extra_bytes`` after the block."""
+        out: dict[str, int] = {}
+        base = _status_bytes("VmRSS")
+        samples = [base]
+        stop = threading.Event()
+        sampler = None
+        if self.exact:
+            _reset_peak()
+        else:
+            def sample() -> None:
+                while not stop.wait(self.SAMPLE_S):
+                    samples.append(_status_bytes("VmRSS"))
+
+            sampler = threading.Thread(target=sample, name="ckptbench-rss", daemon=True)
+            sampler.start()
+        try:
+            yield out
+        finally:
+            if sampler is not None:
+                stop.set()
+                sampler.join()
+            peak = _status_bytes("VmHWM") if self.exact else max(samples + [_status_bytes("VmRSS")])
+            out.update(base_bytes=base, peak_bytes=peak, extra_bytes=max(0, peak - base))
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        return _meminfo("MemAvailable")
+    except (OSError, ValueError):
+        return None
+
+
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(field)
+
+
+def required_memory_bytes(workload: CheckpointWorkload) -> int:
+    return int(workload.total_bytes * MEMORY_COPIES)
+
+
+def required_disk_bytes(workload: CheckpointWorkload) -> int:
+    return int(workload.total_bytes * DISK_COPIES * (1 + knobs.FREE_SPACE_MARGIN)) + 64 * 2**20
+
+
+def plan(spec: CheckpointBenchSpec) -> CheckpointWorkload:
+    """The workload ``spec`` asks for (pure: raises UsageError/ConfigError for a bad model or size)."""
+    return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes)
+
+
+def _files(directory: Path) -> tuple[int, int]:
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+@dataclass
+class _Samples:
+    """What the measured rounds of one writer collected (sync saves and loads)."""
+
+    save_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    peak_extra: list[int] = field(default_factory=list)
+    files: int = 0
+    disk_bytes: int = 0
+    verified: bool | None = None
+    details: dict[str, Any] | None = None
+
+
+@dataclass
+class _AsyncSamples:
+    """What the measured rounds of one async writer collected."""
+
+    stall_s: list[float] = field(default_factory=list)
+    persist_s: list[float] = field(default_factory=list)
+    alone: list[float] = field(default_factory=list)
+    during: list[float | None] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    persist_with_probe_s: list[float] = field(default_factory=list)
+    verified: bool = False
+
+
+def run_checkpoint_bench(
+    spec: CheckpointBenchSpec,
+    target: LocalDirectory,
+    *,
+    progress: Progress | None = None,
+    workload: CheckpointWorkload | None = None,
+) -> CheckpointBenchReport:
+    """Run ``spec`` inside a scratch directory of ``target`` and return the report.
+
+    Raises UsageError (before allocating or writing anything) for a bad model or size, a writer
+    that cannot run here, or too little memory or space; StorageIOError when a load does not match
+    what was saved.
+    """
+    progress = progress or Progress()
+    workload = workload or plan(spec)
+    nbytes = workload.total_bytes
+    available = _available_memory_bytes()
+    if available is not None and required_memory_bytes(workload) > available:
+        raise UsageError(
+            f"the run keeps about {MEMORY_COPIES:g} copies of the {format_size(nbytes)} checkpoint in memory "
+            f"({format_size(required_memory_bytes(workload))}) but only {format_size(available)} is available",
+            hint="lower --scale or --size")
+    target.require_free(required_disk_bytes(workload))
+    writers: list[Writer] = []
+    try:
+        for name in spec.writers:
+            writers.append(make_writer(name, threads=spec.threads))
+        return _run(spec, target, workload, writers, progress)
+    finally:
+        for w in writers:
+            w.close()
+
+
+def _run(spec: CheckpointBenchSpec, target: LocalDirectory, workload: CheckpointWorkload, writers: list[Writer],
+         progress: Progress) -> CheckpointBenchReport:
+    nbytes = workload.total_bytes
+    async_writers = [w for w in writers if w.supports_async]
+    rounds = spec.warmup + spec.repeat
+    memory_saves = spec.memory_saves if any(isinstance(w, CkptbenchWriter) for w in writers) else 0
+    progress.begin(nbytes * (rounds * (2 * len(writers) + 2 * len(async_writers)) + memory_saves))
+
+    progress.phase(f"building the state_dict ({format_size(nbytes)}, {len(workload.tensors)} tensors)")
+    log.info("workload %s", workload.describe())
+    state_dict = build_state_dict(workload)
+    for w in writers:
+        w.prepare(state_dict)
+    memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)
+    dropper = CacheDropper()
+    rss = PeakRss()
+    probe = ComputeProbe() if async_writers else None
+    samples = {w.name: _Samples() for w in writers}
+    async_samples = {w.name: _AsyncSamples() for w in async_writers}
+    memory = None
+    with target.scratch() as scratch:
+        for round_ in range(rounds):
+            measured = round_ >= spec.warmup
+            label = f"{round_ - spec.warmup + 1}/{spec.repeat}" if measured else f"warm-up {round_ + 1}/{spec.warmup}"
+            for w in _rotated(writers, round_):
+                _sync_round(w, state_dict, scratch / f"{w.name}-{round_}", samples[w.name], measured, label,
+                            dropper, rss, progress, nbytes)
+            for w in _rotated(async_writers, round_):
+                _async_round(w, state_dict, scratch / f"{w.name}-async-{round_}", async_samples[w.name],
+                             measured, label, probe, progress, nbytes)  # type: ignore[arg-type]
+        ours = next((w for w in writers if isinstance(w, CkptbenchWriter)), None)
+        if ours is not None and memory_saves:
+            ours.close()  # its arena goes; the memory measurement starts from a fresh Checkpointer
+            memory = _memory(ours, state_dict, scratch / "memory", memory_saves, rss, progress, nbytes)
+    results = []
+    for w in writers:
+        s = samples[w.name]
+        run_bytes = w.bytes or nbytes
+        results.append(WriterResult(
+            writer=w.name, durable=w.durable, load_how=w.load_how,
+            save=Timings("save", run_bytes, tuple(s.save_s)), load=Timings("load", run_bytes, tuple(s.load_s)),
+            verified=s.verified, files=s.files, disk_bytes=s.disk_bytes,
+            save_peak_extra_rss_bytes=tuple(s.peak_extra),
+            details=s.details or {},
+        ))
+    async_results = tuple(
+        AsyncResult(writer=w.name, how=w.async_how, stall_s=tuple(a.stall_s), persist_s=tuple(a.persist_s),
+                    total_s=tuple(x + y for x, y in zip(a.stall_s, a.persist_s, strict=True)),
+                    probe_alone_step_s=tuple(a.alone),
+                    probe_during_step_s=tuple(a.during), probe_steps_during=tuple(a.steps),
+                    persist_with_probe_s=tuple(a.persist_with_probe_s), verified=a.verified)
+        for w in async_writers for a in [async_samples[w.name]])
+    return CheckpointBenchReport(
+        target=str(target), spec=spec, workload=workload, memcpy_bps=memcpy_bps, results=tuple(results),
+        async_results=async_results, memory=memory, cache_drop=dropper.to_dict(),
+        probe=probe.describe() if probe else None, rss_method=rss.method,
+        environment=collect_environment(target.path),
+    )
+
+
+def _rotated(items: list[Writer], round_: int) -> list[Writer]:
+    if not items:
+        return []
+    k = round_ % len(items)
+    return items[k:] + items[:k]
+
+
+def _sync_round(w: Writer, state_dict: dict[str, Any], directory: Path, s: _Samples, measured: bool, label: str,
+                dropper: CacheDropper, rss: PeakRss, progress: Progress, nbytes: int) -> None:
+    progress.phase(f"{w.name}: save {label}")
+    with rss.measure() as peak:
+        save_s = w.save(state_dict, directory)
+    progress.end_step(nbytes)
+    s.files, s.disk_bytes = _files(directory)
+    s.details = w.details()
+    dropper.drop(directory)
+    progress.phase(f"{w.name}: load {label} (cold)")
+    load_s, loaded = w.load(directory)
+    progress.end_step(nbytes)
+    if loaded is not None:
+        progress.phase(f"{w.name}: verifying")
+        verify_state_dict(state_dict, loaded, w.name)
+        s.verified = True
+    del loaded
+    shutil.rmtree(directory, ignore_errors=True)
+    if measured:
+        s.save_s.append(save_s)
+        s.load_s.append(load_s)
+        s.peak_extra.append(peak["extra_bytes"])
+    log.info("%s %s: save %.3f s, load %.3f s", w.name, label, save_s, load_s)
+
+
+def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path,
+                probe: ComputeProbe | None = None) -> tuple[float, float, list[float]]:
+    """(stall_s, persist_s, probe step times while persisting) of one async save."""
+    start = time.perf_counter()
+    pending = w.save_async(state_dict, directory)
+    staged = time.perf_counter()
+    try:
+        steps = probe.run_while(lambda: not pending.done()) if probe is not None else []
+        pending.wait()
+    except BaseException:
+        # Ctrl-C or a failure: let the background save finish before the scratch directory is
+        # removed, so it cannot write (or recreate directories) there afterwards.
+        with contextlib.suppress(Exception):
+            pending.wait()
+        raise
+    return staged - start, time.perf_counter() - staged, steps
+
+
+def _async_round(w: Writer, state_dict: dict[str, Any], directory: Path, a: _AsyncSamples, measured: bool,
+                 label: str, probe: ComputeProbe, progress: Progress, nbytes: int) -> None:
+    progress.phase(f"{w.name}: async save {label}")
+    stall_s, persist_s, _ = _async_save(w, state_dict, directory)
+    progress.end_step(nbytes)
+    if measured and not a.verified:
+        progress.phase(f"{w.name}: verifying the async save")
+        _, loaded = w.load(directory)
+        verify_state_dict(state_dict, loaded, f"{w.name} (async)")  # type: ignore[arg-type]
+        a.verified = True
+        del loaded
+    shutil.rmtree(directory, ignore_errors=True)
+
+    progress.phase(f"{w.name}: async save {label} with the compute probe")
+    # The probe alone right before and right after the probed save: a neighbour's load that drifts
+    # during the measurement biases both sides alike.
+    low, high = _PROBE_BASELINE_S
+    window_s = min(high, max(low, persist_s)) / 2
+    alone = probe.run_for(window_s)
+    with_probe = directory.with_name(directory.name + "-probe")
+    _, persist_probe_s, during = _async_save(w, state_dict, with_probe, probe)
+    alone += probe.run_for(window_s)
+    progress.end_step(nbytes)
+    shutil.rmtree(with_probe, ignore_errors=True)
+    if measured:
+        a.stall_s.append(stall_s)
+        a.persist_s.append(persist_s)
+        a.alone.append(statistics.fmean(alone))
+        # The persist ended before one step finished: too short to see interference.
+        a.during.append(statistics.fmean(during) if during else None)
+        a.steps.append(len(during))
+        a.persist_with_probe_s.append(persist_probe_s)
+    log.info("%s async %s: stall %.3f s, persist %.3f s, probe %d steps", w.name, label, stall_s, persist_s,
+             len(during))
+
+
+def _memory(writer: CkptbenchWriter, state_dict: dict[str, Any], directory: Path, saves: int, rss: PeakRss,
+            progress: Progress, nbytes: int) -> MemoryResult:
+    gc.collect()
+    ckpt = writer.fresh()
+    rss_before = _status_bytes("VmRSS")
+    peaks: list[int] = []
+    after: list[int] = []
+    try:
+        for i in range(saves):
+            progress.phase(f"memory: save {i + 1}/{saves}")
+            with rss.measure() as peak:
+                ckpt.save(state_dict, directory, overwrite=True)
+            progress.end_step(nbytes)
+            peaks.append(peak["peak_bytes"])
+            after.append(_status_bytes("VmRSS"))
+    finally:
+        ckpt.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    return MemoryResult(
+        saves=saves, method=rss.method, checkpoint_bytes=nbytes, rss_before_bytes=rss_before,
+        first_peak_extra_bytes=max(0, peaks[0] - rss_before),
+        steady_peak_extra_bytes=max((max(0, p - a) for p, a in zip(peaks[1:], after[:-1], strict=True)), default=0),
+        rss_after_bytes=tuple(after),
+    )
