@@ -44,6 +44,23 @@ class BenchWarning:
         return {"code": self.code, "message": self.message, "remedy": self.remedy}
 
 
+def setup_warnings(target: str, environment: dict[str, Any], repeat: int, per: str) -> list[BenchWarning]:
+    """Warnings about how a run was set up, shared by every benchmark: a RAM filesystem, too few repeats."""
+    out = []
+    fstype = (environment.get("target") or {}).get("filesystem")
+    if fstype in MEMORY_FILESYSTEMS:
+        out.append(BenchWarning(
+            "memory-filesystem",
+            f"{target} is on {fstype}, which lives in RAM: these numbers are memory, not storage",
+            "give a directory on the disk or mount you want to measure",
+        ))
+    if repeat < 3:
+        out.append(BenchWarning(
+            "few-repeats", f"only {repeat} measured run(s) per {per}: no spread to judge", "use --repeat 3 or more",
+        ))
+    return out
+
+
 @dataclass(frozen=True)
 class PhaseResult:
     """Repeated runs of one direction (write or read) for one configuration."""
@@ -192,18 +209,7 @@ class FsBenchReport:
                 "buffered writes without fsync: the numbers include data still in the page cache",
                 "drop --no-fsync (the default is durable)",
             ))
-        fstype = (self.environment.get("target") or {}).get("filesystem")
-        if fstype in MEMORY_FILESYSTEMS:
-            out.append(BenchWarning(
-                "memory-filesystem",
-                f"{self.target} is on {fstype}, which lives in RAM: these numbers are memory, not storage",
-                "give a directory on the disk or mount you want to measure",
-            ))
-        if self.spec.repeat < 3:
-            out.append(BenchWarning(
-                "few-repeats", f"only {self.spec.repeat} measured run(s) per configuration: no spread to judge",
-                "use --repeat 3 or more",
-            ))
+        out += setup_warnings(self.target, self.environment, self.spec.repeat, "configuration")
         for r in self.results:
             for phase in (r.write, r.read):
                 if phase is not None and relative_spread(phase.runs_gbps) > NOISY_SPREAD:

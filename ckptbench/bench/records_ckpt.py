@@ -7,7 +7,7 @@ save and load, raw samples kept), ``async`` (stall, persist, total, interference
 ``probe`` (the compute probe), ``rss_method`` (how peak RSS was read), ``memory`` (peak extra RSS
 and growth over repeated saves), ``goals`` (the performance goals as ratios, each with its
 threshold) and ``warnings`` (each with a remedy). Shared pieces (``BenchWarning``,
-``NOISY_SPREAD``, ``MEMORY_FILESYSTEMS``) come from :mod:`ckptbench.bench.records`.
+``NOISY_SPREAD``, ``setup_warnings``) come from :mod:`ckptbench.bench.records`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench import __version__, knobs
-from ckptbench.bench.records import MEMORY_FILESYSTEMS, NOISY_SPREAD, BenchWarning
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, setup_warnings
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.units import format_rate, format_size
 
@@ -295,18 +295,7 @@ class CheckpointBenchReport:
                 "it wrote buffered with fdatasync instead",
                 "nothing to do if this is a FUSE/network filesystem; results stay durable",
             ))
-        fstype = (self.environment.get("target") or {}).get("filesystem")
-        if fstype in MEMORY_FILESYSTEMS:
-            out.append(BenchWarning(
-                "memory-filesystem",
-                f"{self.target} is on {fstype}, which lives in RAM: these numbers are memory, not storage",
-                "give a directory on the disk or mount you want to measure",
-            ))
-        if self.spec.repeat < 3:
-            out.append(BenchWarning(
-                "few-repeats", f"only {self.spec.repeat} measured run(s) per writer: no spread to judge",
-                "use --repeat 3 or more",
-            ))
+        out += setup_warnings(self.target, self.environment, self.spec.repeat, "writer")
         for r in self.results:
             for t in (r.save, r.load):
                 spread = relative_spread(t.runs_gbps)

@@ -150,11 +150,36 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     storage = resolve_target(target)
     if plot_path is not None and not plot_path.parent.is_dir():
         raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
-    output = _open_output(output_dir)
+    _run_and_emit(
+        lambda progress: run_fs_bench(spec, storage, progress=progress),
+        output=_open_output(output_dir), plot_path=plot_path, as_json=as_json,
+        plot=_plot_sweep,
+        print_tables=_print_tables,
+    )
+
+
+def _plot_sweep(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.sweep import plot_fs_sweep
+
+    plot_fs_sweep(document, path)
+
+
+def _plot_shootout(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.shootout import plot_shootout
+
+    plot_shootout(document, path)
+
+
+def _run_and_emit(run: Any, *, output: tuple[Path, IO[str]] | None, plot_path: Path | None, as_json: bool,
+                  plot: Any, print_tables: Any) -> None:
+    """Run a benchmark under a progress bar, then write the result file, the PNG, and stdout.
+
+    The result file was opened before the run; it is removed if the run fails or is interrupted.
+    """
     _sigterm_as_interrupt()
     try:
         with progress_bar(enabled=True) as progress:
-            report = run_fs_bench(spec, storage, progress=progress)
+            report = run(progress)
     except BaseException:
         if output is not None:
             output[1].close()
@@ -167,13 +192,11 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         with output[1] as fh:
             fh.write(text + "\n")
     if plot_path is not None:
-        from ckptbench.report.sweep import plot_fs_sweep
-
-        plot_fs_sweep(document, plot_path)
+        plot(document, plot_path)
     if as_json:
         click.echo(text)
     else:
-        _print_tables(report, document)
+        print_tables(report, document)
         if output is not None:
             click.echo(f"result: {os.path.relpath(output[0])}")
         if plot_path is not None:
@@ -256,35 +279,12 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
     workload = plan(spec)
     if plot_path is not None and not plot_path.parent.is_dir():
         raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
-    output = _open_output(output_dir, "bench-checkpoint")
-    _sigterm_as_interrupt()
-    try:
-        with progress_bar(enabled=True) as progress:
-            report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
-    except BaseException:
-        if output is not None:
-            output[1].close()
-            output[0].unlink(missing_ok=True)
-        raise
-    document = report.to_dict()
-    document["argv"] = ["ckptbench", *sys.argv[1:]]
-    text = json.dumps(document, indent=2)
-    if output is not None:
-        with output[1] as fh:
-            fh.write(text + "\n")
-    if plot_path is not None:
-        from ckptbench.report.shootout import plot_shootout
-
-        plot_shootout(document, plot_path)
-    if as_json:
-        click.echo(text)
-    else:
-        _print_checkpoint_tables(document)
-        if output is not None:
-            click.echo(f"result: {os.path.relpath(output[0])}")
-        if plot_path is not None:
-            click.echo(f"plot: {plot_path}")
-    print_warnings(document["warnings"])
+    _run_and_emit(
+        lambda progress: run_checkpoint_bench(spec, storage, progress=progress, workload=workload),
+        output=_open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, as_json=as_json,
+        plot=_plot_shootout,
+        print_tables=lambda report, doc: _print_checkpoint_tables(doc),
+    )
 
 
 def _seconds(value: float | None) -> str:
