@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckptbench.report.figure import save_with_footer
 from ckptbench.units import format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "stall": "#b63b3b", "persist": "#8fb3de"}
@@ -32,13 +33,7 @@ def plot_shootout(document: dict[str, Any], path: Path) -> Path:
                  f"({shape['layers']} blocks, hidden {shape['hidden']}), {format_size(workload['total_bytes'])} in "
                  f"{workload['tensors']} tensors; saves durable, loads cold ({document['cache_drop']['method']})",
                  fontsize=9)
-    fig.text(0.99, 0.01, f"{env.get('host')} · {env.get('cpu_count')} CPUs · kernel {env.get('kernel')} · "
-             f"ckptbench {env.get('tool_version')} · {document['created']}", ha="right", fontsize=6, color="gray")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    path = Path(path)
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return save_with_footer(fig, document, path, top=0.95)
 
 
 def _rates(ax: Any, results: list[dict[str, Any]]) -> None:

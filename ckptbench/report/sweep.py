@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckptbench.report.figure import save_with_footer
 from ckptbench.units import format_size
 
 
@@ -50,10 +51,4 @@ def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
                  f"in {config['files']} files, {mode}", fontsize=10)
     ax.legend(loc="upper right", fontsize=8, ncols=len(ops))
     ax.grid(axis="y", alpha=0.3)
-    fig.text(0.99, 0.01, f"{env.get('host')} · {env.get('cpu_count')} CPUs · kernel {env.get('kernel')} · "
-             f"ckptbench {env.get('tool_version')} · {document['created']}", ha="right", fontsize=6, color="gray")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    path = Path(path)
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return save_with_footer(fig, document, path)
