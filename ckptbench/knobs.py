@@ -53,5 +53,10 @@ METADATA_FILE_BYTES = _env_int("METADATA_FILE_BYTES", 4096)
 SAVE_THREADS = _env_int("SAVE_THREADS", max(2, min(8, os.cpu_count() or 2)))
 SAVE_SHARD_BYTES = _env_int("SAVE_SHARD_BYTES", 256 * 2**20)
 SAVE_BLOCK_BYTES = _env_int("SAVE_BLOCK_BYTES", 4 * 2**20)
+#: GPU staging: CUDA tensors below this size are gathered on the device into runs of at most
+#: STAGE_GATHER_RUN_BYTES (gaps up to STAGE_GATHER_MAX_GAP_BYTES) and copied to the host as one piece.
+STAGE_GATHER_BELOW_BYTES = _env_int("STAGE_GATHER_BELOW_BYTES", 2 * 2**20)
+STAGE_GATHER_RUN_BYTES = _env_int("STAGE_GATHER_RUN_BYTES", 64 * 2**20)
+STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)

@@ -246,7 +246,10 @@ class Checkpointer:
         for s in shards:
             offsets.append(total)
             total = -(-(total + s["nbytes"]) // 4096) * 4096
-        if into is not None:
+        to_device = into is None and torch.device(device).type != "cpu"
+        if into is not None or to_device:
+            # The Checkpointer's own read buffer: reused, and registered with CUDA (pinned) where
+            # one is present, so host-to-device copies out of it run at full speed.
             self._read_buffer.ensure(max(total, 4096))
             buffer = self._read_buffer.buffer
         else:
@@ -266,6 +269,9 @@ class Checkpointer:
         if verify and manifest.get("checksum"):
             self._verify(buffer, entries, shards, offsets, manifest["checksum"]["block_bytes"], store.url)
         flat = torch.frombuffer(buffer, dtype=torch.uint8) if total else None
+        if to_device and flat is not None:
+            # One host-to-device copy of everything; the tensors are views into it on the device.
+            flat = flat[:total].to(device, non_blocking=True)
         tensors: list[Any] = []
         for e in entries:
             dtype, shape = dtype_of(e["dtype"]), tuple(e["shape"])
@@ -273,14 +279,17 @@ class Checkpointer:
                 tensors.append(tensors[e["alias_of"]])
                 continue
             if e["nbytes"] == 0:
-                t = torch.empty(shape, dtype=dtype)
+                t = torch.empty(shape, dtype=dtype, device=device if to_device else "cpu")
             else:
                 t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
-            tensors.append(t if into is not None or str(device) == "cpu" else t.to(device))
+            tensors.append(t)
         loaded = _rebuild(manifest["skeleton"], tensors)
+        if to_device:
+            _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
             return loaded
         _copy_into(into, loaded, "")
+        _synchronize_all(into)
         return into
 
     def _verify(self, buffer: Any, entries: list[dict], shards: list[dict], offsets: list[int], block: int,
@@ -320,7 +329,7 @@ def _copy_into(dst: Any, src: Any, path: str) -> None:
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise UsageError(f"{where}: checkpoint tensor {tuple(src.shape)} {src.dtype} does not fit into "
                              f"{tuple(dst.shape)} {dst.dtype}")
-        dst.copy_(src)
+        dst.copy_(src, non_blocking=dst.device.type == "cuda")  # out of pinned memory; synchronized after
     elif isinstance(src, dict):
         if not isinstance(dst, dict) or dst.keys() != src.keys():
             raise UsageError(f"{where}: keys differ between the checkpoint and into=")
@@ -331,6 +340,36 @@ def _copy_into(dst: Any, src: Any, path: str) -> None:
             raise UsageError(f"{where}: a sequence of {len(src)} items does not fit into= here")
         for i, (d, s) in enumerate(zip(dst, src, strict=True)):
             _copy_into(d, s, f"{path}[{i}]")
+
+
+def _synchronize(device: Any) -> None:
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _synchronize_all(tree: Any) -> None:
+    """Wait for the non-blocking copies into every CUDA device that ``tree``'s tensors live on."""
+    import torch
+
+    devices: set[Any] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            if node.device.type == "cuda":
+                devices.add(node.device)
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(tree)
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 def _decode_value(node: Any) -> Any:

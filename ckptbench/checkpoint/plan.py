@@ -10,8 +10,11 @@ strides) are stored once and loaded as one tensor.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,26 +137,33 @@ class _Flattener:
     def _tensor(self, t: Any, path: str) -> int:
         import torch  # only reached with a tensor in hand
 
+        # Runs once per tensor of the state_dict, inside an async save's stall: keep it lean.
         if t.layout != torch.strided:
             raise UsageError(f"{path}: {t.layout} tensors are not supported", hint="convert with .to_dense() first")
         if t.is_quantized:
             raise UsageError(f"{path}: quantized tensors are not supported", hint="dequantize first")
-        if t.device.type == "meta":
+        if t.is_meta:
             raise UsageError(f"{path}: meta tensors hold no data and cannot be saved")
         index = len(self.entries)
+        shape = tuple(t.shape)
+        dtype = t.dtype
         identity = None
-        if t.numel() > 0:
-            storage = t.untyped_storage()
-            identity = (t.device.type, t.device.index, storage.data_ptr(), t.storage_offset(), tuple(t.shape),
-                        tuple(t.stride()), t.dtype)
+        numel = t.numel()
+        if numel > 0:
+            # Tied weights: the same first byte, layout and dtype on the same device.
+            identity = (t.get_device(), t.data_ptr(), shape, t.stride(), dtype)
         alias = self._seen.get(identity) if identity is not None else None
-        nbytes = t.numel() * t.element_size()
-        self.entries.append(TensorEntry(index, path, str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes,
-                                        alias_of=alias))
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        self.entries.append(TensorEntry(index, path, name, shape, numel * t.element_size(), alias_of=alias))
         self.tensors.append(t)
         if identity is not None and alias is None:
             self._seen[identity] = index
         return index
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], list[Any]]:
@@ -169,8 +179,22 @@ def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> 
     """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
     if shard_size <= 0:
         raise UsageError(f"shard_size {shard_size} must be positive")
-    skeleton, entries, tensors = flatten(state_dict)
-    return layout(entries, skeleton, shard_size, shard_prefix), tensors
+    # Planning creates a few objects per tensor; with many tensors alive a collection pass in the
+    # middle (seen here: 50 -> 130 ms for 11k tensors) would land in an async save's stall.
+    with _gc_paused():
+        skeleton, entries, tensors = flatten(state_dict)
+        return layout(entries, skeleton, shard_size, shard_prefix), tensors
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_prefix: str = "shard") -> SavePlan:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import Any
 
-from ckptbench import native
+from ckptbench import knobs, native
 from ckptbench.checkpoint.plan import SavePlan
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
@@ -110,11 +110,9 @@ def typed_view(flat: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int
 
 def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> None:
     """Copy each stored tensor into its place in the arena; returns when every byte is there."""
-    import torch
-
     arena.ensure(plan.arena_bytes)
     fast: list[tuple[int, int, int]] = []
-    slow: list[tuple[Any, int]] = []
+    slow: list[tuple[Any, int, int]] = []
     for entry, tensor in zip(plan.entries, tensors, strict=True):
         if entry.alias_of is not None or entry.nbytes == 0:
             continue
@@ -122,20 +120,78 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
         if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
             fast.append((tensor.data_ptr(), offset, entry.nbytes))
         else:
-            slow.append((tensor, offset))
+            slow.append((tensor, offset, entry.nbytes))
     if fast:
         # The tensors list keeps every source alive for the duration of the call.
         native.copy_from_addresses(arena.buffer, fast, threads)
     if slow:
         flat = arena.bytes_tensor()
-        stream = torch.cuda.Stream() if torch.cuda.is_available() else None
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())  # the tensors' producers come first
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for tensor, offset in slow:
-                nbytes = tensor.numel() * tensor.element_size()
-                dst = typed_view(flat, offset, nbytes, tensor.dtype, tuple(tensor.shape))
-                dst.copy_(tensor.resolve_conj().resolve_neg(), non_blocking=tensor.device.type == "cuda")
-        if stream is not None:
-            stream.synchronize()
+        on_gpu = [item for item in slow if item[0].is_cuda]
+        for tensor, offset, nbytes in slow:
+            if not tensor.is_cuda:  # non-contiguous, conjugate or negative views on the CPU
+                typed_view(flat, offset, nbytes, tensor.dtype, tuple(tensor.shape)).copy_(
+                    tensor.resolve_conj().resolve_neg())
+        if on_gpu:
+            stage_from_device(on_gpu, flat)
 
+
+def as_bytes(tensor: Any) -> Any:
+    """A contiguous flat uint8 view of ``tensor`` (a copy only when it is not contiguous or has conj/neg bits)."""
+    import torch
+
+    if tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
+        return tensor.view(-1).view(torch.uint8)
+    return tensor.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
+
+
+def stage_from_device(items: list[tuple[Any, int, int]], flat: Any) -> None:
+    """Device-to-host copies of (CUDA) tensors into the (registered) arena ``flat`` on a side stream.
+
+    ``items`` are ``(tensor, arena offset, nbytes)``.
+    Big tensors are copied straight into their place. Small ones would each pay a copy's fixed cost
+    (several microseconds), so runs of neighbours in the arena are first gathered on the device into
+    one buffer laid out exactly as in the arena (one ``torch.cat``, padding included) and then moved
+    with a single device-to-host copy.
+    """
+    import torch
+
+    items = sorted(items, key=lambda item: item[1])
+    device = items[0][0].device
+    stream = None
+    if device.type == "cuda":  # (the same gathering runs on CPU tensors, which is how it is unit-tested)
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))  # the tensors' producers come first
+    pad = torch.zeros(knobs.STAGE_GATHER_MAX_GAP_BYTES, dtype=torch.uint8, device=device)
+    run: list[tuple[Any, int, int]] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        start, parts, cursor = run[0][1], [], run[0][1]
+        for tensor, offset, nbytes in run:
+            if offset > cursor:
+                parts.append(pad[:offset - cursor])
+            parts.append(as_bytes(tensor))
+            cursor = offset + nbytes
+        gathered = parts[0] if len(parts) == 1 else torch.cat(parts)
+        flat[start:cursor].copy_(gathered, non_blocking=True)
+        run.clear()
+
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for item in items:
+            tensor, offset, nbytes = item
+            if nbytes >= knobs.STAGE_GATHER_BELOW_BYTES:
+                flat[offset:offset + nbytes].copy_(as_bytes(tensor), non_blocking=True)
+                continue
+            if run:
+                last_tensor, last_offset, last_nbytes = run[-1]
+                if (offset - last_offset - last_nbytes > knobs.STAGE_GATHER_MAX_GAP_BYTES
+                        or offset + nbytes - run[0][1] > knobs.STAGE_GATHER_RUN_BYTES
+                        or tensor.get_device() != last_tensor.get_device()):
+                    flush()
+            run.append(item)
+        flush()
+    # Buffers freed above return to the caching allocator on this stream, so their reuse is ordered
+    # after the copies that read them; the caller may change its tensors once this returns.
+    if stream is not None:
+        stream.synchronize()

@@ -54,3 +54,41 @@ def test_load_into_gpu_tensors(tmp_path: Path):
     ckpt.load(tmp_path / "c", into=live)
     assert torch.equal(live["w"], sd["w"])
     ckpt.close()
+
+
+def test_every_dtype_and_gathered_small_tensors_round_trip(tmp_path: Path):
+    """Small CUDA tensors go through the on-device gather; big ones straight; both bit-exact."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    sd = {
+        "many": [torch.randn(int(n), device="cuda", generator=g) for n in torch.randint(1, 5000, (3000,))],
+        "big": torch.randn(3 * 2**20, device="cuda", generator=g),  # 12 MiB: copied directly
+        "bool": torch.rand(101, device="cuda", generator=g) > 0.5,
+        "complex": torch.randn(33, dtype=torch.complex64, device="cuda", generator=g).conj(),
+        "bf16": torch.randn(7, 9, device="cuda", generator=g).to(torch.bfloat16),
+        "int": torch.arange(-50, 50, device="cuda", dtype=torch.int16),
+        "scalar": torch.tensor(1.5, device="cuda"),
+        "empty": torch.empty(0, 4, device="cuda"),
+    }
+    ckpt = Checkpointer()
+    ckpt.save(sd, tmp_path / "c")
+    out = ckpt.load(tmp_path / "c", device="cuda")
+    assert all(t.device.type == "cuda" for t in out["many"])
+    assert all(torch.equal(a, b) for a, b in zip(out["many"], sd["many"], strict=True))
+    for key in ("big", "bool", "bf16", "int", "scalar", "empty"):
+        assert out[key].device.type == "cuda" and out[key].dtype == sd[key].dtype
+        assert torch.equal(out[key], sd[key]), key
+    assert torch.equal(out["complex"], sd["complex"].resolve_conj())
+    cpu = ckpt.load(tmp_path / "c")  # the same checkpoint on the CPU
+    assert torch.equal(cpu["big"], sd["big"].cpu())
+    ckpt.close()
+
+
+def test_gpu_load_does_not_alias_the_reused_read_buffer(tmp_path: Path):
+    ckpt = Checkpointer()
+    ckpt.save({"w": torch.ones(1000, device="cuda")}, tmp_path / "a")
+    ckpt.save({"w": torch.full((1000,), 2.0, device="cuda")}, tmp_path / "b")
+    a = ckpt.load(tmp_path / "a", device="cuda")
+    b = ckpt.load(tmp_path / "b", device="cuda")
+    assert torch.equal(a["w"], torch.ones(1000, device="cuda"))
+    assert torch.equal(b["w"], torch.full((1000,), 2.0, device="cuda"))
+    ckpt.close()
