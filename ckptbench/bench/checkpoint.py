@@ -39,6 +39,7 @@ from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
 from ckptbench.bench.workloads import (
+    OBJECT_WRITERS,
     WRITERS,
     CheckpointWorkload,
     CkptbenchWriter,
@@ -52,6 +53,7 @@ from ckptbench.bench.workloads import (
 from ckptbench.errors import UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.objects import ObjectScratch, ObjectTarget
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -224,9 +226,56 @@ def plan(spec: CheckpointBenchSpec) -> CheckpointWorkload:
     return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes)
 
 
-def _files(directory: Path) -> tuple[int, int]:
-    files = [p for p in directory.rglob("*") if p.is_file()]
-    return len(files), sum(p.stat().st_size for p in files)
+class _LocalPlaces:
+    """Where the runs' checkpoints go on a filesystem: directories in the scratch directory; cold
+    loads by dropping the page cache."""
+
+    def __init__(self, scratch: Path) -> None:
+        self._scratch = scratch
+        self._dropper = CacheDropper()
+        self.cache_drop = self._dropper.to_dict()
+
+    def location(self, name: str) -> Path:
+        return self._scratch / name
+
+    def files(self, location: Path) -> tuple[int, int]:
+        files = [p for p in location.rglob("*") if p.is_file()]
+        return len(files), sum(p.stat().st_size for p in files)
+
+    def make_cold(self, location: Path) -> None:
+        self._dropper.drop(location)
+
+    def remove(self, location: Path) -> None:
+        shutil.rmtree(location, ignore_errors=True)
+
+
+class _ObjectPlaces:
+    """Where the runs' checkpoints go on object storage: prefixes under the scratch prefix. Every
+    load goes over the network; the server's own cache is out of reach, and the report says so."""
+
+    cache_drop = {"method": "none", "reason": None,
+                  "how": "object storage: every load reads over the network; the server may serve it from its cache"}
+
+    def __init__(self, scratch: ObjectScratch) -> None:
+        self._scratch = scratch
+
+    def location(self, name: str) -> str:
+        return self._scratch.location(name)
+
+    def files(self, location: str) -> tuple[int, int]:
+        return self._scratch.files(location)
+
+    def make_cold(self, location: str) -> None:
+        """Nothing to drop on this machine."""
+
+    def remove(self, location: str) -> None:
+        self._scratch.remove(location)
+
+
+@contextlib.contextmanager
+def _places(target: LocalDirectory | ObjectTarget) -> Iterator[_LocalPlaces | _ObjectPlaces]:
+    with target.scratch() as scratch:
+        yield _LocalPlaces(scratch) if isinstance(scratch, Path) else _ObjectPlaces(scratch)
 
 
 @dataclass
@@ -257,7 +306,7 @@ class _AsyncSamples:
 
 def run_checkpoint_bench(
     spec: CheckpointBenchSpec,
-    target: LocalDirectory,
+    target: LocalDirectory | ObjectTarget,
     *,
     progress: Progress | None = None,
     workload: CheckpointWorkload | None = None,
@@ -277,18 +326,27 @@ def run_checkpoint_bench(
             f"the run keeps about {MEMORY_COPIES:g} copies of the {format_size(nbytes)} checkpoint in memory "
             f"({format_size(required_memory_bytes(workload))}) but only {format_size(available)} is available",
             hint="lower --scale or --size")
-    target.require_free(required_disk_bytes(workload))
+    on_objects = isinstance(target, ObjectTarget)
+    if on_objects:
+        local_only = [w for w in spec.writers if w not in OBJECT_WRITERS]
+        if local_only:
+            raise UsageError(f"writer {local_only[0]!r} writes local files only; on {target.scheme}:// only "
+                             f"{', '.join(OBJECT_WRITERS)} runs", hint="drop it from --writers")
+        target.prepare()
+    else:
+        target.require_free(required_disk_bytes(workload))
     writers: list[Writer] = []
     try:
         for name in spec.writers:
-            writers.append(make_writer(name, threads=spec.threads))
+            writers.append(make_writer(name, threads=spec.threads,
+                                       storage_options=target.storage_options if on_objects else None))
         return _run(spec, target, workload, writers, progress)
     finally:
         for w in writers:
             w.close()
 
 
-def _run(spec: CheckpointBenchSpec, target: LocalDirectory, workload: CheckpointWorkload, writers: list[Writer],
+def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workload: CheckpointWorkload, writers: list[Writer],
          progress: Progress) -> CheckpointBenchReport:
     nbytes = workload.total_bytes
     async_writers = [w for w in writers if w.supports_async]
@@ -302,26 +360,25 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory, workload: Checkpoint
     for w in writers:
         w.prepare(state_dict)
     memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)
-    dropper = CacheDropper()
     rss = PeakRss()
     probe = ComputeProbe() if async_writers else None
     samples = {w.name: _Samples() for w in writers}
     async_samples = {w.name: _AsyncSamples() for w in async_writers}
     memory = None
-    with target.scratch() as scratch:
+    with _places(target) as places:
         for round_ in range(rounds):
             measured = round_ >= spec.warmup
             label = f"{round_ - spec.warmup + 1}/{spec.repeat}" if measured else f"warm-up {round_ + 1}/{spec.warmup}"
             for w in _rotated(writers, round_):
-                _sync_round(w, state_dict, scratch / f"{w.name}-{round_}", samples[w.name], measured, label,
-                            dropper, rss, progress, nbytes)
+                _sync_round(w, state_dict, places, f"{w.name}-{round_}", samples[w.name], measured, label,
+                            rss, progress, nbytes)
             for w in _rotated(async_writers, round_):
-                _async_round(w, state_dict, scratch / f"{w.name}-async-{round_}", async_samples[w.name],
+                _async_round(w, state_dict, places, f"{w.name}-async-{round_}", async_samples[w.name],
                              measured, label, probe, progress, nbytes)  # type: ignore[arg-type]
         ours = next((w for w in writers if isinstance(w, CkptbenchWriter)), None)
         if ours is not None and memory_saves:
             ours.close()  # its arena goes; the memory measurement starts from a fresh Checkpointer
-            memory = _memory(ours, state_dict, scratch / "memory", memory_saves, rss, progress, nbytes)
+            memory = _memory(ours, state_dict, places, memory_saves, rss, progress, nbytes)
     results = []
     for w in writers:
         s = samples[w.name]
@@ -342,10 +399,18 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory, workload: Checkpoint
         for w in async_writers for a in [async_samples[w.name]])
     return CheckpointBenchReport(
         target=str(target), spec=spec, workload=workload, memcpy_bps=memcpy_bps, results=tuple(results),
-        async_results=async_results, memory=memory, cache_drop=dropper.to_dict(),
+        async_results=async_results, memory=memory, cache_drop=places.cache_drop,
         probe=probe.describe() if probe else None, rss_method=rss.method,
-        environment=collect_environment(target.path),
+        environment=_environment(target),
     )
+
+
+def _environment(target: LocalDirectory | ObjectTarget) -> dict[str, Any]:
+    if isinstance(target, LocalDirectory):
+        return collect_environment(target.path)
+    environment = collect_environment()
+    environment["target"] = target.describe()
+    return environment
 
 
 def _rotated(items: list[Writer], round_: int) -> list[Writer]:
@@ -355,15 +420,16 @@ def _rotated(items: list[Writer], round_: int) -> list[Writer]:
     return items[k:] + items[:k]
 
 
-def _sync_round(w: Writer, state_dict: dict[str, Any], directory: Path, s: _Samples, measured: bool, label: str,
-                dropper: CacheDropper, rss: PeakRss, progress: Progress, nbytes: int) -> None:
+def _sync_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, s: _Samples, measured: bool,
+                label: str, rss: PeakRss, progress: Progress, nbytes: int) -> None:
+    directory = places.location(name)
     progress.phase(f"{w.name}: save {label}")
     with rss.measure() as peak:
         save_s = w.save(state_dict, directory)
     progress.end_step(nbytes)
-    s.files, s.disk_bytes = _files(directory)
+    s.files, s.disk_bytes = places.files(directory)
     s.details = w.details()
-    dropper.drop(directory)
+    places.make_cold(directory)
     progress.phase(f"{w.name}: load {label} (cold)")
     load_s, loaded = w.load(directory)
     progress.end_step(nbytes)
@@ -372,7 +438,7 @@ def _sync_round(w: Writer, state_dict: dict[str, Any], directory: Path, s: _Samp
         verify_state_dict(state_dict, loaded, w.name)
         s.verified = True
     del loaded
-    shutil.rmtree(directory, ignore_errors=True)
+    places.remove(directory)
     if measured:
         s.save_s.append(save_s)
         s.load_s.append(load_s)
@@ -380,7 +446,7 @@ def _sync_round(w: Writer, state_dict: dict[str, Any], directory: Path, s: _Samp
     log.info("%s %s: save %.3f s, load %.3f s", w.name, label, save_s, load_s)
 
 
-def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path,
+def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path | str,
                 probe: ComputeProbe | None = None) -> tuple[float, float, list[float]]:
     """(stall_s, persist_s, probe step times while persisting) of one async save."""
     start = time.perf_counter()
@@ -398,8 +464,9 @@ def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path,
     return staged - start, time.perf_counter() - staged, steps
 
 
-def _async_round(w: Writer, state_dict: dict[str, Any], directory: Path, a: _AsyncSamples, measured: bool,
+def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, a: _AsyncSamples, measured: bool,
                  label: str, probe: ComputeProbe, progress: Progress, nbytes: int) -> None:
+    directory = places.location(name)
     progress.phase(f"{w.name}: async save {label}")
     stall_s, persist_s, _ = _async_save(w, state_dict, directory)
     progress.end_step(nbytes)
@@ -409,7 +476,7 @@ def _async_round(w: Writer, state_dict: dict[str, Any], directory: Path, a: _Asy
         verify_state_dict(state_dict, loaded, f"{w.name} (async)")  # type: ignore[arg-type]
         a.verified = True
         del loaded
-    shutil.rmtree(directory, ignore_errors=True)
+    places.remove(directory)
 
     progress.phase(f"{w.name}: async save {label} with the compute probe")
     # The probe alone right before and right after the probed save: a neighbour's load that drifts
@@ -417,11 +484,11 @@ def _async_round(w: Writer, state_dict: dict[str, Any], directory: Path, a: _Asy
     low, high = _PROBE_BASELINE_S
     window_s = min(high, max(low, persist_s)) / 2
     alone = probe.run_for(window_s)
-    with_probe = directory.with_name(directory.name + "-probe")
+    with_probe = places.location(name + "-probe")
     _, persist_probe_s, during = _async_save(w, state_dict, with_probe, probe)
     alone += probe.run_for(window_s)
     progress.end_step(nbytes)
-    shutil.rmtree(with_probe, ignore_errors=True)
+    places.remove(with_probe)
     if measured:
         a.stall_s.append(stall_s)
         a.persist_s.append(persist_s)
@@ -434,8 +501,9 @@ def _async_round(w: Writer, state_dict: dict[str, Any], directory: Path, a: _Asy
              len(during))
 
 
-def _memory(writer: CkptbenchWriter, state_dict: dict[str, Any], directory: Path, saves: int, rss: PeakRss,
+def _memory(writer: CkptbenchWriter, state_dict: dict[str, Any], places: Any, saves: int, rss: PeakRss,
             progress: Progress, nbytes: int) -> MemoryResult:
+    directory = places.location("memory")
     gc.collect()
     ckpt = writer.fresh()
     rss_before = _status_bytes("VmRSS")
@@ -445,13 +513,13 @@ def _memory(writer: CkptbenchWriter, state_dict: dict[str, Any], directory: Path
         for i in range(saves):
             progress.phase(f"memory: save {i + 1}/{saves}")
             with rss.measure() as peak:
-                ckpt.save(state_dict, directory, overwrite=True)
+                ckpt.save(state_dict, directory, overwrite=True, storage_options=writer.storage_options)
             progress.end_step(nbytes)
             peaks.append(peak["peak_bytes"])
             after.append(_status_bytes("VmRSS"))
     finally:
         ckpt.close()
-    shutil.rmtree(directory, ignore_errors=True)
+    places.remove(directory)
     return MemoryResult(
         saves=saves, method=rss.method, checkpoint_bytes=nbytes, rss_before_bytes=rss_before,
         first_peak_extra_bytes=max(0, peaks[0] - rss_before),

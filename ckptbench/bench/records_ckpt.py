@@ -270,7 +270,7 @@ class CheckpointBenchReport:
 
     def warnings(self) -> list[BenchWarning]:
         out: list[BenchWarning] = []
-        if self.cache_drop["method"] != "drop_caches":
+        if self.cache_drop["method"] == "fadvise":
             out.append(BenchWarning(
                 "cache-not-dropped",
                 f"the page cache could not be dropped ({self.cache_drop['reason']}); loads ran after "
@@ -288,7 +288,9 @@ class CheckpointBenchReport:
                     "run as root so the page cache is dropped between runs, or use a larger --scale/--size",
                 ))
         ours = self.result("ckptbench")
-        if ours is not None and ours.details.get("direct_requested") and not ours.details.get("direct"):
+        on_objects = "url" in (self.environment.get("target") or {})  # (a filesystem target has a path)
+        if (ours is not None and not on_objects and ours.details.get("direct_requested")
+                and not ours.details.get("direct")):
             out.append(BenchWarning(
                 "direct-fallback",
                 f"ckptbench: O_DIRECT is not available here ({ours.details.get('direct_fallback_reason')}); "

@@ -369,26 +369,29 @@ class CkptbenchWriter(Writer):
 
     name = "ckptbench"
     durable = ("by the writer: O_DIRECT (or buffered + fdatasync) per shard, manifest temp + fsync + rename, "
-               "directory fsync")
-    load_how = "Checkpointer.load (engine reads, O_DIRECT where possible; CRC-32C of every tensor verified)"
+               "directory fsync; on object storage: every upload completed, then the manifest PUT")
+    load_how = ("Checkpointer.load (engine reads, O_DIRECT where possible; on object storage ranged parallel GETs; "
+                "CRC-32C of every tensor verified)")
     supports_async = True
     async_how = "Checkpointer.save(async_=True): returns after staging into the arena"
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
         from ckptbench.checkpoint import Checkpointer
 
         self._make = lambda: Checkpointer(threads=threads)
         self._ckpt = self._make()
         self._last: Any = None
+        #: For object-storage locations (``directory`` is then a URL string).
+        self.storage_options = storage_options or None
 
     def _save(self, state_dict: dict[str, Any], directory: Path) -> None:
-        self._last = self._ckpt.save(state_dict, directory)
+        self._last = self._ckpt.save(state_dict, directory, storage_options=self.storage_options)
 
     def _load(self, directory: Path) -> dict[str, Any]:
-        return self._ckpt.load(directory)
+        return self._ckpt.load(directory, storage_options=self.storage_options)
 
     def save_async(self, state_dict: dict[str, Any], directory: Path) -> PendingSave:
-        handle = self._ckpt.save(state_dict, directory, async_=True)
+        handle = self._ckpt.save(state_dict, directory, async_=True, storage_options=self.storage_options)
         return PendingSave(handle.done, handle.result)
 
     def details(self) -> dict[str, Any]:
@@ -607,12 +610,18 @@ def _torch_threads() -> int:
 WRITERS = ("ckptbench", "torch", "dcp", "safetensors", "fio")
 
 
-def make_writer(name: str, *, threads: int | None = None, block_size: int | None = None) -> Writer:
-    """The adapter for writer ``name`` (one of :data:`WRITERS`); MissingDependencyError if it cannot run here."""
+#: Writers that also save to object storage (the others write local files).
+OBJECT_WRITERS = ("ckptbench",)
+
+
+def make_writer(name: str, *, threads: int | None = None, block_size: int | None = None,
+                storage_options: dict[str, Any] | None = None) -> Writer:
+    """The adapter for writer ``name`` (one of :data:`WRITERS`); MissingDependencyError if it cannot run here.
+    ``storage_options`` reach writers that save to object storage (ckptbench)."""
     from ckptbench import knobs
 
     if name == "ckptbench":
-        return CkptbenchWriter(threads)
+        return CkptbenchWriter(threads, storage_options)
     if name == "torch":
         return TorchWriter()
     if name == "dcp":

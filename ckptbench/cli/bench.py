@@ -31,6 +31,14 @@ FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--bloc
            "direct": "--direct/--buffered", "fsync": "--fsync/--no-fsync", "read": "--read/--no-read",
            "metadata": "--metadata"}
 CHECKPOINT_ONLY = {"model": "--model", "scale": "--scale", "writers": "--writers"}
+#: Options of the object-storage sweep only.
+OBJECT_ONLY = {"object_size": "--object-size", "concurrency": "--concurrency", "part_size": "--part-size"}
+DEFAULT_OBJECT_SIZE = "64MiB"
+DEFAULT_CONCURRENCY = "1,8,32"
+DEFAULT_PART_SIZE = "16MiB"
+#: Storage-option keys whose values are credentials: never echoed, never written to a result file.
+SECRET_OPTIONS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+                  "password", "account_key", "sas_token", "client_secret"}
 
 
 def _sigterm_as_interrupt() -> None:
@@ -40,6 +48,41 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--endpoint-url`` and ``--storage-option KEY=VALUE`` (repeatable) as a storage_options dict."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            shown = key if key.lower() in SECRET_OPTIONS or not key else pair
+            raise UsageError(f"--storage-option expects KEY=VALUE, got {shown!r}",
+                             hint="e.g. --storage-option part_size=32MiB --storage-option max_concurrency=16")
+        options[key] = value
+    if endpoint_url is not None:
+        options["endpoint_url"] = endpoint_url
+    return options
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """The command line for a result file, with the values of credential storage options masked."""
+    out, value_next = [], False
+    for arg in argv:
+        if value_next:
+            out.append(_masked(arg))
+        elif arg.startswith("--storage-option="):
+            out.append("--storage-option=" + _masked(arg.partition("=")[2]))
+        else:
+            out.append(arg)
+        value_next = arg == "--storage-option" and not value_next
+    return out
+
+
+def _masked(pair: str) -> str:
+    key, sep, _ = pair.partition("=")
+    return f"{key}=***" if sep and key.strip().lower() in SECRET_OPTIONS else pair
 
 
 def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, IO[str]] | None:
@@ -97,16 +140,38 @@ def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, 
               help="Checkpoint workload: its size as a fraction of the full model's (0.05 or 5%), instead of --size.")
 @click.option("--writers", type=params.ListType(click.Choice(WRITER_NAMES)), default=None,
               help="Checkpoint workload: writers compared in one process, alternating: "
-                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference)  [default: ckptbench].")
+                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference)  [default: ckptbench; on object "
+                   "storage only ckptbench].")
+@click.option("--object-size", type=params.SIZE_LIST, default=None,
+              help=f"s3:// sweep: object sizes; a comma list sweeps them  [default: {DEFAULT_OBJECT_SIZE}].")
+@click.option("--concurrency", type=params.INT_LIST, default=None,
+              help=f"s3:// sweep: requests in flight (parts and ranged GETs)  [default: {DEFAULT_CONCURRENCY}].")
+@click.option("--part-size", type=params.SIZE_LIST, default=None,
+              help=f"s3:// sweep: multipart part size and ranged-GET size (5MiB-5GiB)  [default: {DEFAULT_PART_SIZE}].")
+@click.option("--endpoint-url", default=None, metavar="URL",
+              help="Object storage: the S3 endpoint (Ceph RGW, MinIO, ...); else AWS_ENDPOINT_URL or AWS's default.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Object storage: an option for the store, repeatable: region_name, profile, part_size, "
+                   "max_concurrency, max_attempts, create_bucket, anon... Credentials given here never appear "
+                   "in output or result files; prefer the environment or a profile.")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
           metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
-          model: str | None, scale: float | None, writers: list[str] | None) -> None:
-    """Measure a directory (local NVMe or a mounted network filesystem) like a checkpoint writer would.
+          model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
+          concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
+          storage_option: tuple[str, ...]) -> None:
+    """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
+    checkpoint writer would.
 
     TARGET defaults to the system's temporary directory (usually /tmp). Every run writes --size bytes over --files files with the native engine, durable by default
     (O_DIRECT + fdatasync inside the timed region), then reads them back cold. Work happens in a
     scratch directory inside TARGET that is removed afterwards, also on Ctrl-C; nothing else is touched.
+
+    On s3://BUCKET/PREFIX the sweep is object size x requests in flight x part size: each run uploads
+    --size bytes as objects (multipart where larger than the part size) and reads them back with
+    ranged GETs in parallel, under a scratch prefix deleted afterwards (open uploads aborted).
+    Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, AWS_PROFILE...), a
+    profile, or --storage-option.
 
     \b
     Examples:
@@ -116,6 +181,8 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench /mnt/nvme --output results/
       ckptbench bench /mnt/nvme --workload checkpoint --model llama3-8b --scale 0.05
       ckptbench bench /mnt/nvme --workload checkpoint --size 4GiB --writers ckptbench,torch,dcp,safetensors
+      ckptbench bench s3://bucket/tmp --endpoint-url http://rgw:7480 --object-size 64MiB,256MiB --concurrency 8,32
+      ckptbench bench s3://bucket/tmp --workload checkpoint --scale 0.02
 
     With --workload checkpoint, a state_dict with the model's tensor shapes (bf16 weights, fp32 optimizer
     state for a subset, many small tensors) is built once; each writer saves it (timed until durable),
@@ -124,18 +191,34 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     """
     import tempfile
 
-    from ckptbench.storage import resolve_target
+    from ckptbench.storage import resolve_target, scheme_of
 
     target = target if target is not None else tempfile.gettempdir()
     ctx = click.get_current_context()
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    options = storage_options_from(endpoint_url, storage_option)
+    on_objects = scheme_of(target) != "file"
+    if not on_objects and options:
+        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
     if workload == "checkpoint":
+        misplaced = sorted(given & set(OBJECT_ONLY))
+        if misplaced:
+            raise UsageError(f"{OBJECT_ONLY[misplaced[0]]} applies to the s3:// object sweep (--workload fs) only")
         _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, as_json=as_json,
-                          plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers)
+                          plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers,
+                          storage_options=options)
         return
     misplaced = sorted(given & set(CHECKPOINT_ONLY))
     if misplaced:
         raise UsageError(f"{CHECKPOINT_ONLY[misplaced[0]]} applies to --workload checkpoint only")
+    if on_objects:
+        _bench_objects(target, given, size=size, read=read, repeat=repeat, warmup=warmup, as_json=as_json,
+                       plot_path=plot_path, output_dir=output_dir, object_size=object_size, concurrency=concurrency,
+                       part_size=part_size, storage_options=options)
+        return
+    misplaced = sorted(given & set(OBJECT_ONLY))
+    if misplaced:
+        raise UsageError(f"{OBJECT_ONLY[misplaced[0]]} applies to s3:// targets only")
 
     from ckptbench.bench.fs import run_fs_bench
 
@@ -156,6 +239,76 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         plot=_plot_sweep,
         print_tables=_print_tables,
     )
+
+
+def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repeat: int, warmup: int, as_json: bool,
+                   plot_path: Path | None, output_dir: Path | None, object_size: list[int] | None,
+                   concurrency: list[int] | None, part_size: list[int] | None,
+                   storage_options: dict[str, str]) -> None:
+    """The object-storage sweep on ``s3://``: validate everything (URL, options, bucket), then run."""
+    from ckptbench.bench.objects import ObjectBenchSpec, run_object_bench
+    from ckptbench.cli.params import INT_LIST, SIZE_LIST
+    from ckptbench.storage import resolve_target
+
+    misplaced = sorted(given & (set(FS_ONLY) - {"read"} | {"threads"}))
+    if misplaced:
+        flag = {**FS_ONLY, "threads": "--threads"}[misplaced[0]]
+        hint = " (use --concurrency for requests in flight)" if misplaced[0] == "threads" else ""
+        raise UsageError(f"{flag} applies to filesystem targets, not to object storage{hint}")
+    spec = ObjectBenchSpec(
+        size_bytes=size,
+        # The default object size shrinks to --size when that is smaller; given sizes are taken as they are.
+        object_sizes=tuple(object_size or [min(size, o) for o in SIZE_LIST.convert(DEFAULT_OBJECT_SIZE, None, None)]),
+        concurrency=tuple(concurrency or INT_LIST.convert(DEFAULT_CONCURRENCY, None, None)),
+        part_sizes=tuple(part_size or SIZE_LIST.convert(DEFAULT_PART_SIZE, None, None)),
+        read=read, repeat=repeat, warmup=warmup,
+    )
+    storage = resolve_target(target, storage_options)
+    if plot_path is not None and not plot_path.parent.is_dir():
+        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
+    storage.prepare()  # a missing bucket or a wrong endpoint fails here, before any allocation
+    _run_and_emit(
+        lambda progress: run_object_bench(spec, storage, progress=progress),
+        output=_open_output(output_dir, "bench-objects"), plot_path=plot_path, as_json=as_json,
+        plot=_plot_object_sweep, print_tables=_print_object_tables,
+    )
+
+
+def _plot_object_sweep(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.sweep import plot_object_sweep
+
+    plot_object_sweep(document, path)
+
+
+def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = stdout_console()
+    spec, env_target = report.spec, document["environment"]["target"]
+    console.print(
+        f"[bold]{report.target}[/]  at {env_target.get('endpoint')} (credentials from "
+        f"{env_target.get('credential_source')})  ·  {format_size(spec.size_bytes)} per run  ·  "
+        f"{spec.repeat} runs (+{spec.warmup} warm-up)  ·  uploads complete (durable), ranged parallel GETs")
+    table = Table(header_style="bold")
+    for name in ("object", "objects", "in flight", "part", "write MB/s", "min–max", "p99 req ms"):
+        table.add_column(name, justify="right")
+    if spec.read:
+        for name in ("read MB/s", "min–max", "p99 req ms"):
+            table.add_column(name, justify="right")
+    best = report.best_index
+    for i, (result, record) in enumerate(zip(report.results, document["results"], strict=True)):
+        c = record["config"]
+        row = [format_size(result.object_size), str(c["objects"]), str(result.concurrency),
+               "1 PUT" if c["parts_per_object"] == 1 else format_size(result.part_size)]
+        for op in ("write", "read") if spec.read else ("write",):
+            r = record[op]
+            row += [f"{r['gbps'] * 1e3:.0f}", f"{r['summary_gbps']['min'] * 1e3:.0f}–{r['summary_gbps']['max'] * 1e3:.0f}",
+                    f"{r['latency_ms']['p99']:.0f}" if r["latency_ms"] else "-"]
+        table.add_row(*row, style="bold green" if i == best and len(report.results) > 1 else None)
+    console.print(table)
+    b = report.results[best]
+    read_text = f", read {b.read.gbps * 1e3:.0f} MB/s" if b.read else ""
+    console.print(f"best: [bold]{b.label()}[/]: write {b.write.gbps * 1e3:.0f} MB/s{read_text}")
 
 
 def _plot_sweep(document: dict[str, Any], path: Path) -> None:
@@ -186,7 +339,7 @@ def _run_and_emit(run: Any, *, output: tuple[Path, IO[str]] | None, plot_path: P
             output[0].unlink(missing_ok=True)
         raise
     document = report.to_dict()
-    document["argv"] = ["ckptbench", *sys.argv[1:]]
+    document["argv"] = ["ckptbench", *redacted_argv(sys.argv[1:])]
     text = json.dumps(document, indent=2)
     if output is not None:
         with output[1] as fh:
@@ -258,7 +411,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
 
 def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[int], repeat: int, warmup: int,
                       as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
-                      scale: float | None, writers: list[str] | None) -> None:
+                      scale: float | None, writers: list[str] | None, storage_options: dict[str, str]) -> None:
     """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan, run_checkpoint_bench
     from ckptbench.storage import resolve_target
@@ -275,7 +428,7 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
         writers=tuple(writers or ("ckptbench",)), repeat=repeat, warmup=warmup,
         threads=threads[0] if "threads" in given else None,
     )
-    storage = resolve_target(target)
+    storage = resolve_target(target, storage_options)
     workload = plan(spec)
     if plot_path is not None and not plot_path.parent.is_dir():
         raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")

@@ -1,4 +1,5 @@
-"""PNG of a filesystem sweep: write and read GB/s per configuration, median with min–max whiskers."""
+"""PNGs of a sweep (filesystem or object storage): write and read GB/s per configuration, median with
+min–max whiskers, the best configuration's label in bold."""
 
 from __future__ import annotations
 
@@ -11,6 +12,33 @@ from ckptbench.units import format_size
 
 def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
     """Draw ``ckptbench bench --json``'s document to ``path`` (PNG) and return the path."""
+    results = document["results"]
+    several = len({r["config"]["schedule"] for r in results}) > 1
+    labels = [f"{r['config']['threads']} thr\n{format_size(r['config']['block_size'])}"
+              + (f"\n{r['config']['schedule']}" if several else "") for r in results]
+    target = document["environment"].get("target") or {}
+    config = results[0]["config"]
+    mode = ("O_DIRECT" if config["direct"] else "buffered") + (f" + {config['sync']}" if config["fsync"] else "")
+    title = (f"{document['target']} ({target.get('filesystem')}): {format_size(config['size_bytes'])} "
+             f"in {config['files']} files, {mode}")
+    return _plot_bars(document, labels, title, path)
+
+
+def plot_object_sweep(document: dict[str, Any], path: Path) -> Path:
+    """Draw ``ckptbench bench s3://... --json``'s document to ``path`` (PNG) and return the path."""
+    results = document["results"]
+    labels = []
+    for r in results:
+        c = r["config"]
+        part = "1 PUT" if c["parts_per_object"] == 1 else f"{format_size(c['part_size_bytes'])} parts"
+        labels.append(f"{format_size(c['object_size_bytes'])}\nx{c['concurrency']}\n{part}")
+    target = document["environment"].get("target") or {}
+    title = (f"{document['target']} at {target.get('endpoint', '?')}, {format_size(document['spec']['size_bytes'])} "
+             "per run\nobject size / requests in flight / part size")
+    return _plot_bars(document, labels, title, path)
+
+
+def _plot_bars(document: dict[str, Any], labels: list[str], title: str, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,9 +46,6 @@ def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
     import numpy as np
 
     results = document["results"]
-    several = len({r["config"]["schedule"] for r in results}) > 1
-    labels = [f"{r['config']['threads']} thr\n{format_size(r['config']['block_size'])}"
-              + (f"\n{r['config']['schedule']}" if several else "") for r in results]
     ops = [op for op in ("write", "read") if results[0][op] is not None]
     x = np.arange(len(results))
     width = 0.8 / len(ops)
@@ -43,12 +68,7 @@ def plot_fs_sweep(document: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(x, labels)
     ax.get_xticklabels()[best].set_fontweight("bold")
     ax.set_ylabel("GB/s (1e9 B/s)")
-    env = document["environment"]
-    target = env.get("target") or {}
-    config = results[0]["config"]
-    mode = ("O_DIRECT" if config["direct"] else "buffered") + (f" + {config['sync']}" if config["fsync"] else "")
-    ax.set_title(f"{document['target']} ({target.get('filesystem')}): {format_size(config['size_bytes'])} "
-                 f"in {config['files']} files, {mode}", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(loc="upper right", fontsize=8, ncols=len(ops))
     ax.grid(axis="y", alpha=0.3)
     return save_with_footer(fig, document, path)

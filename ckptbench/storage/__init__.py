@@ -1,18 +1,16 @@
-"""Where bytes go. A target string (a path or a URL) resolves to a storage target by its scheme.
-
-Today only local and mounted filesystems (a plain path or ``file://``) are supported; object
-storage (``s3://`` and other fsspec protocols) plugs in here by scheme.
+"""Where bytes go. A target string (a path or a URL) resolves to a storage target by its scheme:
+a plain path (or ``file://``) is a local or mounted directory (the native engine); ``s3://`` and
+any other fsspec protocol are object storage (``objects.ObjectTarget`` over a checkpoint ``Store``).
 """
 
 from __future__ import annotations
 
-from ckptbench.errors import TargetError
+from typing import Any
+
+from ckptbench.errors import UsageError
 from ckptbench.storage.local import LocalDirectory
 
 __all__ = ["LocalDirectory", "resolve_target", "scheme_of"]
-
-#: Schemes that are recognised but not implemented yet, with what to do meanwhile.
-_NOT_YET = {"s3", "gs", "gcs", "az", "abfs", "abfss", "hdfs", "http", "https", "memory"}
 
 
 def scheme_of(target: str) -> str:
@@ -21,14 +19,15 @@ def scheme_of(target: str) -> str:
     return head.lower() if sep else "file"
 
 
-def resolve_target(target: str) -> LocalDirectory:
-    """Validate ``target`` and return the storage object that serves it (raises TargetError)."""
+def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """Validate ``target`` and return what serves it: a LocalDirectory, or an ObjectTarget for URLs
+    (raises TargetError / UsageError / MissingDependencyError with one line)."""
     scheme = scheme_of(target)
     if scheme == "file":
+        if storage_options:
+            raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), "
+                             "not to a directory")
         return LocalDirectory.from_string(target.removeprefix("file://"))
-    if scheme in _NOT_YET:
-        raise TargetError(
-            f"{target!r}: {scheme}:// targets are not supported yet by the storage benchmark",
-            hint="give a local or mounted directory; checkpoints (ckptbench.save) can already go to s3://",
-        )
-    raise TargetError(f"{target!r}: unknown URL scheme {scheme!r}", hint="give a directory path")
+    from ckptbench.storage.objects import ObjectTarget
+
+    return ObjectTarget(target, storage_options)

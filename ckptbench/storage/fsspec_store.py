@@ -137,6 +137,15 @@ class FsspecStore:
             return []
         return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") != "directory"]
 
+    def list_recursive(self) -> list[str]:
+        """Every file under the location, sub-directories included (``a/b`` relative names)."""
+        try:
+            found = self.fs.find(self.root)
+        except FileNotFoundError:
+            return []
+        root = self.fs._strip_protocol(self.root).rstrip("/") + "/"
+        return [self.fs._strip_protocol(path).removeprefix(root) for path in found]
+
     def remove(self, names: list[str]) -> None:
         for name in names:
             try:

@@ -28,6 +28,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -335,6 +336,9 @@ class S3Store:
         self.endpoint, self.endpoint_source = connection.endpoint, connection.endpoint_source
         self.credential_source = connection.credential_source
         self._reached = False  # whether a request succeeded (connection errors after that are runtime errors)
+        #: Called as ``(bytes, seconds)`` for every object or part uploaded and every range read (progress
+        #: bars, per-request latency); from worker threads.
+        self.on_request: Callable[[int, float], None] | None = None
         log.debug("S3 store %s at %s (endpoint from %s), credentials from %s, part size %s", self.url,
                   self.endpoint, self.endpoint_source, self.credential_source, format_size(self.options.part_size))
 
@@ -459,17 +463,21 @@ class S3Store:
         def put_whole(key: str, name: str, view: memoryview) -> None:
             if stop.is_set():
                 return
+            started = time.perf_counter()
             self._call(self._data, "uploading", name, "put_object", Key=key, Body=_ViewReader(view))
             with done_lock:
                 done_keys.append(key)
+            self._moved(len(view), started)
 
         def put_part(upload: _Upload, name: str, index: int) -> None:
             if stop.is_set():
                 return
             start = index * upload.part_bytes
             body = _ViewReader(upload.view[start:start + upload.part_bytes])
+            started = time.perf_counter()
             response = self._call(self._data, "uploading a part of", name, "upload_part", Key=upload.key,
                                   UploadId=upload.upload_id, PartNumber=index + 1, Body=body)
+            self._moved(len(body), started)
             with upload.lock:
                 upload.etags[index] = response["ETag"]
                 last = all(upload.etags)
@@ -515,6 +523,45 @@ class S3Store:
         pool.shutdown(wait=True)
         return report
 
+    def _moved(self, nbytes: int, started: float) -> None:
+        if self.on_request is not None:
+            self.on_request(nbytes, time.perf_counter() - started)
+
+    def abort_incomplete_uploads(self) -> int:
+        """Abort every multipart upload in progress under this location (best effort); returns how many.
+        Cleanup for scratch prefixes: a crash between create and abort can leave parts billed forever."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        aborted = 0
+        try:
+            uploads = self._call(self._control, "listing uploads under", None, "list_multipart_uploads",
+                                 Prefix=prefix).get("Uploads", [])
+        except Exception as exc:  # noqa: BLE001 - cleanup never raises
+            log.warning("could not list multipart uploads under %s: %s", self.url, exc)
+            return 0
+        for upload in uploads:
+            try:
+                self._data.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+            except Exception as exc:  # noqa: BLE001
+                log.warning("could not abort the multipart upload of %s: %s", upload["Key"], self._error(exc, "aborting"))
+        return aborted
+
+    def list_recursive(self) -> list[str]:
+        """Every object name under this location, sub-prefixes included (``a/b`` relative names)."""
+        return self._list(recursive=True)
+
+    def _list(self, *, recursive: bool) -> list[str]:
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        delimiter = {} if recursive else {"Delimiter": "/"}
+        names: list[str] = []
+        token: dict[str, str] = {}
+        while True:
+            page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, **delimiter, **token)
+            names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return names
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
     def _discard(self, uploads: list[_Upload], done_keys: list[str]) -> None:
         """After a failed write: abort unfinished multipart uploads, delete completed objects."""
         for upload in uploads:
@@ -544,6 +591,7 @@ class S3Store:
             if stop.is_set():
                 return
             end = start + len(view) - 1
+            started = time.perf_counter()
             body = self._call(self._data, "reading", name, "get_object", Key=self._key(name),
                               Range=f"bytes={start}-{end}")["Body"]
             try:
@@ -560,6 +608,7 @@ class S3Store:
                 body.close()
             if filled != len(view):
                 raise StorageIOError(f"{self._where(name)} ended at byte {start + filled}, expected {end + 1}")
+            self._moved(filled, started)
 
         with ThreadPoolExecutor(self.concurrency(threads), thread_name_prefix="ckptbench-s3") as pool:
             futures = [pool.submit(get_range, *job) for job in jobs]
@@ -592,16 +641,7 @@ class S3Store:
             return None
 
     def list(self) -> list[str]:
-        prefix = f"{self.prefix}/" if self.prefix else ""
-        names: list[str] = []
-        token: dict[str, str] = {}
-        while True:
-            page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, Delimiter="/",
-                              **token)
-            names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
-            if not page.get("IsTruncated"):
-                return names
-            token = {"ContinuationToken": page["NextContinuationToken"]}
+        return self._list(recursive=False)
 
     def remove(self, names: list[str]) -> None:
         self._delete_keys([self._key(name) for name in names])
