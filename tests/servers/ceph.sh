@@ -7,13 +7,16 @@
 #
 # Needs Debian's radosgw ceph-mon ceph-osd ceph-common (+ ceph-mds ceph-fuse for CephFS), root.
 # Facts behind the settings: shared/notes/storage-servers.md. Ports: CEPH_MON_PORT (3300),
-# CEPH_RGW_PORT (7480). Everything lives under DIR; stop kills the daemons by their pid files.
+# CEPH_RGW_PORT (7480). Address: CEPH_BIND_ADDR (127.0.0.1; another one, e.g. inside a network namespace:
+# tests/servers/netns.sh). Everything lives under DIR; stop kills the daemons by their pid files.
 set -euo pipefail
 
 cmd=${1:-}; dir=${2:-}
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|stop DIR [--cephfs MOUNTPOINT]" >&2; exit 2; }
 mon_port=${CEPH_MON_PORT:-3300}
 rgw_port=${CEPH_RGW_PORT:-7480}
+bind=${CEPH_BIND_ADDR:-127.0.0.1}
+if [[ $bind == 127.* ]]; then public_net=127.0.0.0/8; else public_net=$bind/32; fi
 access_key=${CEPH_ACCESS_KEY:-ckptbenchaccess}
 secret_key=${CEPH_SECRET_KEY:-ckptbenchsecret0123456789}
 export CEPH_CONF="$dir/ceph.conf"
@@ -61,14 +64,14 @@ start() {
   cat > "$CEPH_CONF" <<CONF
 [global]
 fsid = $fsid
-mon host = v2:127.0.0.1:$mon_port
+mon host = v2:$bind:$mon_port
 mon initial members = a
 auth cluster required = none
 auth service required = none
 auth client required = none
 ms bind ipv6 = false
 ms bind msgr1 = false
-public network = 127.0.0.0/8
+public network = $public_net
 osd pool default size = 1
 osd pool default min size = 1
 osd pool default pg num = 8
@@ -99,7 +102,7 @@ pid file = $dir/run/osd.pid
 mds data = $dir/mds/\$name
 pid file = $dir/run/mds.pid
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:$rgw_port
+rgw frontends = beast endpoint=$bind:$rgw_port
 rgw data = $dir/rgw
 ms mon client mode = crc secure
 pid file = $dir/run/rgw.pid
@@ -109,7 +112,7 @@ CONF
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *' \
     --cap mds 'allow *' --cap mgr 'allow *' >/dev/null
-  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$mon_port]" "$dir/monmap" >/dev/null
+  monmaptool --create --fsid "$fsid" --addv a "[v2:$bind:$mon_port]" "$dir/monmap" >/dev/null
   ceph-mon --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/keyring" 2>/dev/null
   ceph-mon -i a 2>>"$dir/log/daemons.err"
   wait_for 30 "the monitor" ceph -s --connect-timeout 3
@@ -120,10 +123,10 @@ CONF
   ceph-osd -i "$id" 2>>"$dir/log/daemons.err"
   wait_for 60 "the OSD" bash -c "ceph osd stat 2>/dev/null | grep -q '1 up'"
   radosgw -n client.rgw.a 2>>"$dir/log/daemons.err"
-  wait_for 60 "radosgw on 127.0.0.1:$rgw_port" curl -sf "http://127.0.0.1:$rgw_port"
+  wait_for 60 "radosgw on $bind:$rgw_port" curl -sf "http://$bind:$rgw_port"
   radosgw-admin user create --uid=ckptbench --display-name=ckptbench \
     --access-key="$access_key" --secret-key="$secret_key" >/dev/null
-  echo "CKPTBENCH_TEST_S3_ENDPOINT=http://127.0.0.1:$rgw_port"
+  echo "CKPTBENCH_TEST_S3_ENDPOINT=http://$bind:$rgw_port"
   echo "AWS_ACCESS_KEY_ID=$access_key"
   echo "AWS_SECRET_ACCESS_KEY=$secret_key"
   if [[ -n "$cephfs_mount" ]]; then
