@@ -24,6 +24,10 @@ COMMANDS: dict[str, str] = {
     "bench": "ckptbench.cli.bench:bench",
     "interval": "ckptbench.cli.interval:interval",
     "goodput": "ckptbench.cli.goodput:goodput",
+    "preflight": "ckptbench.cli.preflight:preflight",
+    "compare": "ckptbench.cli.compare:compare",
+    "recommend": "ckptbench.cli.recommend:recommend",
+    "report": "ckptbench.cli.report:report",
 }
 
 
@@ -123,7 +127,9 @@ def _error_line(message: str) -> None:
 def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
-        click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        code = click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        if isinstance(code, int):  # ctx.exit(N) from a command (e.g. preflight's verdict)
+            return code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:

@@ -1,0 +1,289 @@
+"""``ckptbench preflight [TARGET]``: measure the target briefly with the real writer, size the job's
+checkpoint, predict stall, restore, overhead and goodput, and give PASS/WARN/FAIL verdicts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptbench import __version__
+from ckptbench.cli import params
+from ckptbench.cli.bench import _open_output, _run_and_emit, storage_options_from
+from ckptbench.cli.interval import failure_options, resolve_failures
+from ckptbench.cli.render import stdout_console
+from ckptbench.errors import UsageError
+from ckptbench.model import sizing
+from ckptbench.units import format_duration, format_rate, format_size
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_RANKS = 8
+DEFAULT_FAILURES = "llama3"
+DEFAULT_MEASURE_SIZE = "512MiB"
+UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
+         "fraction (0..1)", "_usd_per_day": "US dollars per day", "_gpu_hours_per_day": "GPU hours per day"}
+_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+
+
+def _interval(value: str) -> float | None:
+    if value.strip().lower() == "auto":
+        return None
+    return params.BOUNDED_DURATION.convert(value, None, None)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("target", required=False)
+@click.option("--model", metavar="PRESET", default=None,
+              help=f"Model preset from configs/models (llama3-8b, llama3-70b, llama3-405b, dense-100b)  "
+                   f"[default: {DEFAULT_MODEL}]. Not with --params.")
+@click.option("--params", "params", type=params.FINITE_COUNT, default=None,
+              help="Model parameters instead of a preset: 70B.")
+@click.option("--dtype", type=click.Choice(sorted(sizing.DTYPE_BYTES)), default="bf16", show_default=True,
+              help="Weights dtype.")
+@click.option("--optimizer", type=click.Choice(sorted(sizing.OPTIMIZER_BYTES)), default="adam", show_default=True,
+              help="Optimizer state saved: adam (8 B/param), sgd (4), none.")
+@click.option("--weights-only", is_flag=True, help="Checkpoints hold the weights alone.")
+@click.option("--ranks", type=params.POSITIVE_INT, default=DEFAULT_RANKS, show_default=True,
+              help="GPUs (ranks) in the job.")
+@click.option("--gpus-per-node", type=params.POSITIVE_INT, default=8, show_default=True,
+              help="Ranks per node: they share the node's storage bandwidth and host memory.")
+@click.option("--tp", type=params.POSITIVE_INT, default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--pp", type=params.POSITIVE_INT, default=1, show_default=True, help="Pipeline-parallel ranks.")
+@click.option("--sharding", type=click.Choice(sizing.SHARDING), default="none", show_default=True,
+              help="Data-parallel sharding of the state: zero1 (optimizer), zero2 (+grads), zero3/fsdp (+weights).")
+@click.option("--interval", "interval", default="auto", show_default=True, metavar="DURATION|auto",
+              help="Checkpoint interval (training time between checkpoints) to check: 30m; auto = the optimum.")
+@failure_options(with_count=False)
+@click.option("--restart", type=params.BOUNDED_DURATION, default=None,
+              help="Time to detect a failure and get the job running again, before reloading the checkpoint: "
+                   "10m  [default: 0].")
+@click.option("--max-overhead", type=params.FRACTION, default="2%", show_default=True,
+              help="FAIL when checkpoints cost more than this share of compute (and restores of the time).")
+@click.option("--max-ckpt-time", type=params.BOUNDED_DURATION, default="10s", show_default=True,
+              help="FAIL when training blocks longer than this per checkpoint.")
+@click.option("--retain", type=params.POSITIVE_INT, default=2, show_default=True,
+              help="Checkpoints kept on the target (free space must hold these plus one being written).")
+@click.option("--aggregate-bandwidth", type=params.FINITE_RATE, default=None,
+              help="Shared storage: the most it delivers to all nodes together (40GB/s); caps the per-node rate.")
+@click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
+              help="Async: training throughput lost while persisting (5%)  [default: measured by a CPU probe].")
+@click.option("--gpu-hour-usd", type=params.FINITE_POSITIVE_NUMBER, default=None,
+              help="Price of one GPU hour, for the wasted cost: 2.5.")
+@click.option("--measure-size", type=params.SIZE, default=DEFAULT_MEASURE_SIZE, show_default=True,
+              help="Bytes the writer saves and loads per measured run (a model-shaped state_dict).")
+@click.option("--repeat", type=params.POSITIVE_INT, default=2, show_default=True, help="Measured runs.")
+@click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Directory to write the JSON result file into (created if missing).")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also draw waste versus checkpoint interval (the interval used and the optimum marked) to a PNG.")
+@click.pass_context
+def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
+    """Will checkpointing on TARGET work for this job? Measure, predict, and say PASS / WARN / FAIL.
+
+    TARGET (a directory, a mount, or s3://BUCKET/PREFIX) defaults to the system's temporary directory;
+    the job defaults to llama3-8b on 8 GPUs with the Llama 3 failure rate, so `ckptbench preflight`
+    alone runs a complete check in under a minute. The writer saves and loads a model-shaped
+    state_dict of --measure-size on TARGET (durable saves, cold loads, async stall and persist); the
+    job's checkpoint is sized from the model and its parallelism; the failure model turns both into
+    the optimal interval, overhead, restore time and goodput.
+
+    \b
+    Exit status: 0 when every check passes (warnings allowed), 1 when one fails, 2 on bad input.
+
+    \b
+    Examples:
+      ckptbench preflight
+      ckptbench preflight /mnt/nvme --model llama3-70b --ranks 512 --sharding zero1 --interval 30m
+      ckptbench preflight /mnt/lustre --params 405B --ranks 16384 --tp 8 --pp 16 --failures llama3 \\
+          --aggregate-bandwidth 2TB/s --gpu-hour-usd 2.5 --json
+      ckptbench --config configs/runs/llama3-70b-512gpu.toml preflight
+    """
+    from ckptbench.model import presets
+    from ckptbench.recommend import Job
+    from ckptbench.storage import resolve_target, scheme_of
+
+    target = target if target is not None else tempfile.gettempdir()
+    if opts["model"] is not None and opts["params"] is not None:
+        raise UsageError("--model and --params both give the model size", hint="give one of them")
+    if opts["weights_only"] and ctx.get_parameter_source("optimizer") == click.core.ParameterSource.COMMANDLINE:
+        raise UsageError("--weights-only and --optimizer contradict each other", hint="give one of them")
+    ranks, tp, pp = opts["ranks"], opts["tp"], opts["pp"]
+    if ranks % (tp * pp):
+        raise UsageError(f"--ranks {ranks} is not a multiple of --tp {tp} x --pp {pp}")
+    preset = opts["model"] if opts["params"] is None else None
+    shape = presets.load_model(preset or DEFAULT_MODEL)
+    param_count = opts["params"] if opts["params"] is not None else shape.params
+    recipe = sizing.TrainingRecipe(weights_dtype=opts["dtype"], optimizer=opts["optimizer"],
+                                   weights_only=opts["weights_only"])
+    layout = sizing.Parallelism(dp=ranks // (tp * pp), tp=tp, pp=pp, sharding=opts["sharding"])
+    size = sizing.checkpoint_size(param_count, recipe, layout)
+    given_rate = [opts[k] for k in ("mtbf", "gpu_mtbf", "node_mtbf", "faults_per_day", "failures")]
+    failures = resolve_failures(
+        mtbf_s=opts["mtbf"], gpu_mtbf_s=opts["gpu_mtbf"], node_mtbf_s=opts["node_mtbf"],
+        faults_per_day=opts["faults_per_day"],
+        failure_preset=opts["failures"] if any(v is not None for v in given_rate) else DEFAULT_FAILURES,
+        gpus=ranks, nodes=max(1, -(-ranks // opts["gpus_per_node"])), count_given=False)
+    assert failures is not None
+    job = Job(size=size, model_name=preset or (f"{param_count:.3g} params" if opts["params"] else DEFAULT_MODEL),
+              ranks=ranks, ranks_per_node=opts["gpus_per_node"], failures=failures, restart_s=opts["restart"] or 0.0,
+              interval_s=_interval(opts["interval"]), retain=opts["retain"], max_overhead=opts["max_overhead"],
+              max_ckpt_time_s=opts["max_ckpt_time"], aggregate_bps=opts["aggregate_bandwidth"],
+              interference=opts["interference"], gpu_hour_usd=opts["gpu_hour_usd"])
+    options = storage_options_from(opts["endpoint_url"], opts["storage_option"])
+    if scheme_of(target) == "file" and options:
+        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
+    storage = resolve_target(target, options)
+    if opts["plot_path"] is not None and not opts["plot_path"].parent.is_dir():
+        raise UsageError(f"--plot {str(opts['plot_path'])!r}: directory {str(opts['plot_path'].parent)!r} does not exist")
+    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
+
+    spec = CheckpointBenchSpec(model=preset or DEFAULT_MODEL, size_bytes=opts["measure_size"], writers=("ckptbench",),
+                               repeat=opts["repeat"], warmup=1, memory_saves=0)
+    workload = plan(spec)  # a bad --measure-size fails here, before anything is written
+    report_box: list[PreflightReport] = []
+
+    def run(progress: Any) -> PreflightReport:
+        report = measure_and_evaluate(job, spec, storage, workload, progress)
+        report_box.append(report)
+        return report
+
+    _run_and_emit(run, output=_open_output(opts["output_dir"], "preflight"), plot_path=opts["plot_path"],
+                  as_json=opts["as_json"], plot=_plot, print_tables=lambda report, doc: _print(doc))
+    ctx.exit(report_box[0].verdict.exit_code)
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    target: str
+    verdict: Any  # recommend.Verdict
+    bench: dict[str, Any]  # the embedded checkpoint-bench document
+    created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.verdict
+        job = v.job
+        return {
+            "schema": "ckptbench.preflight/1",
+            "tool": {"name": "ckptbench", "version": __version__},
+            "created": self.created,
+            "target": self.target,
+            "verdict": v.verdict,
+            "checks": [c.to_dict() for c in v.checks],
+            "recommendation": [{"setting": a.setting, "value": a.value, "reason": a.reason} for a in v.recommendation],
+            "predictions": v.predictions,
+            "model": {"curve": v.predictions["curve"]},
+            "job": {
+                "model": job.model_name, "ranks": job.ranks, "ranks_per_node": job.ranks_per_node, "nodes": job.nodes,
+                "checkpoint": job.size.as_dict(), "failures": {"mtbf_s": job.failures.mtbf_s,
+                                                               "source": job.failures.source},
+                "restart_s": job.restart_s, "interval_s": job.interval_s, "retain": job.retain,
+                "max_overhead": job.max_overhead, "max_ckpt_time_s": job.max_ckpt_time_s,
+                "aggregate_bps": job.aggregate_bps, "interference": job.interference,
+                "gpu_hour_usd": job.gpu_hour_usd,
+            },
+            "measurements": {
+                "measured_bytes": v.measurements.measured_bytes, "write_bps": v.measurements.write_bps,
+                "read_bps": v.measurements.read_bps, "async_stall_s": v.measurements.stall_s,
+                "async_persist_s": v.measurements.persist_s, "interference": v.measurements.interference,
+                "memcpy_bps": v.measurements.memcpy_bps, "free_bytes": v.measurements.free_bytes,
+                "host_memory_bytes": v.measurements.host_memory_bytes, "threads": v.measurements.threads,
+                "direct": v.measurements.direct, "shared_storage": v.measurements.shared_storage,
+                "checkpoint_bench": self.bench,
+            },
+            "assumptions": list(v.assumptions),
+            "units": UNITS,
+            "warnings": self.bench["warnings"],
+            "environment": self.bench["environment"],
+        }
+
+
+def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any) -> PreflightReport:
+    """Run the writer on ``storage`` and turn its numbers into the verdict."""
+    import statistics
+
+    from ckptbench.bench.checkpoint import run_checkpoint_bench
+    from ckptbench.recommend import Measurements, evaluate, interference_fraction
+    from ckptbench.storage.local import LocalDirectory
+
+    report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
+    doc = report.to_dict()
+    ours = report.result("ckptbench")
+    (async_,) = report.async_results
+    env = doc["environment"]
+    fstype = (env.get("target") or {}).get("filesystem") or ""
+    local = isinstance(storage, LocalDirectory)
+    shared = not local or fstype.startswith(("fuse", "nfs", "ceph", "lustre", "gpfs", "beegfs", "cifs", "smb"))
+    measurements = Measurements(
+        measured_bytes=workload.total_bytes,
+        write_bps=ours.save.gbps * 1e9, read_bps=ours.load.gbps * 1e9,
+        stall_s=statistics.median(async_.stall_s), persist_s=statistics.median(async_.persist_s),
+        interference=interference_fraction(async_.interference_median),
+        memcpy_bps=report.memcpy_bps, shared_storage=shared,
+        free_bytes=storage.free_bytes() if local else None,
+        host_memory_bytes=env.get("memory_bytes"),
+        threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
+    )
+    return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
+
+
+def _plot(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.preflight_plot import plot_waste_curve
+
+    plot_waste_curve(document, path)
+
+
+def _print(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = stdout_console()
+    job, p, m = doc["job"], doc["predictions"], doc["measurements"]
+    ck = job["checkpoint"]
+    env_target = doc["environment"].get("target") or {}
+    console.print(
+        f"[bold]{doc['target']}[/] ({env_target.get('filesystem')})  ·  job: {job['model']}, {job['ranks']} ranks on "
+        f"{job['nodes']} node(s), {ck['recipe']['description']}, {ck['parallelism']['sharding']} sharding  ·  "
+        f"MTBF {format_duration(job['failures']['mtbf_s'])} ({job['failures']['source']})")
+    console.print(
+        f"measured: {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
+        f"{format_rate(m['read_bps'])} (cold), async stall {format_duration(m['async_stall_s'])}, persist "
+        f"{format_duration(m['async_persist_s'])}" + (f", interference {m['interference']:.0%}"
+                                                     if m["interference"] is not None else ""))
+    console.print(
+        f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "
+        f"per rank (busiest), {format_size(p['checkpoint_per_node_bytes'])} per node; each rank gets "
+        f"{format_rate(p['per_rank_write_bps'])}")
+    table = Table(header_style="bold", title="predicted", title_justify="left")
+    for name in ("sync save", "async stall", "persist", "restore", "interval", "optimum", "overhead", "goodput"):
+        table.add_column(name, justify="right")
+    table.add_row(format_duration(p["sync_checkpoint_s"]), format_duration(p["async_stall_s"]),
+                  format_duration(p["async_persist_s"]), format_duration(p["restore_s"]),
+                  format_duration(p["interval_s"]) + (" (opt.)" if p["interval_is_optimal"] else ""),
+                  format_duration(p["optimal_interval_s"]) + f" {p['mode']}", f"{p['overhead_fraction']:.2%}",
+                  f"{p['goodput']:.2%}")
+    console.print(table)
+    wasted = f"{p['wasted_gpu_hours_per_day']:.1f} GPU-hours/day wasted"
+    if p["wasted_usd_per_day"] is not None:
+        wasted += f" (${p['wasted_usd_per_day']:,.0f}/day)"
+    console.print(wasted)
+    checks = Table(header_style="bold", title="checks", title_justify="left")
+    for name in ("check", "status", "detail"):
+        checks.add_column(name)
+    for c in doc["checks"]:
+        detail = c["message"] + (f" [dim]→ {c['remedy']}[/]" if c["remedy"] else "")
+        checks.add_row(c["name"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail)
+    console.print(checks)
+    console.print("recommendation:")
+    for a in doc["recommendation"]:
+        value = a["value"]
+        shown = format_duration(value) if a["setting"].endswith("_s") else (
+            format_size(value) if a["setting"].endswith("_bytes") else value)
+        console.print(f"  {a['setting']} = {shown}  [dim]{a['reason']}[/]")
+    console.print(f"verdict: [{_STYLE[doc['verdict']]}]{doc['verdict']}[/]")

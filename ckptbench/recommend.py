@@ -1,0 +1,320 @@
+"""Pre-flight verdicts and recommendations (pure): a training job, what the real writer measured on the
+target, and the model -> predictions, PASS/WARN/FAIL checks and settings, each with its reason.
+
+How one node's numbers scale to the job (stated in every result's ``assumptions``):
+
+- every rank writes its own share (``sizing.checkpoint_size``); the busiest node holds the busiest
+  rank (data-parallel rank 0, with the replicated state) and ``ranks_per_node - 1`` others, so it
+  moves ``node_bytes = per_rank_max_bytes + (ranks_per_node - 1) x per_rank_min_bytes``;
+- each node gets the bandwidth measured here (true for node-local disks; shared storage must deliver
+  ``nodes x`` that, so ``aggregate_bps`` caps it when given): ``checkpoint time = max(node_bytes /
+  write, total_bytes / aggregate)``; the same for restore with the cold-read rate;
+- asynchronous saves block for ``node_bytes / staging rate`` and persist at the write rate; the
+  interference measured by the compute probe (a CPU matmul loop) is used unless given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckptbench.errors import UsageError
+from ckptbench.model import interval as model
+from ckptbench.model.failures import FailureModel
+from ckptbench.model.sizing import CheckpointSize
+from ckptbench.units import format_duration, format_rate, format_size
+
+SCHEMA = "ckptbench.preflight/1"
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+#: A measured rate above this fraction of memcpy bandwidth was served from memory, not the storage.
+CACHED_FRACTION = 0.9
+#: Pinned staging above these fractions of host memory warns / fails.
+RAM_WARN_FRACTION, RAM_FAIL_FRACTION = 0.5, 0.9
+
+
+@dataclass(frozen=True)
+class Job:
+    """The training job being checked. ``interval_s`` None means: use the optimal interval."""
+
+    size: CheckpointSize
+    model_name: str
+    ranks: int
+    ranks_per_node: int
+    failures: FailureModel
+    restart_s: float = 0.0
+    interval_s: float | None = None
+    retain: int = 2
+    max_overhead: float = 0.02
+    max_ckpt_time_s: float = 10.0
+    aggregate_bps: float | None = None
+    interference: float | None = None
+    gpu_hour_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1 or self.ranks_per_node < 1:
+            raise UsageError(f"ranks ({self.ranks}) and ranks per node ({self.ranks_per_node}) must be positive")
+        if self.ranks % self.ranks_per_node and self.ranks > self.ranks_per_node:
+            raise UsageError(f"--ranks {self.ranks} is not a multiple of --gpus-per-node {self.ranks_per_node}")
+        if not 0 < self.max_overhead < 1:
+            raise UsageError(f"--max-overhead {self.max_overhead:.3g} must be between 0 and 100 %")
+        if not 0 < self.max_ckpt_time_s < math.inf:
+            raise UsageError(f"--max-ckpt-time {self.max_ckpt_time_s!r} must be positive")
+        if self.retain < 1:
+            raise UsageError(f"--retain {self.retain} must be at least 1")
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.ranks / self.ranks_per_node))
+
+    @property
+    def node_bytes(self) -> int:
+        """Bytes the busiest node writes per checkpoint: the busiest rank's plus every other rank's there."""
+        others = min(self.ranks, self.ranks_per_node) - 1
+        return self.size.per_rank_max_bytes + self.size.per_rank_min_bytes * others
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the real writer did on the target (``measured_bytes`` per save), and this host."""
+
+    measured_bytes: int
+    write_bps: float
+    read_bps: float
+    stall_s: float
+    persist_s: float
+    interference: float | None
+    memcpy_bps: float
+    shared_storage: bool
+    free_bytes: int | None
+    host_memory_bytes: int | None
+    threads: int
+    direct: bool
+
+    @property
+    def staging_bps(self) -> float:
+        return self.measured_bytes / self.stall_s
+
+    @property
+    def persist_bps(self) -> float:
+        return self.measured_bytes / self.persist_s
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    value: float | None
+    threshold: float | None
+    unit: str
+    message: str
+    remedy: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One recommended setting and the measurement that justifies it."""
+
+    setting: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    job: Job
+    measurements: Measurements
+    predictions: dict[str, Any]
+    checks: tuple[Check, ...]
+    recommendation: tuple[Advice, ...]
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def verdict(self) -> str:
+        statuses = {c.status for c in self.checks}
+        return FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == FAIL else 0
+
+
+def interference_fraction(slowdown: float | None) -> float | None:
+    """The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost."""
+    if slowdown is None:
+        return None
+    slowdown = max(0.0, slowdown)
+    return min(0.99, slowdown / (1.0 + slowdown))
+
+
+def _nice_interval(seconds: float) -> float:
+    """Round an interval down to a value people configure: whole minutes above 10 min, else 10 s steps."""
+    if seconds >= 3600:
+        return math.floor(seconds / 300) * 300
+    if seconds >= 600:
+        return math.floor(seconds / 60) * 60
+    return max(10.0, math.floor(seconds / 10) * 10)
+
+
+def evaluate(job: Job, m: Measurements) -> Verdict:
+    """Predictions, checks and a recommendation for ``job`` from ``m`` (raises UsageError when the job
+    cannot make progress at all, e.g. a checkpoint longer than the MTBF)."""
+    node_bytes = job.node_bytes
+    write_s = node_bytes / m.write_bps
+    restore_s = node_bytes / m.read_bps
+    if job.aggregate_bps is not None:
+        write_s = max(write_s, job.size.total_bytes / job.aggregate_bps)
+        restore_s = max(restore_s, job.size.total_bytes / job.aggregate_bps)
+    stall_s = node_bytes / m.staging_bps
+    persist_s = node_bytes / m.persist_bps
+    if job.aggregate_bps is not None:
+        persist_s = max(persist_s, job.size.total_bytes / job.aggregate_bps)
+    interference = job.interference if job.interference is not None else (m.interference or 0.0)
+    mtbf_s = job.failures.mtbf_s
+    restart_s = job.restart_s + restore_s
+    sync_cost = model.CheckpointCost.sync(write_s)
+    async_cost = model.CheckpointCost(stall_s, persist_s, interference)
+    sync = model.analyse(sync_cost, mtbf_s, restart_s)
+    asyn = model.analyse(async_cost, mtbf_s, restart_s)
+    use_async = asyn.waste_fraction < sync.waste_fraction
+    cost, chosen = (async_cost, asyn) if use_async else (sync_cost, sync)
+    interval_s = job.interval_s if job.interval_s is not None else chosen.optimal_interval_s
+    at = model.analyse(cost, mtbf_s, restart_s, every_s=interval_s)
+    waste = at.waste_fraction_at_interval
+    overhead = at.overhead_fraction
+    assert waste is not None and overhead is not None
+    gpu_hours_per_day = job.ranks * 24.0
+    predictions: dict[str, Any] = {
+        "checkpoint_total_bytes": job.size.total_bytes,
+        "checkpoint_per_rank_bytes": job.size.per_rank_max_bytes,
+        "checkpoint_per_node_bytes": node_bytes,
+        "nodes": job.nodes,
+        "per_rank_write_bps": m.write_bps / min(job.ranks, job.ranks_per_node),
+        "sync_checkpoint_s": write_s,
+        "async_stall_s": stall_s,
+        "async_persist_s": persist_s,
+        "interference": interference,
+        "restore_s": restore_s,
+        "mtbf_s": mtbf_s,
+        "failures_per_day": job.failures.faults_per_day,
+        "restart_s": restart_s,
+        "mode": "async" if use_async else "sync",
+        "blocking_s": cost.blocking_s,
+        "interval_s": interval_s,
+        "interval_is_optimal": job.interval_s is None,
+        "optimal_interval_s": chosen.optimal_interval_s,
+        "optimal_interval_sync_s": sync.optimal_interval_s,
+        "optimal_interval_async_s": asyn.optimal_interval_s,
+        "overhead_fraction": overhead,
+        "waste_fraction": waste,
+        "waste_fraction_sync_optimum": sync.waste_fraction,
+        "waste_fraction_async_optimum": asyn.waste_fraction,
+        "goodput": 1.0 - waste,
+        "wasted_gpu_hours_per_day": waste * gpu_hours_per_day,
+        "wasted_usd_per_day": waste * gpu_hours_per_day * job.gpu_hour_usd if job.gpu_hour_usd else None,
+        "curve": [{"interval_s": t, "waste_fraction": w} for t, w, _ in model.waste_curve(
+            cost, mtbf_s, restart_s, _curve_points(max(cost.min_interval_s, chosen.optimal_interval_s / 20),
+                                                   chosen.optimal_interval_s * 20))],
+    }
+    checks = _checks(job, m, predictions)
+    return Verdict(job, m, predictions, tuple(checks), tuple(_advice(job, m, predictions)), _assumptions(job, m))
+
+
+def _curve_points(low: float, high: float, n: int = 60) -> list[float]:
+    low = max(low, 1e-3)
+    return [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+
+
+def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
+    out = []
+    blocking = p["blocking_s"]
+    mode = p["mode"]
+    status = PASS if blocking <= job.max_ckpt_time_s else FAIL
+    out.append(Check(
+        "checkpoint-time", status, blocking, job.max_ckpt_time_s, "s",
+        f"training blocks {format_duration(blocking)} per checkpoint ({mode}; a sync save takes "
+        f"{format_duration(p['sync_checkpoint_s'])}, async stalls {format_duration(p['async_stall_s'])})",
+        None if status == PASS else "faster storage, more nodes writing in parallel, async saves, or sharding "
+                                    "(--sharding zero1) so every rank writes a smaller share"))
+    overhead = p["overhead_fraction"]
+    status = PASS if overhead <= job.max_overhead else FAIL
+    out.append(Check(
+        "overhead", status, overhead, job.max_overhead, "fraction",
+        f"checkpoints cost {overhead:.2%} of compute at an interval of {format_duration(p['interval_s'])}",
+        None if status == PASS else (f"checkpoint less often (at least every {format_duration(blocking / job.max_overhead)} "
+                                     "for this threshold), or make checkpoints cheaper")))
+    on_target = job.size.total_bytes if m.shared_storage else p["checkpoint_per_node_bytes"]
+    needed = on_target * (job.retain + 1)  # the retained ones plus the one being written
+    if m.free_bytes is None:
+        out.append(Check("free-space", PASS, None, needed, "bytes",
+                         f"object storage: no free-space limit ({job.retain} retained checkpoints = "
+                         f"{format_size(on_target * job.retain)})"))
+    else:
+        status = PASS if m.free_bytes >= needed else FAIL
+        out.append(Check(
+            "free-space", status, m.free_bytes, needed, "bytes",
+            f"{format_size(m.free_bytes)} free; {job.retain} retained checkpoints + 1 in flight need {format_size(needed)}",
+            None if status == PASS else "free space, retain fewer checkpoints (--retain), or use a bigger target"))
+    arena = p["checkpoint_per_node_bytes"]
+    if m.host_memory_bytes:
+        share = arena / m.host_memory_bytes
+        status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
+        out.append(Check(
+            "host-memory", status, share, RAM_WARN_FRACTION, "fraction",
+            f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of this host's "
+            f"{format_size(m.host_memory_bytes)}",
+            None if status == PASS else "shard more of the state over data-parallel ranks (--sharding zero1/zero3), "
+                                        "spread the job over more nodes, or a host with more memory"))
+    for what, rate in (("write", m.write_bps), ("read", m.read_bps)):
+        cached = rate > CACHED_FRACTION * m.memcpy_bps
+        out.append(Check(
+            f"{what}-bandwidth-sanity", WARN if cached else PASS, rate, CACHED_FRACTION * m.memcpy_bps, "bytes/s",
+            f"measured {what} {format_rate(rate)} vs this host's memcpy {format_rate(m.memcpy_bps)}"
+            + (": served from memory, not storage" if cached else ""),
+            "run as root so caches are dropped, or measure a larger --measure-size" if cached else None))
+    restore_fraction = p["restart_s"] / p["mtbf_s"]
+    status = PASS if restore_fraction <= job.max_overhead else WARN if restore_fraction <= 2 * job.max_overhead else FAIL
+    out.append(Check(
+        "restore", status, restore_fraction, job.max_overhead, "fraction",
+        f"a restart takes {format_duration(p['restart_s'])} (restore {format_duration(p['restore_s'])}) every "
+        f"{format_duration(p['mtbf_s'])} on average: {restore_fraction:.2%} of the time",
+        None if status == PASS else "faster reads (more threads, a faster tier for the latest checkpoint) or "
+                                    "fewer failures (hot spares)"))
+    return out
+
+
+def _advice(job: Job, m: Measurements, p: dict[str, Any]) -> list[Advice]:
+    interval = _nice_interval(p["optimal_interval_s"])
+    out = [
+        Advice("interval_s", interval,
+               f"the optimum for a {format_duration(p['blocking_s'])} {p['mode']} checkpoint and an MTBF of "
+               f"{format_duration(p['mtbf_s'])} is {format_duration(p['optimal_interval_s'])} (exact model), "
+               f"waste {p['waste_fraction']:.2%}"),
+        Advice("async", p["mode"] == "async",
+               f"waste at the optimum: async {p['waste_fraction_async_optimum']:.3%} vs sync "
+               f"{p['waste_fraction_sync_optimum']:.3%} (stall {format_duration(p['async_stall_s'])}, interference "
+               f"{p['interference']:.0%})"),
+        Advice("threads", m.threads, f"measured {format_rate(m.write_bps)} durable writes with {m.threads} threads"),
+        Advice("direct", m.direct, "O_DIRECT worked on this target" if m.direct else
+               "O_DIRECT is not available here: buffered writes with fdatasync"),
+        Advice("pinned_budget_bytes", p["checkpoint_per_node_bytes"],
+               "one reused staging arena per rank, sized to its share"),
+    ]
+    return out
+
+
+def _assumptions(job: Job, m: Measurements) -> tuple[str, ...]:
+    out = [f"every node gets the measured bandwidth ({format_rate(m.write_bps)} write, {format_rate(m.read_bps)} "
+           "cold read); each of its ranks a 1/ranks-per-node share",
+           "the busiest rank (data-parallel rank 0, holding replicated state) sets the node's bytes",
+           "failures are exponential at the job's MTBF; a restart also reloads the latest checkpoint"]
+    if m.shared_storage and job.aggregate_bps is None and job.nodes > 1:
+        out.append(f"shared storage is assumed to scale to {job.nodes} nodes x the measured rate; give "
+                   "--aggregate-bandwidth to cap it")
+    if job.interference is None:
+        out.append("interference comes from a CPU matmul probe on this host; on GPU training it is usually "
+                   "lower (override with --interference)")
+    return tuple(out)

@@ -1,0 +1,39 @@
+"""PNG of a preflight: expected waste versus checkpoint interval, with the interval used and the optimum marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ckptbench.report.figure import save_with_footer
+from ckptbench.units import format_duration
+
+
+def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
+    """Draw ``ckptbench preflight --json``'s document to ``path`` (PNG) and return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = document["predictions"]
+    curve = document["model"]["curve"]
+    hours = [pt["interval_s"] / 3600 for pt in curve]
+    waste = [100 * pt["waste_fraction"] for pt in curve]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    ax.plot(hours, waste, color="#3b6fb6", label=f"expected waste ({p['mode']} checkpoints)")
+    ax.axvline(p["optimal_interval_s"] / 3600, color="#2a9d4b", linestyle="--",
+               label=f"optimum {format_duration(p['optimal_interval_s'])}")
+    if not p["interval_is_optimal"]:
+        ax.axvline(p["interval_s"] / 3600, color="#e07b39", linestyle=":",
+                   label=f"yours {format_duration(p['interval_s'])}: {100 * p['waste_fraction']:.2f} %")
+    ax.set_xscale("log")
+    ax.set_ylim(0, min(100.0, max(waste) * 1.1))
+    ax.set_xlabel("checkpoint interval (hours of training between checkpoints)")
+    ax.set_ylabel("waste (% of wall time)")
+    job = document["job"]
+    ax.set_title(f"{document['target']}: {job['model']} on {job['ranks']} ranks, MTBF "
+                 f"{format_duration(job['failures']['mtbf_s'])} — verdict {document['verdict']}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return save_with_footer(fig, document, path)

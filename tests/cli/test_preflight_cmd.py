@@ -1,0 +1,76 @@
+"""``ckptbench preflight``: a real (tiny) measurement with the writer, verdicts and exit codes, JSON,
+the run config, and bad input (exit 2, one line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--measure-size", "24MiB", "--repeat", "1"]
+
+
+def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
+    target = tmp_path / "t"
+    target.mkdir()
+    result = cli("preflight", str(target), *TINY, "--params", "100M", "--ranks", "1", "--mtbf", "1d",
+                 "--max-ckpt-time", "60s", "--json", "--plot", str(tmp_path / "waste.png"),
+                 "--output", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "ckptbench.preflight/1" and doc["verdict"] in ("PASS", "WARN")
+    names = [c["name"] for c in doc["checks"]]
+    assert names == ["checkpoint-time", "overhead", "free-space", "host-memory", "write-bandwidth-sanity",
+                     "read-bandwidth-sanity", "restore"]
+    m, p = doc["measurements"], doc["predictions"]
+    assert m["write_bps"] > 0 and m["read_bps"] > 0 and m["checkpoint_bench"]["results"][0]["verified"]
+    assert p["checkpoint_total_bytes"] == pytest.approx(100e6 * 14, rel=1e-6)  # bf16 + fp32 master + Adam
+    assert p["sync_checkpoint_s"] == pytest.approx(p["checkpoint_per_node_bytes"] / m["write_bps"])
+    assert {a["setting"] for a in doc["recommendation"]} >= {"interval_s", "async", "threads"}
+    assert doc["model"]["curve"] and (tmp_path / "waste.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(list((tmp_path / "out").glob("preflight-*.json"))) == 1
+    assert list(target.iterdir()) == []  # scratch removed
+
+
+def test_a_failing_check_exits_1_with_the_reason(cli, tmp_path: Path):
+    result = cli("preflight", str(tmp_path), *TINY, "--params", "70B", "--ranks", "8", "--mtbf", "1d")
+    assert result.exit_code == 1, result.stderr
+    assert "verdict: FAIL" in result.stdout
+    assert "FAIL" in result.stdout.split("checks")[1]
+
+
+def test_run_config_feeds_the_job(cli, tmp_path: Path):
+    result = cli("--config", str(REPO / "configs/runs/llama3-70b-512gpu.toml"), "preflight", str(tmp_path), *TINY,
+                 "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == (1 if doc["verdict"] == "FAIL" else 0)  # this small host may lack the memory
+    job = doc["job"]
+    assert (job["model"], job["ranks"], job["nodes"], job["checkpoint"]["parallelism"]["sharding"]) == (
+        "llama3-70b", 512, 64, "zero1")
+    assert job["aggregate_bps"] == 20e9 and job["gpu_hour_usd"] == 2.5
+    assert doc["predictions"]["wasted_usd_per_day"] > 0
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--model", "gpt-17"], "llama3-8b"),  # unknown preset: the known ones are listed
+    (["--model", "llama3-8b", "--params", "7B"], "both give the model size"),
+    (["--ranks", "10", "--tp", "4"], "not a multiple"),
+    (["--interval", "soon"], "duration"),
+    (["--max-overhead", "0"], "max-overhead"),
+    (["--mtbf", "3h", "--failures", "llama3"], "both give the failure rate"),
+    (["--weights-only", "--optimizer", "sgd"], "contradict"),
+    (["--storage-option", "part_size=8MiB"], "apply to object storage"),
+    (["--measure-size", "1PiB"], "is more than"),
+    (["{missing}"], "does not exist"),
+])
+def test_bad_input(cli, tmp_path: Path, args, needle):
+    target = tmp_path / "t"
+    target.mkdir()
+    args = [str(tmp_path / "missing") if a == "{missing}" else a for a in args]
+    result = cli("preflight", *(args if args[0].startswith("/") else [str(target), *args]))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert list(target.iterdir()) == []

@@ -1,0 +1,109 @@
+"""Pre-flight verdicts from measurements (pure): each check flips where its threshold says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ckptbench.errors import UsageError
+from ckptbench.model.failures import FailureModel
+from ckptbench.model.sizing import Parallelism, TrainingRecipe, checkpoint_size
+from ckptbench.recommend import FAIL, PASS, WARN, Job, Measurements, evaluate, interference_fraction
+
+GB = 1e9
+
+
+def job(**kw) -> Job:
+    base = dict(size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=8)), model_name="1B", ranks=8,
+                ranks_per_node=8, failures=FailureModel(24 * 3600.0, source="test"))
+    return Job(**{**base, **kw})
+
+
+def measured(**kw) -> Measurements:
+    base = dict(measured_bytes=2**30, write_bps=2 * GB, read_bps=3 * GB, stall_s=0.1, persist_s=0.6,
+                interference=0.0, memcpy_bps=10 * GB, shared_storage=False, free_bytes=10**12,
+                host_memory_bytes=512 * 2**30, threads=4, direct=True)
+    return Measurements(**{**base, **kw})
+
+
+def status(verdict, name: str) -> str:
+    return next(c.status for c in verdict.checks if c.name == name)
+
+
+def test_a_healthy_job_passes():
+    v = evaluate(job(), measured())
+    assert v.verdict == PASS and v.exit_code == 0
+    p = v.predictions
+    assert p["checkpoint_per_node_bytes"] == 14 * 10**9  # dp rank 0 writes everything without sharding
+    assert p["sync_checkpoint_s"] == pytest.approx(7.0)
+    assert p["restore_s"] == pytest.approx(14e9 / 3e9)
+    assert 0 < p["waste_fraction"] < 0.05 and p["goodput"] == pytest.approx(1 - p["waste_fraction"])
+
+
+def test_node_bytes_follow_sharding():
+    sharded = job(size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=16, sharding="zero3")), ranks=16)
+    # zero3 splits everything over 16 ranks; a node holds 8 of them: half the checkpoint.
+    assert sharded.node_bytes == pytest.approx(7e9, rel=1e-6)
+
+
+def test_slow_storage_fails_checkpoint_time_and_async_can_rescue_it():
+    slow = measured(write_bps=0.5 * GB)  # 28 s sync
+    v = evaluate(job(), slow)
+    assert v.predictions["mode"] == "async"  # a 1.4 s stall beats a 28 s block
+    assert status(v, "checkpoint-time") == PASS
+    v = evaluate(job(max_ckpt_time_s=1.0), slow)
+    assert status(v, "checkpoint-time") == FAIL and v.exit_code == 1
+
+
+def test_interference_can_make_sync_the_better_choice():
+    v = evaluate(job(interference=0.99), measured())
+    assert v.predictions["mode"] == "sync"
+    assert next(a for a in v.recommendation if a.setting == "async").value is False
+
+
+def test_a_given_interval_is_checked_against_max_overhead():
+    v = evaluate(job(interval_s=60.0), measured())  # 7 s (or the stall) every minute
+    assert v.predictions["interval_s"] == 60.0 and not v.predictions["interval_is_optimal"]
+    assert v.predictions["overhead_fraction"] == pytest.approx(v.predictions["blocking_s"] / 60)
+    assert status(v, "overhead") == (FAIL if v.predictions["overhead_fraction"] > 0.02 else PASS)
+    assert status(evaluate(job(interval_s=60.0, max_overhead=0.5), measured()), "overhead") == PASS
+
+
+def test_free_space_memory_and_cache_checks():
+    assert status(evaluate(job(), measured(free_bytes=10**9)), "free-space") == FAIL
+    object_store = evaluate(job(), measured(free_bytes=None, shared_storage=True))
+    assert status(object_store, "free-space") == PASS
+    assert status(evaluate(job(), measured(host_memory_bytes=20 * 10**9)), "host-memory") == WARN
+    assert status(evaluate(job(), measured(host_memory_bytes=10 * 10**9)), "host-memory") == FAIL
+    cached = evaluate(job(), measured(read_bps=9.5 * GB))
+    assert status(cached, "read-bandwidth-sanity") == WARN and cached.verdict == WARN and cached.exit_code == 0
+
+
+def test_restore_against_the_failure_rate():
+    assert status(evaluate(job(failures=FailureModel(600.0)), measured(read_bps=0.1 * GB)), "restore") == FAIL
+
+
+def test_aggregate_bandwidth_caps_shared_storage():
+    big = job(ranks=64, size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=64, sharding="zero3")),
+              aggregate_bps=1 * GB)
+    v = evaluate(big, measured(shared_storage=True))
+    assert v.predictions["sync_checkpoint_s"] == pytest.approx(14.0)  # 14 GB total at 1 GB/s
+    assert all("--aggregate-bandwidth" not in a for a in v.assumptions)
+    uncapped = evaluate(dataclasses.replace(big, aggregate_bps=None), measured(shared_storage=True))
+    assert any("--aggregate-bandwidth" in a for a in uncapped.assumptions)
+
+
+def test_interference_fraction():
+    assert interference_fraction(None) is None
+    assert interference_fraction(-0.1) == 0.0
+    assert interference_fraction(1.0) == pytest.approx(0.5)  # twice as slow: half the throughput lost
+    assert interference_fraction(1e6) == 0.99
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"ranks": 12}, "not a multiple"), ({"max_overhead": 0.0}, "between 0 and 100"), ({"retain": 0}, "at least 1"),
+])
+def test_bad_jobs(kw, needle):
+    with pytest.raises(UsageError, match=needle):
+        job(**kw)
