@@ -318,3 +318,140 @@ def _assumptions(job: Job, m: Measurements) -> tuple[str, ...]:
         out.append("interference comes from a CPU matmul probe on this host; on GPU training it is usually "
                    "lower (override with --interference)")
     return tuple(out)
+
+
+# -- settings from saved results (``ckptbench recommend``) ----------------------------------------
+
+#: Result schemas ``recommend`` reads, by name; the version after the slash must be one it knows.
+KNOWN_SCHEMAS = {"ckptbench.bench.fs": 1, "ckptbench.bench.objects": 1, "ckptbench.bench.checkpoint": 1,
+                 "ckptbench.preflight": 1}
+
+
+def check_schema(document: Any, where: str) -> str:
+    """The document's schema name; UsageError (one line) when it is not a result this version reads."""
+    if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
+        raise UsageError(f"{where} is not a ckptbench result (no 'schema' field)")
+    name, _, version = document["schema"].partition("/")
+    if name not in KNOWN_SCHEMAS:
+        raise UsageError(f"{where}: unknown result schema {document['schema']!r}",
+                         hint=f"known: {', '.join(f'{k}/{v}' for k, v in KNOWN_SCHEMAS.items())}")
+    if version != str(KNOWN_SCHEMAS[name]):
+        raise UsageError(f"{where}: schema {document['schema']!r} is a version this ckptbench does not read "
+                         f"(it reads {name}/{KNOWN_SCHEMAS[name]})", hint="upgrade ckptbench or re-run the measurement")
+    return name
+
+
+def advice_from_results(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, Advice]:
+    """Settings justified by saved results (``(file name, document)`` pairs, schemas checked first).
+    A later document's advice on the same setting replaces an earlier one's."""
+    out: dict[str, Advice] = {}
+    for where, doc in documents:
+        name = check_schema(doc, where)
+        for advice in _ADVISORS[name](doc, where):
+            out[advice.setting] = advice
+    return out
+
+
+def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
+    best = doc["results"][doc["best"]]
+    c, w = best["config"], best["write"]
+    size = format_size(c["block_size"])
+    runs = len(doc["results"])
+    why = (f"{where}: the best durable write of {runs} configurations, {w['gbps']:.2f} GB/s with {c['threads']} "
+           f"thread(s) x {size} blocks ({c['schedule']})")
+    out = [Advice("threads", c["threads"], why), Advice("block_size_bytes", c["block_size"], why),
+           Advice("direct", bool(c["direct"]), f"{where}: O_DIRECT " + (
+               "worked" if c["direct"] else f"unavailable ({c.get('direct_fallback_reason')})"))]
+    return out
+
+
+def _from_objects(doc: dict[str, Any], where: str) -> list[Advice]:
+    best = doc["results"][doc["best"]]
+    c, w = best["config"], best["write"]
+    why = (f"{where}: the best upload of {len(doc['results'])} configurations, {w['gbps'] * 1e3:.0f} MB/s with "
+           f"{c['concurrency']} requests in flight and {format_size(c['part_size_bytes'])} parts "
+           f"({format_size(c['object_size_bytes'])} objects)")
+    return [Advice("max_concurrency", c["concurrency"], why), Advice("part_size_bytes", c["part_size_bytes"], why)]
+
+
+def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
+    ours = next((r for r in doc["results"] if r["writer"] == "ckptbench"), None)
+    if ours is None:
+        return []
+    out = [Advice("threads", ours["details"].get("threads"),
+                  f"{where}: ckptbench saved at {ours['save']['gbps']:.2f} GB/s with these threads"),
+           Advice("shard_size_bytes", ours["details"].get("shard_size_bytes"),
+                  f"{where}: the shard size of that measurement")]
+    mine = next((a for a in doc.get("async", []) if a["writer"] == "ckptbench"), None)
+    if mine is not None:
+        sync_s = doc["workload"]["total_bytes"] / (ours["save"]["gbps"] * 1e9)
+        use = mine["stall_s"] < 0.5 * sync_s
+        out.append(Advice("async", use, f"{where}: an async save blocked {format_duration(mine['stall_s'])} vs "
+                                        f"{format_duration(sync_s)} for a sync one"))
+    return out
+
+
+def _from_preflight(doc: dict[str, Any], where: str) -> list[Advice]:
+    return [Advice(a["setting"], a["value"], f"{where}: {a['reason']}") for a in doc["recommendation"]]
+
+
+_ADVISORS = {"ckptbench.bench.fs": _from_fs, "ckptbench.bench.objects": _from_objects,
+             "ckptbench.bench.checkpoint": _from_checkpoint, "ckptbench.preflight": _from_preflight}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+def as_toml(advice: dict[str, Advice]) -> str:
+    """The settings as a TOML snippet (sizes and durations spelled as the CLI takes them), reasons as comments."""
+    sections = {"checkpoint": ("threads", "block_size_bytes", "shard_size_bytes", "direct", "async",
+                               "pinned_budget_bytes"),
+                "s3": ("part_size_bytes", "max_concurrency"), "schedule": ("interval_s",)}
+    lines = []
+    for section, keys in sections.items():
+        chosen = [advice[k] for k in keys if k in advice and advice[k].value is not None]
+        if not chosen:
+            continue
+        lines.append(f"[{section}]")
+        for a in chosen:
+            key, value = a.setting, a.value
+            if key.endswith("_bytes"):
+                key, value = key.removesuffix("_bytes"), format_size(value).replace(" ", "")
+            elif key.endswith("_s"):
+                key, value = key.removesuffix("_s"), format_duration(value).replace(" ", "")
+            lines.append(f"{key} = {_toml_value(value)}  # {a.reason}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def as_code(advice: dict[str, Advice]) -> list[str]:
+    """The same settings as arguments: ``Checkpointer``/``save``, DCP's writers, and environment knobs."""
+    def get(key: str) -> Any:
+        return advice[key].value if key in advice else None
+
+    kwargs = [f"{k}={v!r}" for k, v in (("threads", get("threads")), ("shard_size", get("shard_size_bytes")),
+                                        ("block_size", get("block_size_bytes")), ("direct", get("direct")))
+              if v is not None]
+    s3 = {k: v for k, v in (("part_size", get("part_size_bytes")), ("max_concurrency", get("max_concurrency")))
+          if v is not None}
+    out = [f"ckptbench.Checkpointer({', '.join(kwargs)})"]
+    save = [*(kw for kw in kwargs if not kw.startswith("block_size")), *(["async_=True"] if get("async") else [])]
+    if s3:
+        save.append(f"storage_options={s3!r}")
+    out.append(f"ckptbench.save(state_dict, path, {', '.join(save)})" if save else "ckptbench.save(state_dict, path)")
+    dcp = [f"{k}={v!r}" for k, v in (("threads", get("threads")), ("block_size", get("block_size_bytes")),
+                                     ("direct", get("direct"))) if v is not None]
+    out.append(f"ckptbench.integrations.dcp.Writer(path{''.join(', ' + a for a in dcp)})")
+    if get("threads") is not None:
+        out.append(f"torch.distributed.checkpoint.FileSystemWriter(path, thread_count={get('threads')}, "
+                   "sync_files=True)")
+    env = [f"CKPTBENCH_{k}={v}" for k, v in (("SAVE_THREADS", get("threads")), ("SAVE_SHARD_BYTES", get("shard_size_bytes")),
+                                            ("SAVE_BLOCK_BYTES", get("block_size_bytes"))) if v is not None]
+    if env:
+        out.append("export " + " ".join(env))
+    return out

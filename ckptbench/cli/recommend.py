@@ -1,0 +1,138 @@
+"""``ckptbench recommend [RESULT.json ...]``: the settings to use, each with the measurement behind it,
+as a TOML snippet and as ``ckptbench.save`` / ``Checkpointer`` / DCP writer arguments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptbench.cli import params
+from ckptbench.cli.interval import failure_options, resolve_failures
+from ckptbench.cli.render import progress_bar, stdout_console
+from ckptbench.errors import UsageError
+from ckptbench.units import format_duration, format_size
+
+SWEEP_THREADS = (1, 2, 4)
+SWEEP_BLOCKS = (2**20, 4 * 2**20, 16 * 2**20)
+SWEEP_SIZE = 512 * 2**20
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("results", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--target", default=None,
+              help="With no RESULT files: sweep this directory now (threads 1,2,4 x blocks 1,4,16 MiB, 512 MiB per "
+                   "run)  [default: the temporary directory].")
+@click.option("--size", type=params.SIZE, default=None,
+              help="Bytes per run of the fresh sweep  [default: 512MiB].")
+@click.option("--ckpt-size", type=params.FINITE_SIZE, default=None,
+              help="Bytes each node writes per checkpoint: with a failure rate, also recommends the interval.")
+@failure_options(with_count=True)
+@click.option("--restart", type=params.BOUNDED_DURATION, default=None,
+              help="Time from a failure to training again, before reloading: 10m  [default: 0].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the snippet.")
+def recommend(results: tuple[Path, ...], target: str | None, size: int | None, ckpt_size: int | None, restart: float | None,
+              as_json: bool, **rate: Any) -> None:
+    """Settings to use, each with the measurement that justifies it.
+
+    Reads results of `ckptbench bench` (filesystem or s3:// sweeps, --workload checkpoint) and
+    `ckptbench preflight`; later files win where two speak about the same setting. With no files it
+    runs a short filesystem sweep on --target first. Prints a TOML snippet (reasons as comments) and
+    the same settings as arguments to ckptbench.save / Checkpointer, the DCP writers, and as
+    CKPTBENCH_* environment knobs.
+
+    \b
+    Examples:
+      ckptbench recommend results/bench-nvme.json results/preflight-nvme.json
+      ckptbench recommend --target /mnt/nvme --ckpt-size 140GB --failures llama3 --gpus 1024
+    """
+    from ckptbench import recommend as rec
+
+    documents = [(str(path), _read(path)) for path in results]
+    for where, doc in documents:  # every file checked before any work
+        rec.check_schema(doc, where)
+    failures = resolve_failures(
+        mtbf_s=rate["mtbf"], gpu_mtbf_s=rate["gpu_mtbf"], node_mtbf_s=rate["node_mtbf"],
+        faults_per_day=rate["faults_per_day"], failure_preset=rate["failures"], gpus=rate["gpus"],
+        nodes=rate["nodes"], count_given=True)
+    if (failures is None) != (ckpt_size is None):
+        raise UsageError("--ckpt-size and a failure rate (--mtbf, --failures...) go together: both give the interval")
+    if (target is not None or size is not None) and documents:
+        raise UsageError("--target and --size are for a fresh sweep, when no RESULT files are given")
+    if not documents:
+        documents.append(_fresh_sweep(target, size or SWEEP_SIZE))
+    advice = rec.advice_from_results(documents)
+    if failures is not None:
+        assert ckpt_size is not None
+        advice["interval_s"] = _interval(documents, advice, ckpt_size, failures, restart or 0.0)
+    doc = {"schema": "ckptbench.recommendation/1", "sources": [w for w, _ in documents],
+           "settings": {k: {"value": a.value, "reason": a.reason} for k, a in advice.items()},
+           "toml": rec.as_toml(advice), "code": rec.as_code(advice)}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    console = stdout_console()
+    console.print(f"[bold]from:[/] {', '.join(doc['sources'])}")
+    console.print("[bold]# ckptbench settings (TOML)[/]")
+    click.echo(doc["toml"])
+    console.print("[bold]# as arguments[/]")
+    for line in doc["code"]:
+        click.echo(line)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"result file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{str(path)!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
+    import tempfile
+
+    from ckptbench.bench.fs import run_fs_bench
+    from ckptbench.config import FsBenchSpec
+    from ckptbench.storage import resolve_target
+    from ckptbench.storage.local import LocalDirectory
+
+    storage = resolve_target(target or tempfile.gettempdir())
+    if not isinstance(storage, LocalDirectory):
+        raise UsageError("recommend sweeps directories; for s3:// run `ckptbench bench s3://...` and pass its result")
+    spec = FsBenchSpec(size_bytes=size, files=4, threads=SWEEP_THREADS, block_sizes=SWEEP_BLOCKS,
+                       repeat=2, warmup=1)
+    with progress_bar(enabled=True) as progress:
+        report = run_fs_bench(spec, storage, progress=progress)
+    return f"a fresh sweep of {storage}", report.to_dict()
+
+
+def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any], ckpt_size: int,
+              failures: Any, restart_s: float) -> Any:
+    """The optimal interval for ``ckpt_size`` bytes at the best measured durable write rate."""
+    from ckptbench.model import interval as model
+    from ckptbench.recommend import Advice
+
+    rates = []
+    for where, doc in documents:
+        if doc["schema"].startswith(("ckptbench.bench.fs/", "ckptbench.bench.objects/")):
+            rates.append((doc["results"][doc["best"]]["write"]["gbps"] * 1e9, where))
+        elif doc["schema"].startswith("ckptbench.bench.checkpoint/"):
+            rates += [(r["save"]["gbps"] * 1e9, where) for r in doc["results"] if r["writer"] == "ckptbench"]
+        elif doc["schema"].startswith("ckptbench.preflight/"):
+            rates.append((doc["measurements"]["write_bps"], where))
+    if not rates:
+        raise UsageError("no write rate in these results to turn --ckpt-size into a checkpoint time")
+    rate, where = max(rates)
+    analysis = model.analyse(model.CheckpointCost.sync(ckpt_size / rate), failures.mtbf_s, restart_s)
+    return Advice("interval_s", round(analysis.optimal_interval_s),
+                  f"{where}: {format_size(ckpt_size)} at {rate / 1e9:.2f} GB/s take "
+                  f"{format_duration(ckpt_size / rate)}; with an MTBF of {format_duration(failures.mtbf_s)} the "
+                  f"exact optimum is {format_duration(analysis.optimal_interval_s)} (waste "
+                  f"{analysis.waste_fraction:.2%}, sync)")
