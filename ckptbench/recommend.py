@@ -301,7 +301,8 @@ def _advice(job: Job, m: Measurements, p: dict[str, Any]) -> list[Advice]:
         Advice("direct", m.direct, "O_DIRECT worked on this target" if m.direct else
                "O_DIRECT is not available here: buffered writes with fdatasync"),
         Advice("pinned_budget_bytes", p["checkpoint_per_node_bytes"],
-               "one reused staging arena per rank, sized to its share"),
+               f"host memory per node: each rank keeps one reused staging arena of its share (busiest rank "
+               f"{format_size(p['checkpoint_per_rank_bytes'])})"),
     ]
     return out
 

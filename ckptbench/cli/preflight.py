@@ -21,7 +21,8 @@ from ckptbench.model import sizing
 from ckptbench.units import format_duration, format_rate, format_size
 
 DEFAULT_MODEL = "llama3-8b"
-DEFAULT_RANKS = 8
+DEFAULT_RANKS = 64
+DEFAULT_SHARDING = "fsdp"
 DEFAULT_FAILURES = "llama3"
 DEFAULT_MEASURE_SIZE = "512MiB"
 UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
@@ -53,7 +54,7 @@ def _interval(value: str) -> float | None:
               help="Ranks per node: they share the node's storage bandwidth and host memory.")
 @click.option("--tp", type=params.POSITIVE_INT, default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--pp", type=params.POSITIVE_INT, default=1, show_default=True, help="Pipeline-parallel ranks.")
-@click.option("--sharding", type=click.Choice(sizing.SHARDING), default="none", show_default=True,
+@click.option("--sharding", type=click.Choice(sizing.SHARDING), default=DEFAULT_SHARDING, show_default=True,
               help="Data-parallel sharding of the state: zero1 (optimizer), zero2 (+grads), zero3/fsdp (+weights).")
 @click.option("--interval", "interval", default="auto", show_default=True, metavar="DURATION|auto",
               help="Checkpoint interval (training time between checkpoints) to check: 30m; auto = the optimum.")
@@ -75,7 +76,7 @@ def _interval(value: str) -> float | None:
               help="Price of one GPU hour, for the wasted cost: 2.5.")
 @click.option("--measure-size", type=params.SIZE, default=DEFAULT_MEASURE_SIZE, show_default=True,
               help="Bytes the writer saves and loads per measured run (a model-shaped state_dict).")
-@click.option("--repeat", type=params.POSITIVE_INT, default=2, show_default=True, help="Measured runs.")
+@click.option("--repeat", type=params.POSITIVE_INT, default=3, show_default=True, help="Measured runs.")
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
@@ -89,8 +90,8 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     """Will checkpointing on TARGET work for this job? Measure, predict, and say PASS / WARN / FAIL.
 
     TARGET (a directory, a mount, or s3://BUCKET/PREFIX) defaults to the system's temporary directory;
-    the job defaults to llama3-8b on 8 GPUs with the Llama 3 failure rate, so `ckptbench preflight`
-    alone runs a complete check in under a minute. The writer saves and loads a model-shaped
+    the job defaults to llama3-8b trained with FSDP on 64 GPUs (8 nodes) at the Llama 3 failure rate,
+    so `ckptbench preflight` alone runs a complete check in under a minute. The writer saves and loads a model-shaped
     state_dict of --measure-size on TARGET (durable saves, cold loads, async stall and persist); the
     job's checkpoint is sized from the model and its parallelism; the failure model turns both into
     the optimal interval, overhead, restore time and goodput.
