@@ -106,7 +106,7 @@ class Check:
     status: str
     value: float | None
     threshold: float | None
-    unit: str
+    unit: str  # the key suffix of value and threshold: "_s", "_bytes", "_bps", "_fraction"
     message: str
     remedy: str | None = None
 
@@ -234,7 +234,7 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
     mode = p["mode"]
     status = PASS if blocking <= job.max_ckpt_time_s else FAIL
     out.append(Check(
-        "checkpoint-time", status, blocking, job.max_ckpt_time_s, "s",
+        "checkpoint-time", status, blocking, job.max_ckpt_time_s, "_s",
         f"training blocks {format_duration(blocking)} per checkpoint ({mode}; a sync save takes "
         f"{format_duration(p['sync_checkpoint_s'])}, async stalls {format_duration(p['async_stall_s'])})",
         None if status == PASS else "faster storage, more nodes writing in parallel, async saves, or sharding "
@@ -242,20 +242,20 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
     overhead = p["overhead_fraction"]
     status = PASS if overhead <= job.max_overhead else FAIL
     out.append(Check(
-        "overhead", status, overhead, job.max_overhead, "fraction",
+        "overhead", status, overhead, job.max_overhead, "_fraction",
         f"checkpoints cost {overhead:.2%} of compute at an interval of {format_duration(p['interval_s'])}",
         None if status == PASS else (f"checkpoint less often (at least every {format_duration(blocking / job.max_overhead)} "
                                      "for this threshold), or make checkpoints cheaper")))
     on_target = job.size.total_bytes if m.shared_storage else p["checkpoint_per_node_bytes"]
     needed = on_target * (job.retain + 1)  # the retained ones plus the one being written
     if m.free_bytes is None:
-        out.append(Check("free-space", PASS, None, needed, "bytes",
+        out.append(Check("free-space", PASS, None, needed, "_bytes",
                          f"object storage: no free-space limit ({job.retain} retained checkpoints = "
                          f"{format_size(on_target * job.retain)})"))
     else:
         status = PASS if m.free_bytes >= needed else FAIL
         out.append(Check(
-            "free-space", status, m.free_bytes, needed, "bytes",
+            "free-space", status, m.free_bytes, needed, "_bytes",
             f"{format_size(m.free_bytes)} free; {job.retain} retained checkpoints + 1 in flight need {format_size(needed)}",
             None if status == PASS else "free space, retain fewer checkpoints (--retain), or use a bigger target"))
     arena = p["checkpoint_per_node_bytes"]
@@ -263,7 +263,7 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
         share = arena / m.host_memory_bytes
         status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
         out.append(Check(
-            "host-memory", status, share, RAM_WARN_FRACTION, "fraction",
+            "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
             f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of this host's "
             f"{format_size(m.host_memory_bytes)}",
             None if status == PASS else "shard more of the state over data-parallel ranks (--sharding zero1/zero3), "
@@ -271,14 +271,14 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
     for what, rate in (("write", m.write_bps), ("read", m.read_bps)):
         cached = rate > CACHED_FRACTION * m.memcpy_bps
         out.append(Check(
-            f"{what}-bandwidth-sanity", WARN if cached else PASS, rate, CACHED_FRACTION * m.memcpy_bps, "bytes/s",
+            f"{what}-bandwidth-sanity", WARN if cached else PASS, rate, CACHED_FRACTION * m.memcpy_bps, "_bps",
             f"measured {what} {format_rate(rate)} vs this host's memcpy {format_rate(m.memcpy_bps)}"
             + (": served from memory, not storage" if cached else ""),
             "run as root so caches are dropped, or measure a larger --measure-size" if cached else None))
     restore_fraction = p["restart_s"] / p["mtbf_s"]
     status = PASS if restore_fraction <= job.max_overhead else WARN if restore_fraction <= 2 * job.max_overhead else FAIL
     out.append(Check(
-        "restore", status, restore_fraction, job.max_overhead, "fraction",
+        "restore", status, restore_fraction, job.max_overhead, "_fraction",
         f"a restart takes {format_duration(p['restart_s'])} (restore {format_duration(p['restore_s'])}) every "
         f"{format_duration(p['mtbf_s'])} on average: {restore_fraction:.2%} of the time",
         None if status == PASS else "faster reads (more threads, a faster tier for the latest checkpoint) or "

@@ -180,7 +180,9 @@ class PreflightReport:
             "checks": [c.to_dict() for c in v.checks],
             "recommendation": [{"setting": a.setting, "value": a.value, "reason": a.reason} for a in v.recommendation],
             "predictions": v.predictions,
-            "model": {"curve": v.predictions["curve"]},
+            "model": {"interval_s": v.predictions["interval_s"],
+                      "optimal_interval_s": v.predictions["optimal_interval_s"],
+                      "waste_fraction": v.predictions["waste_fraction"], "curve": v.predictions["curve"]},
             "job": {
                 "model": job.model_name, "ranks": job.ranks, "ranks_per_node": job.ranks_per_node, "nodes": job.nodes,
                 "checkpoint": job.size.as_dict(), "failures": {"mtbf_s": job.failures.mtbf_s,

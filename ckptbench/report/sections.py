@@ -1,0 +1,507 @@
+"""From result documents to a :class:`~ckptbench.report.document.Report`: one section renderer per schema.
+
+A result document is a JSON object with a ``schema`` string ``NAME/VERSION`` (``ckptbench.bench.fs/1``).
+:data:`SECTIONS` maps each schema this ckptbench understands to a *renderer*, a function
+``document -> Section`` (title, prose lines, tables as formatted rows, figures as PNG bytes). A file of
+any other schema is refused, naming the file and the schema, before anything is written: an unknown
+name, or a known name at a version this code was not written for (fields may have changed meaning).
+
+Every document also gets, whatever its schema, from the shared parts below (a renderer must not
+repeat them): the environment summary (``environment``), the command (``argv``), the warnings with
+their remedies (``warnings``), a ``verdict`` string (PASS/FAIL), a checks table from ``checks`` (a list
+of ``{name, status, value, threshold, ...}``) and, from ``model``, its scalar values and the
+waste-versus-interval curve of ``model.curve`` (a list of ``{interval_s, waste_fraction}``, with every
+numeric ``model.*interval_s`` drawn as a marker).
+
+Adding a schema (``ckptbench.preflight/1``, ``ckptbench.compare/1``...) is one function here::
+
+    @section("ckptbench.preflight/1")
+    def preflight(document: dict[str, Any]) -> Section:
+        return Section(title=f"Pre-flight: {document['target']}", tables=(...,))
+
+A new version of a schema gets its own function (or the same one registered twice, if every field
+it reads kept its meaning). A renderer raises ``KeyError``/``TypeError``/``ValueError`` on a document
+it cannot read; that becomes one line naming the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckptbench import __version__
+from ckptbench.errors import UsageError
+from ckptbench.report.document import (
+    DocumentReport,
+    Figure,
+    Headline,
+    Report,
+    Section,
+    Table,
+    format_value,
+)
+from ckptbench.units import format_duration, format_size
+
+Renderer = Callable[[dict[str, Any]], Section]
+
+#: schema ("NAME/VERSION") -> the function that renders a document of it.
+SECTIONS: dict[str, Renderer] = {}
+
+
+def section(schema: str) -> Callable[[Renderer], Renderer]:
+    """Register the decorated function as the renderer of ``schema`` documents."""
+    name, slash, version = schema.rpartition("/")
+    if not slash or not name or not version:
+        raise ValueError(f"schema {schema!r} must be NAME/VERSION")
+
+    def register(renderer: Renderer) -> Renderer:
+        SECTIONS[schema] = renderer
+        return renderer
+
+    return register
+
+
+# -- reading -----------------------------------------------------------------------------------------
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or a one-line ``UsageError`` naming the file and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a result file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not JSON (not UTF-8 text)") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{path}: not a ckptbench result (a JSON {type(document).__name__}, not an object)")
+    return document
+
+
+def renderer_for(source: str, document: dict[str, Any]) -> Renderer:
+    """The renderer of ``document``'s schema, or a one-line ``UsageError`` naming ``source`` and the schema."""
+    schema = document.get("schema")
+    if not isinstance(schema, str):
+        raise UsageError(f"{source}: not a ckptbench result (no 'schema' string)",
+                         hint=f"reports are made from {', '.join(sorted(SECTIONS))}")
+    if schema in SECTIONS:
+        return SECTIONS[schema]
+    name = schema.rpartition("/")[0]
+    versions = sorted(s for s in SECTIONS if s.rpartition("/")[0] == name)
+    if versions:
+        raise UsageError(f"{source}: schema {schema!r} is a version ckptbench {__version__} cannot read "
+                         f"(it reads {', '.join(versions)})", hint="report it with the ckptbench that wrote it")
+    raise UsageError(f"{source}: unknown schema {schema!r}", hint=f"reports are made from {', '.join(sorted(SECTIONS))}")
+
+
+# -- assembling ---------------------------------------------------------------------------------------
+
+
+def build_report(results: Sequence[tuple[str, dict[str, Any]]], *, title: str, created: str | None = None) -> Report:
+    """Render every ``(source, document)`` (all figures drawn, in memory) and the comparison across them."""
+    documents = tuple(render_document(source, document) for source, document in results)
+    return Report(title=title, created=created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                  tool_version=__version__, overview=tier_comparison(documents), documents=documents)
+
+
+def render_document(source: str, document: dict[str, Any]) -> DocumentReport:
+    renderer = renderer_for(source, document)
+    schema = document["schema"]
+    try:
+        sections = [renderer(document)]
+        checks = checks_section(document)
+        model = model_section(document)
+        env = document.get("environment") or {}
+        environment = environment_summary(env)
+        warnings = tuple(_warning(w) for w in document.get("warnings") or ())
+    except KeyError as exc:
+        raise UsageError(f"{source}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
+    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        raise UsageError(f"{source}: not a well-formed {schema} document ({exc})") from exc
+    argv = document.get("argv")
+    verdict = document.get("verdict")
+    return DocumentReport(
+        source=source, schema=schema, title=sections[0].title, target=str(document.get("target", "")),
+        created=str(document.get("created", "")),
+        command=shlex.join(str(a) for a in argv) if isinstance(argv, list) and argv else None,
+        environment=environment, verdict=verdict if isinstance(verdict, str) else None,
+        sections=tuple(sections + [s for s in (checks, model) if s is not None]), warnings=warnings,
+        where=storage_summary(env.get("target") or {}, short=True),
+    )
+
+
+def _warning(w: Any) -> tuple[str, str]:
+    if isinstance(w, dict):
+        return str(w.get("message", w)), str(w.get("remedy") or "")
+    return str(w), ""
+
+
+def environment_summary(env: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Host, CPU, memory, kernel, storage and tool, as (label, text) pairs, for what the document has."""
+    out: list[tuple[str, str]] = []
+    if env.get("host"):
+        out.append(("host", str(env["host"])))
+    cpu = [str(env["cpu_model"])] if env.get("cpu_model") else []
+    if env.get("cpu_count"):
+        cpu.append(f"{env['cpu_count']} CPUs")
+    if cpu:
+        out.append(("CPU", ", ".join(cpu)))
+    if env.get("memory_bytes"):
+        out.append(("memory", format_size(env["memory_bytes"])))
+    if env.get("kernel"):
+        out.append(("kernel", str(env["kernel"]) + (f" (Python {env['python']})" if env.get("python") else "")))
+    storage = storage_summary(env.get("target") or {})
+    if storage:
+        out.append(("storage", storage))
+    if env.get("tool_version"):
+        sha = f" (git {str(env['git_sha'])[:10]})" if env.get("git_sha") else ""
+        out.append(("measured with", f"ckptbench {env['tool_version']}{sha}"))
+    return tuple(out)
+
+
+def storage_summary(target: dict[str, Any], *, short: bool = False) -> str:
+    """``ext4 at /var/tmp (/dev/vda mounted on /; ...)`` or ``s3 endpoint http://...``; short: the first part."""
+    if not target:
+        return ""
+    if target.get("endpoint") or target.get("url"):
+        endpoint = target.get("endpoint") or "the default endpoint"
+        text = f"{target.get('filesystem') or 'object store'} at {endpoint}"
+        if short:
+            return text
+        if target.get("endpoint_source"):
+            text += f" (from {target['endpoint_source']})"
+        if target.get("credential_source"):
+            text += f"; credentials from {target['credential_source']}"
+        return text
+    text = f"{target.get('filesystem') or 'unknown filesystem'}"
+    if target.get("mount_device"):
+        text += f" on {target['mount_device']}"
+    if short:
+        return text
+    details = []
+    device = target.get("device") or {}
+    if device:
+        what = device.get("model") or (f"vendor {device['vendor']}" if device.get("vendor") else None)
+        kind = {1: "rotational", 0: "non-rotational"}.get(device.get("rotational"))
+        scheduler = str(device.get("scheduler") or "")
+        if "[" in scheduler:
+            scheduler = scheduler.split("[", 1)[1].split("]", 1)[0]
+        details.append(", ".join(x for x in (device.get("name"), what, kind,
+                                             f"scheduler {scheduler}" if scheduler else None) if x))
+    if target.get("mount_point"):
+        details.append(f"mounted on {target['mount_point']}")
+    if target.get("free_bytes") is not None and target.get("total_bytes"):
+        details.append(f"{format_size(target['free_bytes'])} free of {format_size(target['total_bytes'])}")
+    path = f" at {target['path']}" if target.get("path") else ""
+    return text + path + (f" ({'; '.join(details)})" if details else "")
+
+
+def checks_section(document: dict[str, Any]) -> Section | None:
+    """A table of ``checks`` ({name, status, value, threshold, ...}); other keys become columns too."""
+    checks = document.get("checks")
+    if not isinstance(checks, list) or not checks:
+        return None
+    columns = ["name", "status", "value", "threshold"]
+    for check in checks:
+        columns += [k for k in check if k not in columns]
+    if all(str(check.get("unit", "_")).startswith("_") for check in checks) and "unit" in columns:
+        columns.remove("unit")  # a suffix unit is already in the formatted value and threshold
+    rows = tuple(tuple(format_value(_unit_key(check, k), check.get(k)) for k in columns) for check in checks)
+    failed = frozenset(i for i, check in enumerate(checks) if str(check.get("status", "")).upper() in ("FAIL", "FAILED"))
+    verdict = document.get("verdict")
+    lines = (f"verdict: {verdict}",) if isinstance(verdict, str) else ()
+    return Section(title="Checks", lines=lines, tables=(Table("checks", tuple(columns), rows, failed=failed),))
+
+
+def _unit_key(check: dict[str, Any], key: str) -> str:
+    """``value``/``threshold`` take the unit of the check's ``unit`` key (``_s``, ``_gbps``...) when it gives one."""
+    unit = check.get("unit")
+    if key in ("value", "threshold") and isinstance(unit, str) and unit.startswith("_"):
+        return key + unit
+    return key
+
+
+def model_section(document: dict[str, Any]) -> Section | None:
+    """``model``'s scalar values as a table and, from ``model.curve``, waste versus interval."""
+    model = document.get("model")
+    if not isinstance(model, dict):
+        return None
+    scalars = [(k, v) for k, v in model.items() if not isinstance(v, (list, dict))]
+    tables = (Table("model", ("quantity", "value"), tuple((_label(k), format_value(k, v)) for k, v in scalars)),) \
+        if scalars else ()
+    figures: tuple[Figure, ...] = ()
+    curve = model.get("curve")
+    if isinstance(curve, list) and curve:
+        from ckptbench.report.charts import plot_waste_points
+
+        marks = {_label(k): float(v) for k, v in model.items()
+                 if k.endswith("interval_s") and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+        figures = (Figure("waste (share of wall time) versus checkpoint interval",
+                          _png(lambda p: plot_waste_points(document, curve, marks, p))),)
+    if not tables and not figures:
+        return None
+    return Section(title="Checkpoint interval model", tables=tables, figures=figures)
+
+
+def tier_comparison(documents: Sequence[DocumentReport]) -> Section | None:
+    """The best write and read rate of each measured result file side by side (two files or more)."""
+    measured = [(d, d.headline) for d in documents if d.headline is not None]
+    if len(measured) < 2:
+        return None
+    rows = tuple((d.target, d.where or "-", h.workload, h.best, _gbps(h.write_gbps), _gbps(h.read_gbps), d.source)
+                 for d, h in measured)
+    fastest = max(range(len(measured)), key=lambda i: measured[i][1].write_gbps or 0.0)
+    table = Table("best configuration of each result file", ("target", "storage", "workload", "best", "write GB/s",
+                  "read GB/s", "file"), rows, highlight=frozenset({fastest}),
+                  note="filesystem and object sweeps: the configuration with the highest median write; "
+                       "checkpoint shoot-outs: ckptbench's durable save and cold load of a state_dict")
+    from ckptbench.report.charts import plot_tiers
+
+    bars = [(f"{d.target} ({d.where})\n{h.workload}" if d.where else f"{d.target}\n{h.workload}",
+             h.write_gbps, h.read_gbps) for d, h in measured]
+    footer = f"ckptbench {__version__} report"
+    figure = Figure("write and read GB/s of each result file's best configuration",
+                    _png(lambda p: plot_tiers(bars, footer, p)))
+    return Section(title="Tier comparison", tables=(table,), figures=(figure,))
+
+
+def _label(key: str) -> str:
+    """``optimal_interval_s`` -> ``optimal interval`` (the unit shows in the formatted value)."""
+    for suffix in ("_s", "_bytes", "_gbps", "_fraction"):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key = key.removesuffix(suffix)
+            break
+    return key.replace("_", " ")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _gbps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _png(draw: Callable[[Path], Any]) -> bytes:
+    """The bytes of the PNG that ``draw(path)`` writes (the plot functions write files)."""
+    with tempfile.TemporaryDirectory(prefix="ckptbench-report-") as tmp:
+        path = Path(tmp) / "figure.png"
+        draw(path)
+        return path.read_bytes()
+
+
+def _summary(s: dict[str, Any]) -> str:
+    return f"{s['min']:.2f}–{s['max']:.2f}"
+
+
+def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 2) -> list[str]:
+    """median (cached flagged), min–max, p10/p90, p99 latency of one direction of a sweep record."""
+    if phase is None:
+        return ["-"] * 4
+    s = phase["summary_gbps"]
+    lat = phase.get("latency_ms") or {}
+    return [f"{phase['gbps'] * scale:.{digits}f}" + (" (cached!)" if phase.get("cached") else ""),
+            f"{s['min'] * scale:.{digits}f}–{s['max'] * scale:.{digits}f}",
+            f"{s['p10'] * scale:.{digits}f}/{s['p90'] * scale:.{digits}f}",
+            f"{lat['p99']:.1f}" if "p99" in lat else "-"]
+
+
+# -- the bench schemas ------------------------------------------------------------------------------------
+
+
+@section("ckptbench.bench.fs/1")
+def fs_sweep(document: dict[str, Any]) -> Section:
+    """``ckptbench bench DIR``: threads x block size (x schedule), durable writes and cold reads."""
+    from ckptbench.report.charts import fs_heat_panels, heat_cells, plot_heatmaps
+    from ckptbench.report.sweep import plot_fs_sweep
+
+    spec, results, best = document["spec"], document["results"], document["best"]
+    config = results[0]["config"]
+    mode = ("O_DIRECT" if config["direct"] else "buffered") + (f" + {config['sync']}" if config["fsync"] else "")
+    if config.get("direct_requested") and not config["direct"]:
+        mode += f" (O_DIRECT unavailable: {config.get('direct_fallback_reason')})"
+    lines = [f"{format_size(spec['size_bytes'])} in {spec['files']} files per run · {mode} · "
+             f"{spec['repeat']} runs (+{spec['warmup']} warm-up) per configuration · "
+             f"memcpy {document['memcpy_gbps']:.1f} GB/s · data verified: {'yes' if document.get('data_verified') else 'NO'}"]
+    schedules = len({r["config"]["schedule"] for r in results}) > 1
+    reads = results[0]["read"] is not None
+    columns = ["threads", "block", *(["schedule"] if schedules else []),
+               "write GB/s", "min–max", "p10/p90", "p99 op ms"]
+    if reads:
+        columns += ["read GB/s", "min–max", "p10/p90", "p99 op ms"]
+    rows = []
+    for r in results:
+        c = r["config"]
+        rows.append((str(c["threads"]), format_size(c["block_size"]), *([c["schedule"]] if schedules else []),
+                     *_rate_cells(r["write"]), *(_rate_cells(r["read"]) if reads else [])))
+    b = results[best]
+    read_text = f", read {b['read']['gbps']:.2f} GB/s" if b["read"] else ""
+    lines.append(f"best (highest median write): {_plural(b['config']['threads'], 'thread')} x "
+                 f"{format_size(b['config']['block_size'])} blocks, {b['config']['schedule']}: "
+                 f"write {b['write']['gbps']:.2f} GB/s{read_text}")
+    tables = [Table("sweep (median of the runs, GB/s = 1e9 B/s)", tuple(columns), tuple(rows),
+                    highlight=frozenset({best}) if len(results) > 1 else frozenset())]
+    if document.get("metadata"):
+        tables.append(Table("small files: create + write + fsync", (
+            "threads", "files", "file size", "sync", "files/s", "min–max", "p50 ms", "p99 ms"), tuple(
+            (str(m["threads"]), str(m["files"]), format_size(m["file_size_bytes"]), m["sync"], f"{m['ops_per_s']:.0f}",
+             f"{m['summary_ops_per_s']['min']:.0f}–{m['summary_ops_per_s']['max']:.0f}",
+             f"{m['latency_ms']['p50']:.2f}", f"{m['latency_ms']['p99']:.2f}") for m in document["metadata"])))
+    figures = [Figure("write and read GB/s per configuration (median, min–max whiskers; best in bold)",
+                      _png(lambda p: plot_fs_sweep(document, p)))]
+    panels = fs_heat_panels(document)
+    heat_title = (f"{document['target']} ({(document['environment'].get('target') or {}).get('filesystem')}): "
+                  f"{format_size(spec['size_bytes'])} in {spec['files']} files, {mode}")
+    if heat_cells(panels) > 1:
+        figures.append(Figure("heat map: threads x block size, median GB/s (best write outlined)",
+                              _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    headline = Headline("filesystem sweep", f"{b['config']['threads']} thr x {format_size(b['config']['block_size'])}",
+                        b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
+    return Section(title=f"Filesystem sweep: {document['target']}", lines=tuple(lines), tables=tuple(tables),
+                   figures=tuple(figures), headline=headline)
+
+
+@section("ckptbench.bench.objects/1")
+def object_sweep(document: dict[str, Any]) -> Section:
+    """``ckptbench bench s3://...``: object size x requests in flight x part size, uploads and ranged GETs."""
+    from ckptbench.report.charts import heat_cells, object_heat_panels, plot_heatmaps
+    from ckptbench.report.sweep import plot_object_sweep
+
+    spec, results, best = document["spec"], document["results"], document["best"]
+    lines = [f"{format_size(spec['size_bytes'])} per run · {spec['repeat']} runs (+{spec['warmup']} warm-up) per "
+             f"configuration · uploads complete (durable), ranged parallel GETs · "
+             f"data verified: {'yes' if document.get('data_verified') else 'NO'}"]
+    reads = results[0]["read"] is not None
+    columns = ["object", "objects", "in flight", "part", "write MB/s", "min–max", "p10/p90", "p99 req ms"]
+    if reads:
+        columns += ["read MB/s", "min–max", "p10/p90", "p99 req ms"]
+    rows = []
+    for r in results:
+        c = r["config"]
+        part = "1 PUT" if c["parts_per_object"] == 1 else format_size(c["part_size_bytes"])
+        rows.append((format_size(c["object_size_bytes"]), str(c["objects"]), str(c["concurrency"]), part,
+                     *_rate_cells(r["write"], 1e3, 0), *(_rate_cells(r["read"], 1e3, 0) if reads else [])))
+    b = results[best]
+    c = b["config"]
+    label = (f"{format_size(c['object_size_bytes'])} objects x {c['concurrency']} in flight, "
+             + ("1 PUT" if c["parts_per_object"] == 1 else f"{format_size(c['part_size_bytes'])} parts"))
+    read_text = f", read {b['read']['gbps'] * 1e3:.0f} MB/s" if b["read"] else ""
+    lines.append(f"best (highest median write): {label}: write {b['write']['gbps'] * 1e3:.0f} MB/s{read_text}")
+    tables = (Table("sweep (median of the runs, MB/s = 1e6 B/s)", tuple(columns), tuple(rows),
+                    highlight=frozenset({best}) if len(results) > 1 else frozenset()),)
+    figures = [Figure("write and read GB/s per configuration (median, min–max whiskers; best in bold)",
+                      _png(lambda p: plot_object_sweep(document, p)))]
+    panels = object_heat_panels(document)
+    endpoint = (document["environment"].get("target") or {}).get("endpoint")
+    heat_title = (f"{document['target']}" + (f" at {endpoint}" if endpoint else "")
+                  + f", {format_size(spec['size_bytes'])} per run")
+    if heat_cells(panels) > 1:
+        figures.append(Figure("heat map: requests in flight x object size, median GB/s (best write outlined)",
+                              _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    headline = Headline("object sweep", f"{format_size(c['object_size_bytes'])} x{c['concurrency']}",
+                        b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
+    return Section(title=f"Object-storage sweep: {document['target']}", lines=tuple(lines), tables=tables,
+                   figures=tuple(figures), headline=headline)
+
+
+@section("ckptbench.bench.checkpoint/1")
+def checkpoint_shootout(document: dict[str, Any]) -> Section:
+    """``ckptbench bench --workload checkpoint``: writers saving (durable) and loading (cold) one state_dict."""
+    from ckptbench.report.shootout import plot_shootout
+
+    spec, workload, results = document["spec"], document["workload"], document["results"]
+    shape = workload["shape"]
+    by_dtype = ", ".join(f"{d} {n / workload['total_bytes']:.0%}" for d, n in workload["bytes_by_dtype"].items() if n)
+    lines = [f"{workload['model']} x{workload['scale']:.3g}: {shape['layers']} blocks, hidden {shape['hidden']}, "
+             f"{format_size(workload['total_bytes'])} in {workload['tensors']} tensors ({by_dtype}) · "
+             f"{spec['repeat']} runs (+{spec['warmup']} warm-up), writers alternating · "
+             f"memcpy {document['memcpy_gbps']:.1f} GB/s",
+             f"cold loads: {document['cache_drop'].get('how') or document['cache_drop']['method']} · "
+             f"data verified: {'yes' if document.get('data_verified') else 'NO'}"]
+    verified = {True: "yes", False: "NO", None: "n/a"}
+    ours = next((i for i, r in enumerate(results) if r["writer"] == "ckptbench"), None)
+    tables = [Table("durable save, cold load (median of the runs, GB/s of state_dict bytes)", (
+        "writer", "save GB/s", "min–max", "load GB/s", "min–max", "files", "on disk", "verified"), tuple(
+        (r["writer"], f"{r['save']['gbps']:.2f}" + (" (cached!)" if r["save"].get("cached") else ""),
+         _summary(r["save"]["summary_gbps"]),
+         f"{r['load']['gbps']:.2f}" + (" (cached!)" if r["load"].get("cached") else ""),
+         _summary(r["load"]["summary_gbps"]), str(r["files"]), format_size(r["disk_bytes"]),
+         verified[r["verified"]]) for r in results),
+        highlight=frozenset({ours}) if ours is not None and len(results) > 1 else frozenset())]
+    if document.get("async"):
+        tables.append(Table("async saves (medians)", ("writer", "stall", "persist", "total", "interference"), tuple(
+            (a["writer"], format_duration(a["stall_s"]), format_duration(a["persist_s"]),
+             format_duration(a["total_s"]), "-" if a["interference"] is None else f"{a['interference']:+.0%}")
+            for a in document["async"]),
+            note=_probe_note(document.get("probe"))))
+    memory = document.get("memory")
+    if memory:
+        tables.append(Table(f"memory ({memory['method']})", ("quantity", "value"), (
+            ("checkpoint", format_size(memory["checkpoint_bytes"])),
+            ("peak extra RSS, first save (arena included)",
+             f"{format_size(memory['first_peak_extra_bytes'])} "
+             f"({memory['first_peak_extra_bytes'] / memory['checkpoint_bytes']:.2f}x the checkpoint)"),
+            ("peak extra RSS, later saves", format_size(memory["steady_peak_extra_bytes"])),
+            (f"RSS growth over {memory['saves']} saves", format_size(memory["growth_bytes"])))))
+    if document.get("goals"):
+        tables.append(Table("goals", ("goal", "value", "threshold", "status", "what"), tuple(
+            (g["name"], f"{g['value']:.2f}", f"{g['comparison']} {g['goal']:g}", "met" if g["met"] else "MISSED",
+             g["description"]) for g in document["goals"]),
+            failed=frozenset(i for i, g in enumerate(document["goals"]) if not g["met"])))
+    tables.append(Table("how each writer saves and loads", ("writer", "durable", "load"),
+                        tuple((r["writer"], r["durable"], r["load_how"]) for r in results)))
+    figures = (Figure("save and load GB/s per writer (median, min–max whiskers); async stall and persist",
+                      _png(lambda p: plot_shootout(document, p))),)
+    head = results[ours] if ours is not None else max(results, key=lambda r: r["save"]["gbps"])
+    headline = Headline("checkpoint save/load", f"{head['writer']} writer, {format_size(workload['total_bytes'])}",
+                        head["save"]["gbps"], head["load"]["gbps"])
+    return Section(title=f"Checkpoint writers: {document['target']}", lines=tuple(lines), tables=tuple(tables),
+                   figures=figures, headline=headline)
+
+
+def _probe_note(probe: dict[str, Any] | None) -> str:
+    if not probe:
+        return ""
+    matrix = "x".join(str(n) for n in probe.get("matrix", ()))
+    return (f"interference: slowdown of a {probe.get('kind')} {matrix} loop ({probe.get('torch_threads')} threads) "
+            "while persisting, against the same loop alone")
+
+
+@section("ckptbench.preflight/1")
+def preflight(document: dict[str, Any]) -> Section:
+    """``ckptbench preflight``: the job, what the writer measured, the predictions and the recommendation
+    (the checks table and the waste curve come from the shared parts)."""
+    job, p, m = document["job"], document["predictions"], document["measurements"]
+    ck = job["checkpoint"]
+    lines = (
+        f"job: {job['model']} on {job['ranks']} ranks ({job['nodes']} nodes), {ck['recipe']['description']}, "
+        f"{ck['parallelism']['sharding']} sharding; MTBF {format_duration(job['failures']['mtbf_s'])} "
+        f"({job['failures']['source']})",
+        f"measured: {format_size(m['measured_bytes'])} saved at {m['write_bps'] / 1e9:.2f} GB/s (durable), loaded at "
+        f"{m['read_bps'] / 1e9:.2f} GB/s (cold); async stall {format_duration(m['async_stall_s'])}, persist "
+        f"{format_duration(m['async_persist_s'])}",
+        *(f"assumption: {a}" for a in document.get("assumptions", [])),
+    )
+    keys = ("checkpoint_total_bytes", "checkpoint_per_rank_bytes", "checkpoint_per_node_bytes", "sync_checkpoint_s",
+            "async_stall_s", "async_persist_s", "restore_s", "blocking_s", "interval_s", "optimal_interval_s",
+            "overhead_fraction", "waste_fraction", "goodput", "wasted_gpu_hours_per_day", "wasted_usd_per_day")
+    predicted = Table("predicted for the job", ("quantity", "value"),
+                      tuple((_label(k), format_value(k, p[k])) for k in keys if k in p))
+    advice = Table("recommendation", ("setting", "value", "why"),
+                   tuple((a["setting"], format_value(a["setting"], a["value"]), a["reason"])
+                         for a in document["recommendation"]))
+    headline = Headline("preflight (checkpoint writer)", job["model"], m["write_bps"] / 1e9, m["read_bps"] / 1e9)
+    return Section(title=f"Pre-flight: {document['target']}", lines=lines, tables=(predicted, advice),
+                   headline=headline)
