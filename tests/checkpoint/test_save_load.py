@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -16,11 +17,12 @@ import pytest
 import torch
 
 import ckptbench
-from ckptbench.checkpoint import Checkpointer
+from ckptbench.checkpoint import Checkpointer, api
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
 from ckptbench.checkpoint.plan import plan_save
 from ckptbench.errors import UsageError
+from ckptbench.storage.store import LocalStore
 
 
 def all_cpu_dtypes() -> list[torch.dtype]:
@@ -217,6 +219,128 @@ def test_truncated_shard_is_reported(tmp_path: Path):
     os.truncate(shard, 100)
     with pytest.raises(CorruptCheckpointError, match="100 bytes"):
         ckptbench.load(tmp_path / "c")
+
+
+
+def many_shards(tmp_path: Path, shards: int = 10) -> tuple[dict, Path, dict]:
+    """A checkpoint of 40 tensors spread round-robin over ``shards`` shards; (state_dict, dir, manifest)."""
+    sd = {f"t{i:02d}": torch.randn(4096) for i in range(40)}
+    Checkpointer(threads=2, shard_size=40 * 16 * 1024 // shards).save(sd, tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert len(manifest["shards"]) == shards
+    return sd, tmp_path / "c", manifest
+
+
+def flip_byte(directory: Path, manifest: dict, key: str, at: int = 17) -> str:
+    """Damage one byte of tensor ``key`` on disk; returns the name of its shard."""
+    entry = next(t for t in manifest["tensors"] if t["key"] == key)
+    name = manifest["shards"][entry["shard"]]["name"]
+    with open(directory / name, "r+b") as f:
+        f.seek(entry["offset"] + at)
+        byte = f.read(1)[0]
+        f.seek(entry["offset"] + at)
+        f.write(bytes([byte ^ 0xFF]))
+    return name
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_corruption_in_the_first_or_last_of_many_shards_is_named(tmp_path: Path, which: str):
+    sd, c, manifest = many_shards(tmp_path)
+    shard = 0 if which == "first" else len(manifest["shards"]) - 1
+    key = next(t["key"] for t in manifest["tensors"] if t["shard"] == shard)
+    name = flip_byte(c, manifest, key)
+    for threads in (1, 2, 3, 16):  # one shard per read, several, all at once
+        with pytest.raises(CorruptCheckpointError, match=rf"tensor '{key}' \(shard {name} of "):
+            Checkpointer(threads=threads).load(c)
+    out = ckptbench.load(c, verify=False)
+    assert all(torch.equal(out[k], v) for k, v in sd.items() if k != key)
+
+
+def test_several_corrupt_shards_name_the_first_tensor_in_manifest_order(tmp_path: Path):
+    _, c, manifest = many_shards(tmp_path)
+    shard_of = {t["key"]: t["shard"] for t in manifest["tensors"]}
+    assert shard_of["t31"] < shard_of["t15"]  # t31's shard is read (and checked) first
+    flip_byte(c, manifest, "t31")
+    name = flip_byte(c, manifest, "t15")
+    for threads in (1, 2, 16):
+        with pytest.raises(CorruptCheckpointError, match=rf"tensor 't15' \(shard {name} of "):
+            Checkpointer(threads=threads).load(c)
+
+
+def test_missing_shard_among_many_is_reported_before_any_read(tmp_path: Path, monkeypatch):
+    _, c, manifest = many_shards(tmp_path)
+    name = manifest["shards"][7]["name"]
+    (c / name).unlink()
+    reads = []
+    real = LocalStore.read_files
+    monkeypatch.setattr(LocalStore, "read_files", lambda self, files, **kw: reads.append(files) or real(self, files, **kw))
+    with pytest.raises(CorruptCheckpointError, match=rf"shard {name} of .* is missing; the manifest says"):
+        ckptbench.load(c)
+    assert reads == []
+
+
+def test_many_shards_are_each_read_once_in_groups_of_threads(tmp_path: Path, monkeypatch):
+    sd, c, manifest = many_shards(tmp_path)
+    calls = []
+    real = LocalStore.read_files
+
+    def recording(self, files, **kw):
+        calls.append(([name for name, _ in files], kw["threads"]))
+        return real(self, files, **kw)
+
+    monkeypatch.setattr(LocalStore, "read_files", recording)
+    out = Checkpointer(threads=3).load(c)
+    assert all(torch.equal(out[k], v) for k, v in sd.items())
+    assert [n for names, _ in calls for n in names] == [s["name"] for s in manifest["shards"]]
+    assert [len(names) for names, _ in calls] == [3, 3, 3, 1] and {t for _, t in calls} == {3}
+    calls.clear()
+    Checkpointer(threads=3).load(c, verify=False)  # nothing to overlap with: one read of everything
+    assert [len(names) for names, _ in calls] == [10]
+
+
+def test_read_error_wins_over_a_checksum_mismatch_found_meanwhile(tmp_path: Path, monkeypatch):
+    _, c, manifest = many_shards(tmp_path)
+    key = next(t["key"] for t in manifest["tensors"] if t["shard"] == 0)
+    flip_byte(c, manifest, key)
+    last = manifest["shards"][-1]["name"]
+    real = LocalStore.read_files
+
+    def failing(self, files, **kw):
+        if any(name == last for name, _ in files):
+            raise OSError(5, "Input/output error", str(self.path / last))
+        return real(self, files, **kw)
+
+    monkeypatch.setattr(LocalStore, "read_files", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        Checkpointer(threads=2).load(c)
+
+
+def test_load_without_populate_support_still_faults_in(tmp_path: Path, monkeypatch):
+    # Kernels before 5.14 refuse MADV_POPULATE_WRITE: the readers fault the pages in themselves.
+    sd, c, _ = many_shards(tmp_path)
+    monkeypatch.setattr(api, "_MADV_POPULATE_WRITE", 0x7FFF)  # EINVAL everywhere
+    out = ckptbench.load(c)
+    assert all(torch.equal(out[k], v) for k, v in sd.items())
+
+
+def test_loaded_tensors_outlive_the_checkpointer(tmp_path: Path):
+    sd, c, _ = many_shards(tmp_path)
+    ckpt = Checkpointer()
+    out = ckpt.load(c)
+    ckpt.close()
+    del ckpt
+    gc.collect()
+    assert all(torch.equal(out[k], v) for k, v in sd.items())
+    out["t00"].add_(1)  # writable, like any loaded tensor
+    assert torch.equal(out["t00"], sd["t00"] + 1)
+
+
+def test_manifest_with_a_wrong_checksum_count_is_corrupt(tmp_path: Path):
+    _, c, manifest = many_shards(tmp_path)
+    manifest["tensors"][3]["crc32c"].append(0)
+    (c / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpointError, match="lists 2 checksums for tensor 't03', which needs 1"):
+        ckptbench.load(c)
 
 
 def test_save_into_a_file_path_is_refused(tmp_path: Path):

@@ -1,0 +1,281 @@
+"""``ckptbench compare TARGET [TARGET ...]``: the same checkpoint workload on every tier in one run, side
+by side, and what each would cost the training job (checkpoint and restore time, optimal interval,
+overhead and waste at the job's failure rate, $ per run where the tier has prices)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptbench.cli import params
+from ckptbench.cli.bench import DEFAULT_MODEL, _open_output, _run_and_emit, storage_options_from
+from ckptbench.cli.interval import failure_options, pct, resolve_failures
+from ckptbench.cli.render import stdout_console
+from ckptbench.errors import UsageError
+from ckptbench.units import format_duration, format_size
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+DEFAULT_SIZE = "256MiB"
+DEFAULT_RUN_TIME = "30d"
+
+
+@click.command(context_settings=_CONTEXT)
+@click.argument("targets", nargs=-1, metavar="TARGET [TARGET ...]")
+@click.option("--tier", multiple=True, metavar="NAME|FILE.toml",
+              help="A tier from configs/tiers, or a tier file, to compare too (repeatable); a TARGET that is a "
+                   "tier name or a .toml file is read the same way.")
+@click.option("--workload", type=click.Choice(["checkpoint"]), default="checkpoint", show_default=True,
+              help="What runs on every tier: ckptbench's writer saving (durable, sync and async) and loading (cold) "
+                   "a synthetic state_dict with the model's tensor shapes.")
+@click.option("--model", metavar="PRESET", default=None,
+              help=f"Model preset (configs/models): the workload's tensor shapes, and the job's size unless --params  "
+                   f"[default: {DEFAULT_MODEL}].")
+@click.option("--size", type=params.SIZE, default=DEFAULT_SIZE, show_default=True,
+              help="Bytes of the measured workload (per save): 256MiB, 2GiB. Not with --scale.")
+@click.option("--scale", type=params.FRACTION, default=None,
+              help="The measured workload as a fraction of the full model's (0.05 or 5%), instead of --size.")
+@click.option("--threads", type=params.POSITIVE_INT, default=None,
+              help="ckptbench's writer threads  [default: its own].")
+@click.option("--repeat", type=params.POSITIVE_INT, default=3, show_default=True, help="Measured runs per tier.")
+@click.option("--warmup", type=params.NONNEGATIVE_INT, default=1, show_default=True,
+              help="Discarded runs per tier before measuring.")
+@click.option("--params", type=params.FINITE_COUNT, default=None,
+              help="The job's parameter count (70B)  [default: the --model preset's].")
+@click.option("--ranks", type=params.POSITIVE_INT, default=1, show_default=True,
+              help="Ranks writing the job's checkpoint at once, each an equal share (fully sharded), each at the "
+                   "rate measured here.")
+@failure_options(with_count=True)
+@click.option("--restart", type=params.BOUNDED_DURATION, default=None,
+              help="Fixed cost of a failure (detect, replace, relaunch) before the restore: 10m  [default: 0].")
+@click.option("--mode", type=click.Choice(["async", "sync"]), default="async", show_default=True,
+              help="Checkpoints the job takes: async (stall, then persist beside training) or sync (blocking).")
+@click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
+              help="Async: fraction of training speed lost while persisting (0.05 or 5%)  [default: 0].")
+@click.option("--every", type=params.BOUNDED_DURATION, default=None,
+              help="Also evaluate this interval (training time between checkpoints): 30m.")
+@click.option("--run-time", type=params.BOUNDED_DURATION, default=DEFAULT_RUN_TIME, show_default=True,
+              help="Compute time of the training run, for $ per run: 30d.")
+@click.option("--keep", type=params.POSITIVE_INT, default=2, show_default=True,
+              help="Checkpoints kept on the tier during the run, for $ per run.")
+@click.option("--endpoint-url", default=None, metavar="URL",
+              help="Object storage: the S3 endpoint of every s3:// target (Ceph RGW, MinIO, ...).")
+@click.option("--storage-option", multiple=True, metavar="KEY=VALUE",
+              help="Object storage: a storage option for every object-storage target, over a tier's own "
+                   "(repeatable): part_size=32MiB, key=..., secret=... (never written to output).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file.")
+@click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Directory to write the JSON result file into (created if missing).")
+def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, model: str | None, size: int,
+            scale: float | None, threads: int | None, repeat: int, warmup: int, params: float | None,
+            ranks: int, mtbf: float | None, gpu_mtbf: float | None, node_mtbf: float | None,
+            faults_per_day: float | None, failures: str | None, gpus: int | None, nodes: int | None,
+            restart: float | None, mode: str, interference: float | None, every: float | None, run_time: float,
+            keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], as_json: bool,
+            plot_path: Path | None, output_dir: Path | None) -> None:
+    """The same checkpoint workload on every tier, side by side, and what each costs the job.
+
+    \b
+    A TARGET is a directory (/mnt/nvme, /mnt/cephfs), a URL (s3://bucket/prefix), a tier name from
+    configs/tiers (local-nvme, cephfs, s3-standard; write ./NAME for a directory called NAME), or a
+    tier file (my-tier.toml: url, prices, notes). Every target is checked before anything is measured.
+
+    \b
+    Example:
+      ckptbench compare /mnt/nvme /mnt/cephfs s3://ckpt/run1 --endpoint-url http://rgw:8080 \\
+        --model llama3-70b --ranks 64 --failures llama3 --gpus 1024 --restart 10m --plot tiers.png
+    """
+    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
+    from ckptbench.bench.compare import JobSpec, check_targets, resolve_compare_target, run_compare
+    from ckptbench.model import presets, sizing
+
+    tier_args, param_count = tier, params  # (the flags' names, so --config TOML keys match them)
+    ctx = click.get_current_context()
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    if not targets and not tier_args:
+        raise UsageError("give the tiers to compare: directories, s3:// URLs or tier names",
+                         hint="e.g. ckptbench compare /mnt/nvme /mnt/cephfs s3://bucket/prefix")
+    if {"scale", "size"} <= given:
+        raise UsageError("give --scale or --size, not both")
+    spec = CheckpointBenchSpec(model=model or DEFAULT_MODEL, scale=scale, size_bytes=None if scale is not None else size,
+                               writers=("ckptbench",), repeat=repeat, warmup=warmup, threads=threads, memory_saves=0)
+    work = plan(spec)  # unknown model preset, size out of range: fail before touching any target
+    failure_model = resolve_failures(mtbf_s=mtbf, gpu_mtbf_s=gpu_mtbf, node_mtbf_s=node_mtbf,
+                                     faults_per_day=faults_per_day, failure_preset=failures, gpus=gpus, nodes=nodes,
+                                     count_given=True)
+    shape = presets.load_model(spec.model)
+    size_info = sizing.checkpoint_size(param_count or shape.params, sizing.TrainingRecipe(),
+                                       sizing.Parallelism(dp=ranks, sharding="fsdp" if ranks > 1 else "none"))
+    job = JobSpec(size=size_info, model=None if param_count else shape.name, failures=failure_model,
+                  restart_s=restart or 0.0, mode=mode, interference=interference or 0.0, every_s=every,
+                  run_s=run_time, keep=keep)
+    options = storage_options_from(endpoint_url, storage_option)
+    resolved = [resolve_compare_target(t, options) for t in targets]
+    resolved += [resolve_compare_target(t, options, as_tier=True) for t in tier_args]
+    if options and not any(t.on_objects for t in resolved):
+        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), and no target is")
+    check_targets(resolved, work)
+    if plot_path is not None and not plot_path.parent.is_dir():
+        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
+    _run_and_emit(
+        lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress),
+        output=_open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
+        plot=_plot, print_tables=lambda report, document: _print_tables(document),
+    )
+
+
+def _plot(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.compare_plot import plot_compare
+
+    plot_compare(document, path)
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else format_duration(value)
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if value >= 0.995 or value == 0 else f"${value:.3g}"
+
+
+#: Rows of the table: (label, where in the tier record, key, format); `where` "measured" or "model".
+def _rows(document: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
+    job = document["job"]
+    asynchronous = job["mode"] == "async"
+    rows: list[tuple[str, str, str, Any]] = [
+        ("checkpoint time (sync)", "model", "checkpoint_s", _seconds),
+    ]
+    if asynchronous:
+        rows += [("stall per checkpoint", "model", "stall_s", _seconds),
+                 ("persist per checkpoint", "model", "persist_s", _seconds)]
+    rows.append(("restore", "model", "restore_s", _seconds))
+    if job["mtbf_s"] is not None:
+        rows += [("optimal interval", "model", "optimal_interval_s", _seconds),
+                 ("overhead at optimum", "model", "overhead_fraction", lambda v: pct(v, 2)),
+                 ("waste at optimum", "model", "waste_fraction", lambda v: pct(v, 2))]
+    if job["every_s"] is not None:
+        every = format_duration(job["every_s"])
+        rows.append((f"overhead every {every}", "model", "overhead_fraction_at_interval", lambda v: pct(v, 2)))
+        if job["mtbf_s"] is not None:
+            rows.append((f"waste every {every}", "model", "waste_fraction_at_interval", lambda v: pct(v, 2)))
+    return rows
+
+
+def _print_tables(document: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = stdout_console()
+    tiers, job, spec, workload = document["tiers"], document["job"], document["spec"], document["workload"]
+    best = document["best"]
+    shape = workload["shape"]
+    console.print(
+        f"[bold]workload on every tier[/]: {workload['model']} x{workload['scale']:.3g} ({shape['layers']} blocks, "
+        f"hidden {shape['hidden']}), {format_size(workload['total_bytes'])} in {workload['tensors']} tensors  ·  "
+        f"ckptbench writer  ·  {spec['repeat']} runs (+{spec['warmup']} warm-up) per tier  ·  saves durable, "
+        f"loads cold")
+    recipe = job["recipe"]["description"]
+    who = (f"{job['ranks']} ranks write {format_size(job['rank_bytes'], binary=False)} each" if job["ranks"] > 1
+           else "1 rank writes it")
+    failure = ("no failure rate" if job["mtbf_s"] is None else
+               f"MTBF {format_duration(job['mtbf_s'])} ({job['failure_source']})")
+    restart = f"restart {format_duration(job['restart_s'])} + restore" if job["restart_s"] else "restart = restore"
+    mode = f"async (interference {pct(job['interference'], 0)})" if job["mode"] == "async" else "sync"
+    console.print(
+        f"[bold]job[/]: {job['model'] + ' ' if job['model'] else ''}{job['params'] / 1e9:.4g}B params, {recipe}: "
+        f"{format_size(job['checkpoint_bytes'], binary=False)} per checkpoint, {who}  ·  {mode}  ·  {failure}  ·  "
+        f"{restart}")
+
+    table = Table(header_style="bold")
+    table.add_column("", style="bold")
+    for t in tiers:
+        table.add_column(f"{t['label']}\n[dim]{t['filesystem'] or t['kind']}[/]", justify="right")
+
+    def cell(key: str, text: str, label: str) -> str:  # green on a terminal, * everywhere (logs, pipes)
+        return f"[bold green]*{text}[/]" if best.get(key) == label else text
+
+    for name, key in (("save GB/s (durable)", "save"), ("load GB/s (cold)", "load")):
+        row = [f"{name}, measured"]
+        for t in tiers:
+            summary = t["bench"]["results"][0][key]["summary_gbps"]
+            text = cell(f"{key}_gbps", f"{summary['median']:.2f}", t["label"])
+            text += f" [dim]{summary['min']:.2f}–{summary['max']:.2f}[/]"
+            if t["measured"][f"{key}_cached"]:
+                text += " [yellow](cached!)[/]"
+            row.append(text)
+        table.add_row(*row)
+    if job["mode"] == "async":
+        for name, key in (("async stall, measured", "stall_s"), ("async persist, measured", "persist_s")):
+            table.add_row(name, *[cell(f"measured_{key}", _seconds(t["measured"][key]), t["label"]) for t in tiers])
+    table.add_section()
+    for name, _, key, fmt in _rows(document):
+        row = [f"{name}, job"]
+        for t in tiers:
+            m = t["model"]
+            value = m[key]
+            error = m["interval_error"] if key.endswith("_at_interval") else m["error"]
+            if value is None and error and key not in ("checkpoint_s", "stall_s", "persist_s", "restore_s"):
+                row.append("[red]cannot keep up[/]" if "cannot keep up" in error else "[red]infeasible[/]")
+                continue
+            text = fmt(value)
+            if key == "optimal_interval_s" and m["constraint_binding"]:
+                text += " [dim](bound)[/]"
+            row.append(cell(key, text, t["label"]))
+        table.add_row(*row)
+    if any(t["model"]["bill"] for t in tiers):
+        table.add_section()
+        row = [f"$ per run ({format_duration(job['run_s'])}, keep {job['keep']})"]
+        for t in tiers:
+            bill = t["model"]["bill"]
+            if bill is None:
+                row.append("[dim]no prices[/]")
+                continue
+            text = cell("bill_total_usd", _usd(bill["total_usd"]), t["label"])
+            parts = [f"{what} {_usd(bill[key])}" for what, key in (("storage", "storage_usd"), ("PUT", "put_usd"),
+                                                                   ("GET", "get_usd")) if bill[key] is not None]
+            if len(parts) > 1:
+                text += f"\n[dim]{', '.join(parts)}[/]"
+            row.append(text)
+        table.add_row(*row)
+    console.print(table)
+    if len(tiers) > 1:
+        console.print("[dim]*: best of the tiers on that row; job rows scale the measured rates to the job "
+                      "(assumptions in --json)[/]")
+    for t in tiers:
+        tier = t["tier"]
+        if tier and tier["notes"]:
+            console.print(f"[dim]tier {tier['name']} ({tier['url']}): {tier['notes']}[/]")
+    for note in document["notes"]:
+        console.print(f"[dim]note: {note}[/]")
+    console.print(takeaway(document))
+
+
+def takeaway(document: dict[str, Any]) -> str:
+    """One sentence: which tier wastes least (or checkpoints fastest), and which is cheapest."""
+    best, by_label = document["best"], {t["label"]: t for t in document["tiers"]}
+    if len(by_label) < 2:
+        (only,) = by_label.values()
+        m = only["model"]
+        if m["waste_fraction"] is not None:
+            return (f"On {only['label']}: checkpoint every {format_duration(m['optimal_interval_s'])}, wasting about "
+                    f"{pct(m['waste_fraction'])} of wall time.")
+        return f"On {only['label']}: a checkpoint takes {format_duration(m['checkpoint_s'])}."
+    if "waste_fraction" in best:
+        m = by_label[best["waste_fraction"]]["model"]
+        sentence = (f"Least waste: {best['waste_fraction']}, checkpointing every "
+                    f"{format_duration(m['optimal_interval_s'])} ({pct(m['waste_fraction'])} of wall time)")
+    else:
+        label = best["checkpoint_s"]
+        sentence = (f"Fastest checkpoint: {label} ({format_duration(by_label[label]['model']['checkpoint_s'])} for "
+                    "the job's checkpoint, sync)")
+    if "bill_total_usd" in best:
+        label = best["bill_total_usd"]
+        sentence += f"; cheapest: {label} ({_usd(by_label[label]['model']['bill']['total_usd'])} per run)"
+    return sentence + "."
