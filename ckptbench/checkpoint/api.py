@@ -217,8 +217,11 @@ class Checkpointer:
             ],
             "skeleton": plan.skeleton,
         }
-        mf.commit(store, manifest)
-        store.remove(mf.stale_files(store, {s.name for s in plan.shards}))
+        self._commit(store, manifest, [s.name for s in plan.shards])
+        keep = {s.name for s in plan.shards}
+        store.remove(mf.stale_files(store, keep))
+        if hasattr(store, "abort_incomplete_uploads"):  # uploads an earlier, failed save could not abort
+            store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep)
         persist_s = time.perf_counter() - staged_at
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
@@ -226,6 +229,28 @@ class Checkpointer:
             block_size=self.block_size, direct=report.direct, sync=report.sync, checksum=self.checksum,
             direct_fallback_reason=report.fallback_reason,
         )
+
+    @staticmethod
+    def _commit(store: Store, manifest: dict, shards: list[str]) -> None:
+        """Write the manifest; if that fails, remove this save's shards unless the manifest did land.
+
+        A failed PUT may still have been stored (the answer was lost), so the manifest is read back:
+        ours -> the commit happened; another save's, or none -> our shards are orphans, removed; not
+        readable -> left for the next save's sweep (removing them could break a committed checkpoint).
+        """
+        try:
+            mf.commit(store, manifest)
+        except BaseException as failure:
+            try:
+                current: dict | None = mf.read_manifest(store)
+            except mf.NotACheckpointError:
+                current = None
+            except Exception:  # noqa: BLE001 - unreachable: leave the shards to the next sweep, report the commit
+                raise failure from None
+            if current is not None and current.get("save_id") == manifest["save_id"]:
+                return
+            store.remove(shards)
+            raise
 
     # -- load ---------------------------------------------------------------------------------
 

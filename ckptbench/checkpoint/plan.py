@@ -74,7 +74,7 @@ class SavePlan:
         """(entry index, arena offset, nbytes) per checksum block, in entry order."""
         out = []
         for e in self.entries:
-            if e.alias_of is not None:
+            if e.alias_of is not None or e.nbytes == 0:
                 continue
             base = self.arena_offset(e)
             for start in range(0, e.nbytes, CHECKSUM_BLOCK_BYTES):

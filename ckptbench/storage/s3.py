@@ -311,10 +311,10 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     region = opts.region_name or session.region_name or "us-east-1"
     try:
         data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
-            retries={"max_attempts": opts.max_attempts, "mode": "adaptive"}, connect_timeout=opts.connect_timeout_s,
+            retries={"total_max_attempts": opts.max_attempts, "mode": "adaptive"}, connect_timeout=opts.connect_timeout_s,
             max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS), **common))
         control = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
-            retries={"max_attempts": min(CONTROL_MAX_ATTEMPTS, opts.max_attempts), "mode": "standard"},
+            retries={"total_max_attempts": min(CONTROL_MAX_ATTEMPTS, opts.max_attempts), "mode": "standard"},
             connect_timeout=min(CONTROL_CONNECT_TIMEOUT_S, opts.connect_timeout_s), **common))
     except (ValueError, BotoCoreError) as exc:
         where = f" from {endpoint_source}" if endpoint else ""
@@ -387,7 +387,9 @@ class S3Store:
         if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
             kind = StorageIOError if self._reached else TargetError
             tries = f" after {attempts} attempts" if attempts else ""
-            return kind(f"cannot reach the S3 endpoint {self.endpoint} (from {self.endpoint_source}){tries}",
+            # Mid-run (the server answered before), say what failed where; up front, the endpoint is the news.
+            doing = f"{action} {self._where(name)} failed: " if self._reached else ""
+            return kind(f"{doing}cannot reach the S3 endpoint {self.endpoint} (from {self.endpoint_source}){tries}",
                         hint="check the endpoint URL and that the server is up")
         if isinstance(exc, NoCredentialsError):
             return TargetError("no AWS credentials found for s3://",
@@ -527,9 +529,10 @@ class S3Store:
         if self.on_request is not None:
             self.on_request(nbytes, time.perf_counter() - started)
 
-    def abort_incomplete_uploads(self) -> int:
-        """Abort every multipart upload in progress under this location (best effort); returns how many.
-        Cleanup for scratch prefixes: a crash between create and abort can leave parts billed forever."""
+    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None) -> int:
+        """Abort every multipart upload in progress directly under this location whose name ``owned``
+        accepts (all when None); best effort, returns how many. A crash, or an outage through a failed
+        save's own aborts, can leave parts billed forever: scratch cleanup and every commit sweep them."""
         prefix = f"{self.prefix}/" if self.prefix else ""
         aborted = 0
         try:
@@ -539,6 +542,8 @@ class S3Store:
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
             return 0
         for upload in uploads:
+            if owned is not None and not owned(upload["Key"][len(prefix):]):
+                continue
             try:
                 self._data.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted += 1

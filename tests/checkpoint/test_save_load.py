@@ -419,3 +419,10 @@ def test_kill_9_at_random_moments_never_damages_the_committed_checkpoint(tmp_pat
     ckptbench.save({"w": torch.ones(1)}, path, overwrite=True)
     names = sorted(p.name for p in path.iterdir())
     assert len(names) == 2 and "manifest.json" in names
+
+
+def test_only_empty_tensors_and_values(tmp_path):
+    """A state_dict whose tensors hold no bytes has no shards; it still saves and loads."""
+    ckptbench.save({"step": 3, "e": torch.empty(0, 4)}, tmp_path / "c")
+    out = ckptbench.load(tmp_path / "c")
+    assert out["step"] == 3 and out["e"].shape == (0, 4)

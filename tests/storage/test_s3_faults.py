@@ -184,9 +184,6 @@ def test_persistent_fault_fails_cleanly(s3_server, s3_bucket, proxy, fault):
     assert leftovers(s3_server, s3_bucket) == ([], [])
 
 
-@pytest.mark.xfail(strict=True, reason="S3Store passes max_attempts to botocore as retries={'max_attempts': N}, "
-                                       "which botocore counts as retries (N + 1 attempts); S3Options documents "
-                                       "'first try included' and errors say 'after N attempts'")
 def test_max_attempts_counts_the_first_try(s3_server, s3_bucket, proxy):
     proxy.fail(None, status=503, kind="PutObject")
     with pytest.raises(CkptbenchError):
@@ -236,9 +233,6 @@ def test_failed_commit_keeps_the_previous_checkpoint(s3_server, s3_bucket, proxy
     assert leftovers(s3_server, s3_bucket)[0] == []
 
 
-@pytest.mark.xfail(strict=True, reason="Checkpointer._persist (checkpoint/api.py) does not remove the shards it "
-                                       "wrote when the manifest PUT fails: they stay as orphan objects until the "
-                                       "next successful save at that location sweeps them (stale_files)")
 def test_failed_commit_removes_the_new_shards(s3_server, s3_bucket, proxy):
     _, committed_keys = failed_commit(s3_server, s3_bucket, proxy)
     assert leftovers(s3_server, s3_bucket) == ([], committed_keys)
@@ -299,9 +293,6 @@ def test_server_down_mid_upload_fails_in_bounded_time_then_recovers(s3_server, s
     assert len(leftovers(s3_server, s3_bucket)[1]) == 3  # the new shards and manifest: stale ones swept
 
 
-@pytest.mark.xfail(strict=True, reason="multipart uploads that a save could not abort (the server was down "
-                                       "through its retries) are never aborted later: the next successful save "
-                                       "sweeps stale shard objects (stale_files) but not incomplete uploads")
 def test_uploads_orphaned_by_an_outage_are_aborted_by_the_next_save(s3_server, s3_bucket, proxy):
     _, options, _, _ = fail_by_outage(s3_server, s3_bucket, proxy)
     proxy.up()
@@ -309,8 +300,6 @@ def test_uploads_orphaned_by_an_outage_are_aborted_by_the_next_save(s3_server, s
     assert leftovers(s3_server, s3_bucket)[0] == []
 
 
-@pytest.mark.xfail(strict=True, reason="S3Store._error turns EndpointConnectionError into 'cannot reach the S3 "
-                                       "endpoint URL ...' without the action and the s3:// location, also mid-save")
 def test_outage_error_names_the_checkpoint(s3_server, s3_bucket, proxy):
     _, _, _, text = fail_by_outage(s3_server, s3_bucket, proxy)
     assert f"s3://{s3_bucket}/ckpt" in text
