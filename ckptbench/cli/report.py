@@ -37,6 +37,8 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
       ckptbench.bench.fs/1          filesystem sweep: table, bars, threads x block-size heat map
       ckptbench.bench.objects/1     s3:// sweep: table, bars, in-flight x object-size heat map
       ckptbench.bench.checkpoint/1  writer shoot-out: save/load, async stall/persist, memory, goals
+      ckptbench.preflight/1         pre-flight: job, predictions, checks, recommendation, waste curve
+      ckptbench.compare/1           tiers side by side: measured rates and the job's model per tier
 
     In any result file, a `checks` list with a `verdict` becomes a checks table and a `model.curve` a
     waste-versus-interval plot. Any other schema, or another version of these, is refused: exit 2,

@@ -505,3 +505,24 @@ def preflight(document: dict[str, Any]) -> Section:
     headline = Headline("preflight (checkpoint writer)", job["model"], m["write_bps"] / 1e9, m["read_bps"] / 1e9)
     return Section(title=f"Pre-flight: {document['target']}", lines=lines, tables=(predicted, advice),
                    headline=headline)
+
+
+@section("ckptbench.compare/1")
+def compare(document: dict[str, Any]) -> Section:
+    """``ckptbench compare``: the writer workload and the model's numbers per tier, side by side."""
+    from ckptbench.report.compare_plot import plot_compare
+
+    tiers = document["tiers"]
+    rows_spec = (("save GB/s (durable)", "measured", "save_gbps"), ("load GB/s (cold)", "measured", "load_gbps"),
+                 ("async stall, measured", "measured", "stall_s"), ("checkpoint time (sync), job", "model",
+                                                                     "checkpoint_s"),
+                 ("stall per checkpoint, job", "model", "stall_s"), ("restore, job", "model", "restore_s"),
+                 ("optimal interval, job", "model", "optimal_interval_s"),
+                 ("waste at optimum, job", "model", "waste_fraction"))
+    columns = ("quantity", *(f"{t['label']} ({t['filesystem']})" for t in tiers))
+    rows = tuple((label, *(format_value(key, (t.get(part) or {}).get(key)) for t in tiers))
+                 for label, part, key in rows_spec)
+    lines = tuple(f"assumption: {a}" for a in document.get("assumptions", []))
+    figures = (Figure("tiers side by side", _png(lambda p: plot_compare(document, p))),)
+    return Section(title=f"Tier comparison: {', '.join(t['label'] for t in tiers)}", lines=lines,
+                   tables=(Table("per tier", columns, rows),), figures=figures)

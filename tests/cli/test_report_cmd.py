@@ -311,3 +311,11 @@ def test_preflight_result_renders(cli, tmp_path: Path):
     html = out.read_text()
     assert "Pre-flight:" in html and "checkpoint-time" in html and "recommendation" in html
     assert html.count("data:image/png;base64,") >= 1
+
+
+def test_compare_reference_run_renders(cli, tmp_path: Path):
+    source = Path(__file__).resolve().parents[2] / "results" / "compare-vm-20261126T071623.json"
+    out = tmp_path / "c.html"
+    assert cli("report", str(source), "--html", str(out)).exit_code == 0
+    html = out.read_text()
+    assert "Tier comparison: /var/tmp" in html and "fuse.ceph-fuse" in html
