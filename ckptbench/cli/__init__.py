@@ -115,6 +115,9 @@ def main(ctx: click.Context, verbose: int, config_path: Path | None) -> None:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Third-party clients log request headers (access key ids, session tokens) at DEBUG: never below INFO.
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "s3fs", "aiobotocore", "fsspec"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.WARNING - 10 * min(verbose, 2)))
     ctx.obj = {"verbose": verbose}
     if config_path is not None:
         ctx.default_map = load_config_defaults(config_path)

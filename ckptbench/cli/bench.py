@@ -57,8 +57,9 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            shown = key if key.lower() in SECRET_OPTIONS or not key else pair
-            raise UsageError(f"--storage-option expects KEY=VALUE, got {shown!r}",
+            # The value may be a mistyped credential (secret:VALUE): name no part of it.
+            raise UsageError("--storage-option expects KEY=VALUE; one was given without '=' (not shown: it may "
+                             "hold a credential)",
                              hint="e.g. --storage-option part_size=32MiB --storage-option max_concurrency=16")
         options[key] = value
     if endpoint_url is not None:
@@ -154,12 +155,15 @@ def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, 
               help="Object storage: an option for the store, repeatable: region_name, profile, part_size, "
                    "max_concurrency, max_attempts, create_bucket, anon... Credentials given here never appear "
                    "in output or result files; prefer the environment or a profile.")
+@click.option("--force", is_flag=True,
+              help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
+                   "files would land among the system's own.")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
           metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
-          storage_option: tuple[str, ...]) -> None:
+          storage_option: tuple[str, ...], force: bool) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -206,7 +210,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
             raise UsageError(f"{OBJECT_ONLY[misplaced[0]]} applies to the s3:// object sweep (--workload fs) only")
         _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, as_json=as_json,
                           plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers,
-                          storage_options=options)
+                          storage_options=options, force=force)
         return
     misplaced = sorted(given & set(CHECKPOINT_ONLY))
     if misplaced:
@@ -230,7 +234,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         schedules=tuple(dict.fromkeys(schedule)),
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
-    storage = resolve_target(target)
+    storage = resolve_target(target, force=force)
     if plot_path is not None and not plot_path.parent.is_dir():
         raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
     _run_and_emit(
@@ -411,7 +415,8 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
 
 def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[int], repeat: int, warmup: int,
                       as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
-                      scale: float | None, writers: list[str] | None, storage_options: dict[str, str]) -> None:
+                      scale: float | None, writers: list[str] | None, storage_options: dict[str, str],
+                      force: bool = False) -> None:
     """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan, run_checkpoint_bench
     from ckptbench.storage import resolve_target
@@ -428,7 +433,7 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
         writers=tuple(writers or ("ckptbench",)), repeat=repeat, warmup=warmup,
         threads=threads[0] if "threads" in given else None,
     )
-    storage = resolve_target(target, storage_options)
+    storage = resolve_target(target, storage_options, force=force)
     workload = plan(spec)
     if plot_path is not None and not plot_path.parent.is_dir():
         raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")

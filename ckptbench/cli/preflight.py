@@ -85,6 +85,8 @@ def _interval(value: str) -> float | None:
               help="Directory to write the JSON result file into (created if missing).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also draw waste versus checkpoint interval (the interval used and the optimum marked) to a PNG.")
+@click.option("--force", is_flag=True,
+              help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise.")
 @click.pass_context
 def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     """Will checkpointing on TARGET work for this job? Measure, predict, and say PASS / WARN / FAIL.
@@ -141,7 +143,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     options = storage_options_from(opts["endpoint_url"], opts["storage_option"])
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
-    storage = resolve_target(target, options)
+    storage = resolve_target(target, options, force=opts["force"])
     if opts["plot_path"] is not None and not opts["plot_path"].parent.is_dir():
         raise UsageError(f"--plot {str(opts['plot_path'])!r}: directory {str(opts['plot_path'].parent)!r} does not exist")
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan

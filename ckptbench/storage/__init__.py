@@ -19,15 +19,16 @@ def scheme_of(target: str) -> str:
     return head.lower() if sep else "file"
 
 
-def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -> Any:
+def resolve_target(target: str, storage_options: dict[str, Any] | None = None, *, force: bool = False) -> Any:
     """Validate ``target`` and return what serves it: a LocalDirectory, or an ObjectTarget for URLs
-    (raises TargetError / UsageError / MissingDependencyError with one line)."""
+    (raises TargetError / UsageError / MissingDependencyError with one line). A system directory
+    (``/``, ``/etc``, ``/usr``...) is refused unless ``force``."""
     scheme = scheme_of(target)
     if scheme == "file":
         if storage_options:
             raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), "
                              "not to a directory")
-        return LocalDirectory.from_string(target.removeprefix("file://"))
+        return LocalDirectory.from_string(target.removeprefix("file://"), force=force)
     from ckptbench.storage.objects import ObjectTarget
 
     return ObjectTarget(target, storage_options)

@@ -18,6 +18,12 @@ from ckptbench.units import format_size
 log = logging.getLogger(__name__)
 
 SCRATCH_PREFIX = ".ckptbench-scratch-"
+_SYSTEM = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+           "/sys", "/usr", "/var")
+#: Directories a benchmark refuses as its target unless forced: the scratch directory would land among
+#: the system's own files (or in a pseudo-filesystem). Matched on the resolved path, so symlinks count;
+#: where /bin is a link (merged /usr), /usr/bin is refused as well.
+SYSTEM_DIRECTORIES = frozenset({*_SYSTEM, *(os.path.realpath(d) for d in _SYSTEM)})
 
 
 @dataclass(frozen=True)
@@ -57,17 +63,33 @@ class LocalDirectory:
     path: Path
 
     @classmethod
-    def from_string(cls, text: str) -> LocalDirectory:
+    def from_string(cls, text: str, *, force: bool = False) -> LocalDirectory:
+        """Check ``text`` names an existing, writable directory (TargetError with one line if not).
+
+        ``force``: accept a system directory (``SYSTEM_DIRECTORIES``, also through a symlink) as well.
+        """
         if not text.strip():
             raise TargetError("the target is empty", hint="give a directory path")
         path = Path(text).expanduser()
-        if not path.exists():
+        try:
+            exists = path.exists()
+            is_dir = exists and path.is_dir()
+            resolved = path.resolve() if is_dir else path
+        except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise TargetError(f"{text!r} cannot be used as a directory ({reason})",
+                              hint="give an existing directory") from None
+        if not exists:
             raise TargetError(f"{text!r} does not exist", hint="give an existing directory")
-        if not path.is_dir():
+        if not is_dir:
             raise TargetError(f"{text!r} is a file, not a directory", hint="give the directory to benchmark")
+        if str(resolved) in SYSTEM_DIRECTORIES and not force:
+            shown = repr(text) if str(resolved) == text else f"{text!r} (resolves to {resolved})"
+            raise TargetError(f"{shown} is a system directory: a benchmark would write its scratch files there",
+                              hint="give a directory on the storage to measure, or --force if you mean it")
         if not os.access(path, os.W_OK | os.X_OK):  # also catches read-only mounts (EROFS), even for root
             raise TargetError(f"{text!r} is not writable", hint="pick a directory you can write to")
-        return cls(path.resolve())
+        return cls(resolved)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -96,13 +118,15 @@ class LocalDirectory:
         """
         scratch = self.path / f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            scratch.mkdir()
+            scratch.mkdir(mode=0o700)  # private: other users can neither read the data nor swap files in
         except PermissionError:
             raise TargetError(f"{self.path} is not writable", hint="pick a directory you can write to") from None
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise TargetError(f"{self.path} is not writable ({exc.strerror})", hint="pick a writable directory") from None
-            raise
+            # e.g. ENOENT in /proc, ENOSPC: nothing was written, so it is the target that cannot be used
+            raise TargetError(f"cannot create a scratch directory in {self.path} ({exc.strerror})",
+                              hint="pick a directory on a regular filesystem") from None
         log.info("scratch directory %s", scratch)
         try:
             yield scratch

@@ -137,6 +137,9 @@ class S3Options:
     addressing_style: str | None = None
 
     def __post_init__(self) -> None:
+        if self.endpoint_url is not None and "@" in self.endpoint_url:  # user:password@ (a password may hold "/")
+            raise UsageError("endpoint_url holds credentials (user:password@host); they are not accepted there",
+                             hint="give the host only, and credentials through the environment or a profile")
         if self.endpoint_url is not None and not re.match(r"^https?://[^/\s]+", self.endpoint_url):
             raise UsageError(f"endpoint_url {self.endpoint_url!r} is not an http:// or https:// URL")
         if not MIN_PART_BYTES <= self.part_size <= MAX_PART_BYTES:
@@ -187,7 +190,8 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     if not sep or scheme.lower() not in ("s3", "s3a"):
         raise TargetError(f"{url!r} is not an s3:// URL")
     bucket, _, prefix = rest.partition("/")
-    if "@" in bucket:  # never echo what may be a secret
+    # user:secret@bucket; AWS secrets may hold '/', so look past the first one too. Never echo it.
+    if "@" in bucket or (":" in bucket and "@" in rest):
         raise TargetError("credentials inside an s3:// URL are not accepted",
                           hint="use the environment, a profile or storage_options")
     shown = f"s3://{bucket}/{prefix}"
@@ -195,6 +199,9 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         raise TargetError(f"{url!r} names no bucket", hint="write s3://BUCKET/PREFIX")
     if "?" in rest or "#" in rest:
         raise TargetError(f"{shown!r}: query strings and fragments are not part of an S3 location")
+    if ":" in bucket:  # possibly user:secret — do not repeat it
+        raise TargetError("an s3:// URL with ':' in the bucket name is not valid (credentials do not belong in the URL)",
+                          hint="write s3://BUCKET/PREFIX; give credentials through the environment or a profile")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise TargetError(f"{shown!r}: {bucket!r} is not a valid bucket name",
                           hint="3-63 characters: lowercase letters, digits, '.', '-'")
