@@ -154,7 +154,8 @@ def test_server_restarted_within_the_retry_budget(s3_server, s3_bucket, proxy):
     proxy.down_on(kind="UploadPart", skip=2, for_s=1.5)
     save(expected, url, through(proxy, s3_server, max_attempts=8))
     assert proxy.downs == 1 and not proxy.is_down
-    assert proxy.count("UploadPart", "passed") == PARTS
+    # A part in flight when the server went away may have reached it with its answer lost: sent again.
+    assert proxy.count("UploadPart", "passed") >= PARTS
     assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
     uploads, keys = leftovers(s3_server, s3_bucket)
     assert uploads == [] and len(keys) == 3
