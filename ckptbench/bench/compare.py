@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench import __version__, knobs
+from ckptbench import knobs
 from ckptbench.bench.checkpoint import CheckpointBenchSpec, required_disk_bytes, run_checkpoint_bench
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
-from ckptbench.bench.records import BenchWarning
+from ckptbench.bench.records import BenchWarning, document_header
 from ckptbench.bench.records_ckpt import CheckpointBenchReport
 from ckptbench.bench.workloads import CheckpointWorkload
 from ckptbench.errors import CkptbenchError, TargetError, UsageError
@@ -515,9 +515,7 @@ class CompareReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
-            "tool": {"name": "ckptbench", "version": __version__},
-            "created": self.created,
+            **document_header(SCHEMA, self.created),
             "spec": self.spec.to_dict(),
             "workload": self.workload.to_dict(),
             "job": self.job.to_dict(),

@@ -22,11 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from ckptbench import __version__, native
+from ckptbench import native
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
-from ckptbench.bench.records import NOISY_SPREAD, UNITS, BenchWarning, PhaseResult, setup_warnings
-from ckptbench.bench.stats import relative_spread
+from ckptbench.bench.records import (
+    UNITS,
+    BenchWarning,
+    PhaseResult,
+    document_header,
+    noisy_warnings,
+    setup_warnings,
+)
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.storage.objects import ObjectTarget
 from ckptbench.units import format_size
@@ -133,14 +139,8 @@ class ObjectBenchReport:
 
     def warnings(self) -> list[BenchWarning]:
         out = setup_warnings(self.target, self.environment, self.spec.repeat, "configuration")
-        for r in self.results:
-            for phase in (r.write, r.read):
-                if phase is not None and relative_spread(phase.runs_gbps) > NOISY_SPREAD:
-                    out.append(BenchWarning(
-                        f"noisy-{phase.op}",
-                        f"{r.label()}: {phase.op} repeats differ by {relative_spread(phase.runs_gbps):.0%} "
-                        "of the median (a busy server or network, or a small --size)",
-                        "use a larger --size or more --repeat"))
+        out += noisy_warnings(self.results, "a busy server or network, or a small --size",
+                              "use a larger --size or more --repeat")
         endpoint = (self.environment.get("target") or {}).get("endpoint") or ""
         if "127.0.0.1" in endpoint or "localhost" in endpoint:
             out.append(BenchWarning(
@@ -150,9 +150,7 @@ class ObjectBenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
-            "tool": {"name": "ckptbench", "version": __version__},
-            "created": self.created,
+            **document_header(SCHEMA, self.created),
             "target": self.target,
             "spec": self.spec.to_dict(),
             "units": UNITS,

@@ -61,6 +61,24 @@ def setup_warnings(target: str, environment: dict[str, Any], repeat: int, per: s
     return out
 
 
+def noisy_warnings(results: Any, cause: str, remedy: str) -> list[BenchWarning]:
+    """One warning per write/read phase of a sweep whose repeats spread more than NOISY_SPREAD."""
+    out = []
+    for r in results:
+        for phase in (r.write, r.read):
+            if phase is not None and relative_spread(phase.runs_gbps) > NOISY_SPREAD:
+                out.append(BenchWarning(
+                    f"noisy-{phase.op}",
+                    f"{r.label()}: {phase.op} repeats differ by {relative_spread(phase.runs_gbps):.0%} of the median "
+                    f"({cause})", remedy))
+    return out
+
+
+def document_header(schema: str, created: str) -> dict[str, Any]:
+    """The fields every result document starts with."""
+    return {"schema": schema, "tool": {"name": "ckptbench", "version": __version__}, "created": created}
+
+
 @dataclass(frozen=True)
 class PhaseResult:
     """Repeated runs of one direction (write or read) for one configuration."""
@@ -210,23 +228,14 @@ class FsBenchReport:
                 "drop --no-fsync (the default is durable)",
             ))
         out += setup_warnings(self.target, self.environment, self.spec.repeat, "configuration")
-        for r in self.results:
-            for phase in (r.write, r.read):
-                if phase is not None and relative_spread(phase.runs_gbps) > NOISY_SPREAD:
-                    out.append(BenchWarning(
-                        f"noisy-{phase.op}",
-                        f"{r.label()}: {phase.op} repeats differ by {relative_spread(phase.runs_gbps):.0%} "
-                        "of the median (a busy machine or a small --size)",
-                        "use a larger --size or more --repeat, on a quiet machine",
-                    ))
+        out += noisy_warnings(self.results, "a busy machine or a small --size",
+                              "use a larger --size or more --repeat, on a quiet machine")
         return out
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec.to_dict()
         return {
-            "schema": SCHEMA,
-            "tool": {"name": "ckptbench", "version": __version__},
-            "created": self.created,
+            **document_header(SCHEMA, self.created),
             "target": self.target,
             "spec": spec,
             "units": UNITS,

@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench import __version__, knobs
-from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, setup_warnings
+from ckptbench import knobs
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, document_header, setup_warnings
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.units import format_rate, format_size
 
@@ -328,9 +328,7 @@ class CheckpointBenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
-            "tool": {"name": "ckptbench", "version": __version__},
-            "created": self.created,
+            **document_header(SCHEMA, self.created),
             "target": self.target,
             "spec": self.spec.to_dict(),
             "units": UNITS,

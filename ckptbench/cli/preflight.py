@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ckptbench import __version__
+from ckptbench.bench.records import document_header
 from ckptbench.cli import params
 from ckptbench.cli.bench import _open_output, _run_and_emit, storage_options_from
 from ckptbench.cli.interval import failure_options, resolve_failures
@@ -174,9 +174,7 @@ class PreflightReport:
         v = self.verdict
         job = v.job
         return {
-            "schema": "ckptbench.preflight/1",
-            "tool": {"name": "ckptbench", "version": __version__},
-            "created": self.created,
+            **document_header("ckptbench.preflight/1", self.created),
             "target": self.target,
             "verdict": v.verdict,
             "checks": [c.to_dict() for c in v.checks],

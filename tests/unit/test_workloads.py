@@ -134,6 +134,7 @@ def test_cache_dropper_falls_back_to_fadvise(tmp_path: Path):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_peak_rss_sees_an_allocation(exact):
+    import mmap
     import time
 
     import numpy as np
@@ -143,9 +144,12 @@ def test_peak_rss_sees_an_allocation(exact):
         pytest.skip("VmHWM cannot be reset here")
     rss.exact = exact
     with rss.measure() as peak:
-        block = np.ones(64 * 2**20, dtype=np.uint8)
+        # Fresh anonymous memory, touched page by page: a malloc'd block could reuse pages an earlier
+        # test freed but the allocator kept resident, and add no RSS at all.
+        block = mmap.mmap(-1, 64 * 2**20)
+        np.frombuffer(block, dtype=np.uint8)[::4096] = 1
         time.sleep(0.05)
-        del block
+        block.close()
     assert peak["extra_bytes"] >= 48 * 2**20
 
 
