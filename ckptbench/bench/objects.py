@@ -179,6 +179,25 @@ class _Requests:
         self._progress.advance(done)
 
 
+def _timed_transfer(progress: Progress, store: Any, transfer: Any, names: list[str], view: memoryview,
+                    concurrency: int, part: int) -> tuple[float, list[int]]:
+    """Upload (``store.write_files``) or download (``read_files``) every object from/into ``view``:
+    (seconds, per-request latencies in ns)."""
+    requests = store.on_request = _Requests(progress)
+    start = time.perf_counter()
+    transfer([(n, view) for n in names], threads=concurrency, block_size=part, direct=False)
+    elapsed = time.perf_counter() - start
+    store.on_request = None
+    progress.end_step(len(names) * len(view))
+    return elapsed, requests.latencies_ns
+
+
+def _record(sample: tuple[list[float], list[list[int]]], measured: bool, timing: tuple[float, list[int]]) -> None:
+    if measured:
+        sample[0].append(timing[0])
+        sample[1].append(timing[1])
+
+
 def _phase(op: str, bytes_per_run: int, runs_s: list[float], latencies: list[list[int]]) -> PhaseResult:
     return PhaseResult(op=op, bytes_per_run=bytes_per_run, runs_s=tuple(runs_s),
                        latencies_ns=np.asarray([x for run in latencies for x in run], dtype=np.int64),
@@ -208,43 +227,27 @@ def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: P
             count = spec.objects_per_run(obj)
             names = [f"object-{i:05d}" for i in range(count)]
             source_view = memoryview(source)[:obj]
-            writes: list[float] = []
-            reads: list[float] = []
-            write_lat: list[list[int]] = []
-            read_lat: list[list[int]] = []
+            sink_view = memoryview(sink)[:obj] if sink is not None else None
+            samples: dict[str, tuple[list[float], list[list[int]]]] = {"upload": ([], []), "download": ([], [])}
             name = (f"{format_size(obj)} x {conc}" + (f", {format_size(part)} parts" if part < obj else ""))
             for run in range(runs):
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
                 measured = run >= spec.warmup
                 progress.phase(f"{name}: upload {label}")
-                requests = store.on_request = _Requests(progress)
-                start = time.perf_counter()
-                store.write_files([(n, source_view) for n in names], threads=conc, block_size=part, direct=False)
-                elapsed = time.perf_counter() - start
-                progress.end_step(count * obj)
-                if measured:
-                    writes.append(elapsed)
-                    write_lat.append(requests.latencies_ns)
-                if sink is not None:
-                    sink_view = memoryview(sink)[:obj]
+                _record(samples["upload"], measured,
+                        _timed_transfer(progress, store, store.write_files, names, source_view, conc, part))
+                if sink_view is not None:
                     if not verified:
                         native.fill_random(sink_view, _SOURCE_SEED + 1)
-                        store.on_request = None
                         store.read_files([(names[0], sink_view)], threads=conc, block_size=part, direct=False)
                         if sink_view != source_view:
                             raise StorageIOError(f"{scratch.url}: data read back differs from what was uploaded")
                         verified = True
                     progress.phase(f"{name}: download {label}")
-                    requests = store.on_request = _Requests(progress)
-                    start = time.perf_counter()
-                    store.read_files([(n, sink_view) for n in names], threads=conc, block_size=part, direct=False)
-                    elapsed = time.perf_counter() - start
-                    progress.end_step(count * obj)
-                    if measured:
-                        reads.append(elapsed)
-                        read_lat.append(requests.latencies_ns)
-                store.on_request = None
+                    _record(samples["download"], measured,
+                            _timed_transfer(progress, store, store.read_files, names, sink_view, conc, part))
                 store.remove(names)
+            (writes, write_lat), (reads, read_lat) = samples["upload"], samples["download"]
             results.append(ObjectConfigResult(
                 obj, count, conc, part, _phase("write", count * obj, writes, write_lat),
                 _phase("read", count * obj, reads, read_lat) if reads else None))
