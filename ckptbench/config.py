@@ -16,6 +16,12 @@ from ckptbench.units import format_size
 #: How the engine hands chunks to threads: one shared queue in file order, or whole files per thread.
 SCHEDULES = ("shared", "per-file")
 
+# Upper bounds of the benchmark settings, shared by the flags (cli/params.py) and the specs below: far
+# beyond any real use, they keep a typo (1e20 runs, a block size past 2**63) from reaching the engine.
+MAX_THREADS = 4096
+MAX_RUNS = 10_000
+MAX_BLOCK_BYTES = 2**40
+
 
 @dataclass(frozen=True)
 class FsBenchSpec:
@@ -49,10 +55,11 @@ class FsBenchSpec:
                 f"{self.files} files of {format_size(self.size_bytes)} in all would be empty",
                 hint="use fewer files or a larger --size",
             )
-        if not self.threads or any(t < 1 for t in self.threads):
-            raise UsageError(f"threads {list(self.threads)} must all be at least 1")
-        if not self.block_sizes or any(b <= 0 for b in self.block_sizes):
-            raise UsageError(f"block sizes {list(self.block_sizes)} must all be positive")
+        if not self.threads or any(not 1 <= t <= MAX_THREADS for t in self.threads):
+            raise UsageError(f"threads {list(self.threads)} must all lie between 1 and {MAX_THREADS}")
+        if not self.block_sizes or any(not 0 < b <= MAX_BLOCK_BYTES for b in self.block_sizes):
+            raise UsageError(f"block sizes {list(self.block_sizes)} must all be positive and at most "
+                             f"{format_size(MAX_BLOCK_BYTES)}")
         if self.direct:
             bad = [b for b in self.block_sizes if b % knobs.ALIGNMENT_BYTES]
             if bad:
@@ -64,10 +71,10 @@ class FsBenchSpec:
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if not self.schedules or unknown:
             raise UsageError(f"schedule {unknown[0] if unknown else ''!r} is not one of {', '.join(SCHEDULES)}")
-        if self.repeat < 1:
-            raise UsageError(f"repeat {self.repeat} must be at least 1")
-        if self.warmup < 0:
-            raise UsageError(f"warmup {self.warmup} must be zero or more")
+        if not 1 <= self.repeat <= MAX_RUNS:
+            raise UsageError(f"repeat {self.repeat} must lie between 1 and {MAX_RUNS}")
+        if not 0 <= self.warmup <= MAX_RUNS:
+            raise UsageError(f"warmup {self.warmup} must lie between 0 and {MAX_RUNS}")
 
     @property
     def file_size_bytes(self) -> int:

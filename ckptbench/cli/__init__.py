@@ -2,21 +2,28 @@
 
 This package is the only place that prints or exits. Domain errors (``CkptbenchError``) and click's
 usage errors are caught once here and become one red line on stderr (traceback only with ``-v``).
-Exit codes: 0 ok, 1 failed check or runtime failure, 2 bad input, 130 interrupted.
+Exit codes: 0 ok, 1 failed check or runtime failure, 2 bad input, 130 interrupted (Ctrl-C, SIGINT),
+143 terminated (SIGTERM). Both signals stop the work the same way: the KeyboardInterrupt unwinds through
+every scratch directory's cleanup, then one line says which signal it was; never a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
+import threading
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ckptbench import __version__
+from ckptbench.cli import params
 from ckptbench.errors import CkptbenchError, ConfigError
 
 #: command name -> "module:attribute"; a command's module is imported only when it runs.
@@ -63,21 +70,36 @@ def load_config_defaults(path: Path) -> dict[str, Any]:
     Keys use the option names with ``-`` or ``_`` (``block-size`` or ``block_size``); values go
     through the same parameter types as the flags, so a bad value fails exactly like a bad flag.
     """
+    shown = params.shown_path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        raise ConfigError(f"config file {shown} does not exist") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {shown} is not valid TOML (not UTF-8 text)") from None
+    except OSError as exc:  # a directory, no permission, a name too long
+        raise ConfigError(f"config file {shown} cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {shown} is not valid TOML: {exc}") from None
+    except ValueError as exc:  # a NUL byte in the name (library callers: --config is checked by its type)
+        raise ConfigError(f"config file {shown} cannot be read: {exc}") from None
+    return config_defaults(data, f"config file {shown}")
+
+
+def config_defaults(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A parsed config file (``source`` names it in errors) as click's ``default_map``: every table a
+    command, every key one of its parameters. The values are converted later by the parameters' own
+    types, exactly as flags are; only on/off flags are checked here, as click's BOOL takes strings alone.
+    """
     defaults: dict[str, Any] = {}
     for section, table in data.items():
         if section not in COMMANDS:
             raise ConfigError(
-                f"config file {str(path)!r}: unknown section [{section}]",
+                f"{source}: unknown section [{section}]",
                 hint=f"sections are command names: {', '.join(sorted(COMMANDS))}",
             )
         if not isinstance(table, dict):
-            raise ConfigError(f"config file {str(path)!r}: [{section}] must be a table")
+            raise ConfigError(f"{source}: [{section}] must be a table")
         command = LazyGroup().get_command(click.Context(main), section)
         known = {p.name: p for p in command.params} if command else {}
         converted = {}
@@ -85,9 +107,11 @@ def load_config_defaults(path: Path) -> dict[str, Any]:
             name = key.replace("-", "_")
             if name not in known:
                 raise ConfigError(
-                    f"config file {str(path)!r}: [{section}] has no setting {key!r}",
+                    f"{source}: [{section}] has no setting {key!r}",
                     hint=f"known: {', '.join(sorted(k.replace('_', '-') for k in known))}",
                 )
+            if isinstance(known[name].type, click.types.BoolParamType) and not isinstance(value, (bool, str)):
+                raise ConfigError(f"{source}: [{section}] {key} = {value!r} is not true or false")
             converted[name] = value
         defaults[section] = converted
     return defaults
@@ -97,7 +121,7 @@ def load_config_defaults(path: Path) -> dict[str, Any]:
 @click.version_option(__version__, prog_name="ckptbench")
 @click.option("-v", "--verbose", count=True, help="More logging; -v also shows tracebacks on errors.")
 @click.option(
-    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    "--config", "config_path", type=params.CONFIG_FILE,
     help="TOML file with defaults per command, e.g. [bench] threads = [1, 2, 4].",
 )
 @click.pass_context
@@ -127,10 +151,34 @@ def _error_line(message: str) -> None:
     click.secho(f"ckptbench: error: {message}", fg="red", err=True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that every cleanup on the way out runs."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` in the main thread instead of killing the
+    process mid-write. Only the first: a second SIGTERM must not cut the cleanup of the first short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
-        code = click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        with _sigterm_as_interrupt():
+            code = click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
         if isinstance(code, int):  # ctx.exit(N) from a command (e.g. preflight's verdict)
             return code
     except click.exceptions.Exit as exc:
@@ -144,9 +192,12 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
     except click.ClickException as exc:
         _error_line(exc.format_message())
         return exc.exit_code
-    except (click.Abort, KeyboardInterrupt):
-        _error_line("interrupted")
-        return 130
+    except (click.Abort, KeyboardInterrupt) as exc:  # click turns a KeyboardInterrupt into Abort (from it)
+        if isinstance(exc.__cause__ if isinstance(exc, click.Abort) else exc, Terminated):
+            _error_line("terminated (SIGTERM)")
+            return 128 + signal.SIGTERM
+        _error_line("interrupted (SIGINT)")
+        return 128 + signal.SIGINT
     except CkptbenchError as exc:
         if verbose:
             import traceback

@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
-from ckptbench.cli.bench import DEFAULT_MODEL, _open_output, _run_and_emit, storage_options_from
+from ckptbench.cli.bench import DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.interval import failure_options, pct, resolve_failures
-from ckptbench.cli.render import stdout_console
+from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.units import format_duration, format_size
 
@@ -36,10 +36,10 @@ DEFAULT_RUN_TIME = "30d"
               help="Bytes of the measured workload (per save): 256MiB, 2GiB. Not with --scale.")
 @click.option("--scale", type=params.FRACTION, default=None,
               help="The measured workload as a fraction of the full model's (0.05 or 5%), instead of --size.")
-@click.option("--threads", type=params.POSITIVE_INT, default=None,
+@click.option("--threads", type=params.THREADS, default=None,
               help="ckptbench's writer threads  [default: its own].")
-@click.option("--repeat", type=params.POSITIVE_INT, default=3, show_default=True, help="Measured runs per tier.")
-@click.option("--warmup", type=params.NONNEGATIVE_INT, default=1, show_default=True,
+@click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs per tier.")
+@click.option("--warmup", type=params.WARMUP_RUNS, default=1, show_default=True,
               help="Discarded runs per tier before measuring.")
 @click.option("--params", type=params.FINITE_COUNT, default=None,
               help="The job's parameter count (70B)  [default: the --model preset's].")
@@ -65,9 +65,9 @@ DEFAULT_RUN_TIME = "30d"
               help="Object storage: a storage option for every object-storage target, over a tier's own "
                    "(repeatable): part_size=32MiB, key=..., secret=... (never written to output).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file.")
-@click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
 def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, model: str | None, size: int,
             scale: float | None, threads: int | None, repeat: int, warmup: int, params: float | None,
@@ -100,8 +100,9 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, mode
                          hint="e.g. ckptbench compare /mnt/nvme /mnt/cephfs s3://bucket/prefix")
     if {"scale", "size"} <= given:
         raise UsageError("give --scale or --size, not both")
-    spec = CheckpointBenchSpec(model=model or DEFAULT_MODEL, scale=scale, size_bytes=None if scale is not None else size,
-                               writers=("ckptbench",), repeat=repeat, warmup=warmup, threads=threads, memory_saves=0)
+    spec = CheckpointBenchSpec(model=DEFAULT_MODEL if model is None else model, scale=scale,
+                               size_bytes=None if scale is not None else size, writers=("ckptbench",),
+                               repeat=repeat, warmup=warmup, threads=threads, memory_saves=0)
     work = plan(spec)  # unknown model preset, size out of range: fail before touching any target
     failure_model = resolve_failures(mtbf_s=mtbf, gpu_mtbf_s=gpu_mtbf, node_mtbf_s=node_mtbf,
                                      faults_per_day=faults_per_day, failure_preset=failures, gpus=gpus, nodes=nodes,
@@ -118,11 +119,9 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, mode
     if options and not any(t.on_objects for t in resolved):
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), and no target is")
     check_targets(resolved, work)
-    if plot_path is not None and not plot_path.parent.is_dir():
-        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
-    _run_and_emit(
+    run_and_emit(
         lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress),
-        output=_open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
         plot=_plot, print_tables=lambda report, document: _print_tables(document),
     )
 

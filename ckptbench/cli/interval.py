@@ -204,12 +204,6 @@ def emit(doc: dict[str, Any], opts: dict[str, Any], print_human: Callable[[dict[
         click.echo(explain, nl=False)
 
 
-def check_plot_path(path: Path | None) -> None:
-    """Fail before computing if the plot cannot be written there."""
-    if path is not None and not path.parent.is_dir():
-        raise UsageError(f"--plot {str(path)!r}: directory {str(path.parent)!r} does not exist")
-
-
 #: Click parameter name (the flag, as ``--config`` TOML keys use it) -> the name with its unit used in code.
 OPTION_KEYS: dict[str, str] = {
     "ckpt_time": "ckpt_time_s", "size": "size_bytes", "params": "param_count", "model": "model_preset",
@@ -262,7 +256,7 @@ def pct(value: float | None, digits: int = 1) -> str:
               help="Cost of one failure before training resumes (detect, replace, reload): 10m  [default: 0].")
 @click.option("--every", type=params.BOUNDED_DURATION, default=None,
               help="Evaluate this interval (training time between checkpoints): 30m.")
-@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--plot", type=params.OUTPUT_FILE, default=None,
               help="Write a PNG of waste versus interval, optimum and --every marked.")
 @click.option("--simulate", type=params.POSITIVE_INT, default=None,
               help="Check the model with this many Monte Carlo runs (at the optimum and at --every): 10000.")
@@ -292,7 +286,6 @@ def interval(**opts: Any) -> None:
     if opts["explain"] and not cost_given and not opts["as_json"]:
         click.echo(EXPLAIN, nl=False)
         return
-    check_plot_path(opts["plot_path"])
     doc = compute(opts)
     if opts["plot_path"] is not None:
         _plot(doc, opts["plot_path"])

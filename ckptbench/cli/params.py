@@ -1,14 +1,23 @@
-"""click parameter types built on ``units``: the one place flags and TOML values are validated."""
+"""click parameter types built on ``units``: the one place flags and TOML values are validated.
+
+Every type here refuses a bad value with ``click.BadParameter`` (one line, exit 2) whatever it is given:
+a flag's string, or a ``--config`` TOML value of any type (number, boolean, array, table).
+"""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ckptbench import units
+from ckptbench.config import MAX_BLOCK_BYTES, MAX_RUNS, MAX_THREADS
+from ckptbench.errors import UsageError
 
 
 class _UnitType(click.ParamType):
@@ -100,5 +109,143 @@ def _duration_in_range(value: Any) -> float:
 
 
 BOUNDED_DURATION = _UnitType("duration", _duration_in_range)
+
+
+class Bounded(click.ParamType):
+    """Another type's value, refused above ``at_most``; the error states the bound (``shown``)."""
+
+    def __init__(self, inner: click.ParamType, at_most: float, shown: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.at_most = at_most
+        self.shown = shown
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = self.inner.convert(value, param, ctx)
+        if converted > self.at_most:
+            self.fail(f"{value!r} is more than {self.shown}, the most accepted", param, ctx)
+        return converted
+
+
+THREADS = Bounded(POSITIVE_INT, MAX_THREADS, f"{MAX_THREADS} threads")
+RUNS = Bounded(POSITIVE_INT, MAX_RUNS, f"{MAX_RUNS} runs")
+WARMUP_RUNS = Bounded(NONNEGATIVE_INT, MAX_RUNS, f"{MAX_RUNS} runs")
+BLOCK_SIZE = Bounded(SIZE, MAX_BLOCK_BYTES, units.format_size(MAX_BLOCK_BYTES))
+THREADS_LIST = ListType(THREADS)
+BLOCK_SIZE_LIST = ListType(BLOCK_SIZE)
+
+
+# -- paths -----------------------------------------------------------------------------------------------
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as error messages name it: quoted and escaped (a newline stays on one line), long ones elided."""
+    text = repr(os.fspath(path))
+    return text if len(text) <= 80 else f"{text[:56]}...{text[-20:]}"
+
+
+def _path_text(value: Any, what: str) -> str:
+    """``value`` as a path string, or UsageError: a TOML number or table, a NUL byte."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise UsageError(f"{value!r} is not a {what} (a string)")
+    if "\x00" in value:
+        raise UsageError(f"{shown_path(value)} contains a NUL byte")
+    return value
+
+
+def _stat(path: str) -> os.stat_result | None:
+    """``os.stat`` or None where nothing is there; UsageError for a name the system cannot look up."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return None
+        raise UsageError(f"{shown_path(path)}: {exc.strerror}") from None
+
+
+def check_output_file(value: Any, *, allow_dash: bool = False) -> Path:
+    """A file a command will write (a PNG, a report), checked before any work, with nothing left behind.
+
+    It must name a file, not a directory, in a directory that exists, and be writable there: an
+    existing file must be writable; a new name is tried by creating the file and removing it again,
+    which catches a name too long, a read-only filesystem, /proc and missing permissions alike.
+    Raises UsageError naming the problem; returns the path.
+    """
+    text = _path_text(value, "file name")
+    if allow_dash and text == "-":
+        return Path(text)
+    if not text:
+        raise UsageError("an empty name is not a file", hint="give a file name")
+    existing = _stat(text)
+    if text.endswith(os.sep) or (existing is not None and os.path.isdir(text)):
+        raise UsageError(f"{shown_path(text)} is a directory", hint="give a file name")
+    parent = os.path.dirname(text) or "."
+    if not os.path.isdir(parent):
+        raise UsageError(f"{shown_path(text)}: directory {shown_path(parent)} does not exist")
+    if existing is not None:
+        if not os.access(text, os.W_OK):
+            raise UsageError(f"{shown_path(text)} is not writable")
+        return Path(text)
+    try:
+        os.close(os.open(text, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError as exc:
+        raise UsageError(f"{shown_path(text)} cannot be written ({exc.strerror})") from None
+    os.unlink(text)
+    return Path(text)
+
+
+def check_output_dir(value: Any) -> Path:
+    """A directory a command will write result files into (created, with its parents, when missing).
+
+    Checked here: it is a string without NUL whose existing part is a directory. Whether it can
+    really be created and written is found when the result file is opened, before the run.
+    """
+    text = _path_text(value, "directory name")
+    existing = _stat(text or ".")
+    if existing is not None and not os.path.isdir(text or "."):
+        raise UsageError(f"{shown_path(text)} is not a directory")
+    return Path(text)
+
+
+def check_input_file(value: Any, what: str) -> Path:
+    """A file a command will read (a result, a config), checked to exist and be a file before any work."""
+    text = _path_text(value, "file name")
+    if not text:
+        raise UsageError(f"an empty name is not a {what}", hint="give a file name")
+    if _stat(text) is None:
+        raise UsageError(f"{what} {shown_path(text)} does not exist")
+    if os.path.isdir(text):
+        raise UsageError(f"{what} {shown_path(text)} is a directory, not a file")
+    return Path(text)
+
+
+class _PathType(click.ParamType):
+    """A click type around one of the checks above: its UsageError becomes BadParameter (exit 2)."""
+
+    def __init__(self, name: str, check: Callable[[Any], Path]) -> None:
+        self.name = name
+        self._check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self._check(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+#: --plot, --html, --markdown: a file written after the work, checked before it
+OUTPUT_FILE = _PathType("file", check_output_file)
+#: report --html, where '-' is stdout
+OUTPUT_FILE_OR_DASH = _PathType("file", lambda v: check_output_file(v, allow_dash=True))
+#: --output: a directory for result files
+OUTPUT_DIR = _PathType("directory", check_output_dir)
+#: RESULT.json arguments of report and recommend
+RESULT_FILE = _PathType("file", lambda v: check_input_file(v, "result file"))
+#: the group's --config
+CONFIG_FILE = _PathType("file", lambda v: check_input_file(v, "config file"))
 # The parsers reject infinite and overflowing values ("must be finite") themselves.
 FINITE_SIZE, FINITE_RATE, FINITE_COUNT, FINITE_POSITIVE_NUMBER = SIZE, RATE, COUNT, POSITIVE_NUMBER

@@ -13,9 +13,9 @@ import click
 
 from ckptbench.bench.records import document_header
 from ckptbench.cli import params
-from ckptbench.cli.bench import _open_output, _run_and_emit, storage_options_from
+from ckptbench.cli.bench import storage_options_from
 from ckptbench.cli.interval import failure_options, resolve_failures
-from ckptbench.cli.render import stdout_console
+from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model import sizing
 from ckptbench.units import format_duration, format_rate, format_size
@@ -76,14 +76,14 @@ def _interval(value: str) -> float | None:
               help="Price of one GPU hour, for the wasted cost: 2.5.")
 @click.option("--measure-size", type=params.SIZE, default=DEFAULT_MEASURE_SIZE, show_default=True,
               help="Bytes the writer saves and loads per measured run (a model-shaped state_dict).")
-@click.option("--repeat", type=params.POSITIVE_INT, default=3, show_default=True, help="Measured runs.")
+@click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs.")
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw waste versus checkpoint interval (the interval used and the optimum marked) to a PNG.")
 @click.option("--force", is_flag=True,
               help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise.")
@@ -122,7 +122,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     if ranks % (tp * pp):
         raise UsageError(f"--ranks {ranks} is not a multiple of --tp {tp} x --pp {pp}")
     preset = opts["model"] if opts["params"] is None else None
-    shape = presets.load_model(preset or DEFAULT_MODEL)
+    shape = presets.load_model(DEFAULT_MODEL if preset is None else preset)
     param_count = opts["params"] if opts["params"] is not None else shape.params
     recipe = sizing.TrainingRecipe(weights_dtype=opts["dtype"], optimizer=opts["optimizer"],
                                    weights_only=opts["weights_only"])
@@ -144,12 +144,10 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
     storage = resolve_target(target, options, force=opts["force"])
-    if opts["plot_path"] is not None and not opts["plot_path"].parent.is_dir():
-        raise UsageError(f"--plot {str(opts['plot_path'])!r}: directory {str(opts['plot_path'].parent)!r} does not exist")
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
 
-    spec = CheckpointBenchSpec(model=preset or DEFAULT_MODEL, size_bytes=opts["measure_size"], writers=("ckptbench",),
-                               repeat=opts["repeat"], warmup=1, memory_saves=0)
+    spec = CheckpointBenchSpec(model=DEFAULT_MODEL if preset is None else preset, size_bytes=opts["measure_size"],
+                               writers=("ckptbench",), repeat=opts["repeat"], warmup=1, memory_saves=0)
     workload = plan(spec)  # a bad --measure-size fails here, before anything is written
     report_box: list[PreflightReport] = []
 
@@ -158,8 +156,8 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
         report_box.append(report)
         return report
 
-    _run_and_emit(run, output=_open_output(opts["output_dir"], "preflight"), plot_path=opts["plot_path"],
-                  as_json=opts["as_json"], plot=_plot, print_tables=lambda report, doc: _print(doc))
+    run_and_emit(run, output=open_output(opts["output_dir"], "preflight"), plot_path=opts["plot_path"],
+                 as_json=opts["as_json"], plot=_plot, print_tables=lambda report, doc: _print(doc))
     ctx.exit(report_box[0].verdict.exit_code)
 
 

@@ -11,6 +11,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.interval import failure_options, resolve_failures
+from ckptbench.cli.params import shown_path
 from ckptbench.cli.render import progress_bar, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.units import format_duration, format_size
@@ -21,7 +22,7 @@ SWEEP_SIZE = 512 * 2**20
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("results", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("results", nargs=-1, type=params.RESULT_FILE)
 @click.option("--target", default=None,
               help="With no RESULT files: sweep this directory now (threads 1,2,4 x blocks 1,4,16 MiB, 512 MiB per "
                    "run)  [default: the temporary directory].")
@@ -84,15 +85,17 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"result file {str(path)!r} does not exist") from None
+        raise UsageError(f"result file {shown_path(path)} does not exist") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{shown_path(path)} is not JSON (not UTF-8 text)") from None
     except OSError as exc:
-        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+        raise UsageError(f"cannot read {shown_path(path)}: {exc.strerror}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{str(path)!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise UsageError(f"{shown_path(path)} is not JSON ({exc.msg} at line {exc.lineno})") from None
 
 
 def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:

@@ -1,14 +1,28 @@
-"""Console helpers shared by commands: the stdout console, progress bars and warnings on stderr."""
+"""Output shared by commands: the stdout console, progress bars, warnings on stderr, and the result
+file of a measuring command (opened before the run, written after it, removed if it fails)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
 import click
 
 from ckptbench.bench.progress import Progress
+from ckptbench.cli.params import shown_path
+from ckptbench.errors import StorageIOError, UsageError
+
+#: Storage-option keys whose values are credentials: never echoed, never written to a result file.
+SECRET_OPTIONS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+                  "password", "account_key", "sas_token", "client_secret"}
 
 
 def stdout_console() -> Any:
@@ -71,3 +85,112 @@ def print_warnings(warnings: Sequence[dict[str, str]]) -> None:
     for w in warnings:
         click.secho(f"warning: {w['message']}", fg="yellow", err=True)
         click.secho(f"  remedy: {w['remedy']}", fg="yellow", err=True)
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """The command line for a result file, with the values of credential storage options masked."""
+    out, value_next = [], False
+    for arg in argv:
+        if value_next:
+            out.append(_masked(arg))
+        elif arg.startswith("--storage-option="):
+            out.append("--storage-option=" + _masked(arg.partition("=")[2]))
+        else:
+            out.append(arg)
+        value_next = arg == "--storage-option" and not value_next
+    return out
+
+
+def _masked(pair: str) -> str:
+    key, sep, _ = pair.partition("=")
+    return f"{key}=***" if sep and key.strip().lower() in SECRET_OPTIONS else pair
+
+
+@dataclass
+class ResultFile:
+    """A result file opened before a run: :meth:`write` fills it afterwards, :meth:`discard` removes it
+    and every directory :func:`open_output` created for it."""
+
+    path: Path
+    handle: IO[str]
+    created_dirs: list[Path] = field(default_factory=list)  # deepest first
+
+    def write(self, text: str) -> None:
+        with self.handle as fh:
+            fh.write(text)
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.path.unlink(missing_ok=True)
+        for directory in self.created_dirs:
+            try:
+                directory.rmdir()
+            except OSError:  # something else was put there meanwhile: keep it
+                break
+
+
+def open_output(output_dir: Path | None, prefix: str) -> ResultFile | None:
+    """Create ``OUTPUT_DIR/PREFIX-HOST-STAMP.json`` before the run, so a bad --output fails in a second,
+    not after an hour. Missing directories are created (and remembered, for :meth:`ResultFile.discard`)."""
+    if output_dir is None:
+        return None
+    missing = []
+    for directory in (output_dir, *output_dir.parents):
+        if directory.exists():
+            break
+        missing.append(directory)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        path = output_dir / f"{prefix}-{socket.gethostname()}-{stamp}.json"
+        return ResultFile(path, path.open("x"), missing)
+    except OSError as exc:
+        for directory in missing:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise UsageError(f"--output {shown_path(output_dir)} cannot hold a result file: {exc.strerror}") from None
+
+
+def run_and_emit(run: Callable[[Progress], Any], *, output: ResultFile | None, plot_path: Path | None,
+                 as_json: bool, plot: Callable[[dict[str, Any], Path], None],
+                 print_tables: Callable[[Any, dict[str, Any]], None]) -> None:
+    """Run a benchmark under a progress bar, then print it (tables or JSON), write the result file and the PNG.
+
+    ``run(progress)`` returns a report with ``to_dict()``. The result file was opened before the run;
+    it (and any directory made for it) is removed if the run fails or is interrupted before it is
+    written. ``plot_path`` was checked when the flag was read (``params.OUTPUT_FILE``).
+    """
+    try:
+        with progress_bar(enabled=True) as progress:
+            report = run(progress)
+        document = report.to_dict()
+        document["argv"] = ["ckptbench", *redacted_argv(sys.argv[1:])]
+        text = json.dumps(document, indent=2)
+        # stdout first: a result file that cannot be written (disk full) must not take the numbers with it
+        if as_json:
+            click.echo(text)
+        else:
+            print_tables(report, document)
+        if output is not None:
+            try:
+                output.write(text + "\n")
+            except OSError as exc:
+                raise StorageIOError(f"result file {shown_path(output.path)} could not be written: "
+                                     f"{exc.strerror}") from None
+    except BaseException:
+        if output is not None:
+            output.discard()
+        raise
+    if plot_path is not None:
+        try:
+            plot(document, plot_path)
+        except OSError as exc:
+            raise StorageIOError(f"--plot {shown_path(plot_path)} could not be written: {exc.strerror}") from None
+    if not as_json:
+        if output is not None:
+            click.echo(f"result: {os.path.relpath(output.path)}")
+        if plot_path is not None:
+            click.echo(f"plot: {plot_path}")
+    print_warnings(document["warnings"])

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ckptbench.cli import params
 from ckptbench.errors import UsageError
 
 DEFAULT_HTML = Path("report.html")
@@ -16,11 +17,11 @@ DEFAULT_TITLE = "ckptbench report"
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("results", nargs=-1, required=True, metavar="RESULT.json...",
-                type=click.Path(path_type=Path, dir_okay=True, allow_dash=False))
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default=None,
+                type=params.RESULT_FILE)
+@click.option("--html", "html_path", type=params.OUTPUT_FILE_OR_DASH, default=None,
               help=f"Write one self-contained HTML file here ('-': stdout)  [default: {DEFAULT_HTML} when "
                    "--markdown is not given].")
-@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--markdown", "markdown_path", type=params.OUTPUT_FILE, default=None,
               help="Write GitHub Markdown here, its figures next to it as STEM-1.png, STEM-2.png...")
 @click.option("--title", default=DEFAULT_TITLE, show_default=True, help="The report's heading.")
 @click.option("--skip-unknown", is_flag=True,
@@ -59,7 +60,7 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
     from ckptbench.report.sections import build_report, read_result, renderer_for
 
     if html_path is None and markdown_path is None:
-        html_path = DEFAULT_HTML
+        html_path = _default_html()
     outputs = {"--html": html_path, "--markdown": markdown_path}
     _check_outputs(outputs, results)
 
@@ -95,16 +96,21 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
         click.echo(f"report: {markdown_path} ({summary}{pngs})", err=to_stdout)  # stdout may hold the HTML
 
 
+def _default_html() -> Path:
+    """./report.html, checked like a --html given on the command line."""
+    try:
+        return params.check_output_file(str(DEFAULT_HTML))
+    except UsageError as exc:
+        raise UsageError(f"the default --html {exc.args[0]}", hint="give --html FILE or --markdown FILE") from None
+
+
 def _check_outputs(outputs: dict[str, Path | None], inputs: tuple[Path, ...]) -> None:
-    """Fail before reading anything if an output cannot be written where asked or would replace an input."""
+    """Fail before reading anything if an output would replace an input (each was checked to be writable
+    when its flag was read)."""
     given = {flag: path for flag, path in outputs.items() if path is not None and str(path) != "-"}
     sources = {p.resolve() for p in inputs}
     for flag, path in given.items():
-        if not path.parent.is_dir():
-            raise UsageError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
-        if path.is_dir():
-            raise UsageError(f"{flag} {str(path)!r} is a directory", hint="give a file name")
         if path.resolve() in sources:
-            raise UsageError(f"{flag} {str(path)!r} is one of the result files: it would be overwritten")
+            raise UsageError(f"{flag} {params.shown_path(path)} is one of the result files: it would be overwritten")
     if len({p.resolve() for p in given.values()}) < len(given):
         raise UsageError("--html and --markdown name the same file")

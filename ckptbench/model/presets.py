@@ -46,11 +46,13 @@ def load_failures(name: str) -> FailurePreset:
 
 
 def _load(kind: str, name: str) -> dict[str, Any]:
-    path = configs_dir() / kind / f"{name}.toml"
-    if "/" in name or "\\" in name or not path.is_file():
-        known = ", ".join(preset_names(kind)) or "none found"
+    # Only a name that is one of the files: never a path built from user text (``..``, a NUL byte, a
+    # name longer than the filesystem allows) handed to the filesystem.
+    names = preset_names(kind)
+    if name not in names:
         singular = kind.rstrip("s")
-        raise ConfigError(f"unknown {singular} preset {name!r}", hint=f"known: {known}")
+        raise ConfigError(f"unknown {singular} preset {name!r}", hint=f"known: {', '.join(names) or 'none found'}")
+    path = configs_dir() / kind / f"{name}.toml"
     try:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptbench.cli import main
+from ckptbench.cli import COMMANDS, LazyGroup, config_defaults, main
+from ckptbench.config import MAX_BLOCK_BYTES, MAX_RUNS, MAX_THREADS, FsBenchSpec
+from ckptbench.errors import ConfigError, UsageError
 
 # -- the values --------------------------------------------------------------------------------------------
 
@@ -154,46 +157,8 @@ def _bug(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-EMPTY_MODEL = _bug("an empty --model silently means the default preset (llama3-8b) in bench --workload checkpoint "
-                   "and preflight (`model or DEFAULT_MODEL`), where interval and goodput refuse it")
-PRESET_NAME_TOO_LONG = _bug("model/presets._load: Path.is_file() raises OSError(ENAMETOOLONG) for a preset name "
-                            "over 255 bytes; a traceback instead of 'unknown preset'")
-KNOWN_BUGS: dict[tuple[str, str, str], pytest.MarkDecorator] = {
-    ("bench", "--threads", "99999999999999999999"): _bug(
-        "no upper bound on --threads: a count past 2**63 reaches the native engine, whose TypeError "
-        "('incompatible function arguments') is a traceback"),
-    ("bench", "--block-size", "99999999999999999999PiB"): _bug(
-        "no upper bound on --block-size: a size past 2**63 reaches the native engine (TypeError, traceback)"),
-    ("bench", "--block-size", "99999999999999999999"): _bug(
-        "no upper bound on --block-size: a size past 2**63 reaches the native engine (TypeError, traceback)"),
-    ("bench", "--repeat", "99999999999999999999"): _bug(
-        "no upper bound on --repeat: 1e20 runs are accepted and the benchmark never ends"),
-    ("bench", "--warmup", "99999999999999999999"): _bug(
-        "no upper bound on --warmup: 1e20 warm-up runs are accepted and the benchmark never ends"),
-    ("preflight", "--repeat", "99999999999999999999"): _bug(
-        "no upper bound on --repeat: 1e20 measured runs are accepted and preflight never ends"),
-    ("bench", "--model", ""): EMPTY_MODEL,
-    ("preflight", "--model", ""): EMPTY_MODEL,
-    **{(c, o, "x" * 300): PRESET_NAME_TOO_LONG for c, o in [
-        ("bench", "--model"), ("preflight", "--model"), ("preflight", "--failures"), ("interval", "--model"),
-        ("interval", "--failures"), ("goodput", "--model"), ("goodput", "--failures")]},
-    **{(c, "--plot", v): _bug(f"--plot {v!r}: only that the parent directory exists is checked up front; writing "
-                              f"the PNG after the work raises {e}: a traceback (and, for bench and preflight, a "
-                              f"measurement thrown away)")
-       for c in ("bench", "preflight", "interval")
-       for v, e in [("", "IsADirectoryError"), ("x\x00.png", "ValueError (embedded null byte)"),
-                    ("x" * 300 + ".png", "OSError(ENAMETOOLONG)"), ("/proc/ckptbench.png", "FileNotFoundError")]},
-    ("bench", "--output", "x\x00.png"): _bug("--output with a NUL byte: Path.mkdir raises ValueError, which "
-                                              "_open_output does not catch (only OSError); a traceback"),
-    **{("report", o, v): _bug(f"report {o} {v!r}: _check_outputs calls Path.is_dir()/resolve(), which raise "
-                              f"{e}; a traceback")
-       for o in ("--html", "--markdown")
-       for v, e in [("x\x00.png", "ValueError (embedded null byte)"), ("x" * 300 + ".png", "OSError(ENAMETOOLONG)")]},
-    **{("report", o, v): _bug(f"report {o} {v!r}: the output is not checked to be a writable file; writing it "
-                              f"raises {e}; a traceback")
-       for o in ("--html", "--markdown")
-       for v, e in [("/proc/ckptbench.png", "FileNotFoundError")]},
-}
+#: (command, option, value) -> xfail(strict=True) mark naming a known bug; empty while none is known
+KNOWN_BUGS: dict[tuple[str, str, str], pytest.MarkDecorator] = {}
 
 
 #: known bugs where the run never ends: interrupted after a few seconds
@@ -335,28 +300,12 @@ def test_hostile_output_path(sandbox: Sandbox, command: str, option: str, value:
     "a\nb.json",
     "/proc", "/", "missing.json", "/etc/passwd"])
 @pytest.mark.parametrize("command", ["report", "recommend"])
-def test_hostile_result_file_argument(sandbox: Sandbox, command: str, value: str, request) -> None:
-    if command == "recommend" and value == "x\x00.json":
-        request.applymarker(_bug("recommend RESULT with a NUL byte: reading it raises ValueError (embedded null "
-                                 "byte), not caught by _read; a traceback"))
-    if command == "report" and value == "a\nb.json":
-        request.applymarker(_bug("report: a missing RESULT file is named with str(path), not repr: a newline in "
-                                 "the name makes the error two lines"))
-    if command == "report" and value == "x\x00.json":
-        request.applymarker(_bug("report RESULT with a NUL byte: Path.resolve()/read raise ValueError (embedded "
-                                 "null byte); a traceback"))
+def test_hostile_result_file_argument(sandbox: Sandbox, command: str, value: str) -> None:
     assert_refused(invoke(command, value))
 
 
 @pytest.mark.parametrize("value", ["", "x\x00.toml", "x" * 300, "/", "/proc", "/etc/passwd", "missing.toml"])
-def test_hostile_config_path(sandbox: Sandbox, value: str, request) -> None:
-    reasons = {"x\x00.toml": "ValueError (embedded null byte)", "x" * 300: "OSError(ENAMETOOLONG)",
-               "": "IsADirectoryError ('' is the working directory; click.Path(dir_okay=False) checks only "
-                   "what exists under that name)"}
-    if value in reasons:
-        request.applymarker(_bug(f"--config {value[:20]!r}: Path.read_text raises {reasons[value]}, and "
-                                 "load_config_defaults catches only FileNotFoundError and TOMLDecodeError; "
-                                 "a traceback"))
+def test_hostile_config_path(sandbox: Sandbox, value: str) -> None:
     assert_refused(invoke("--config", value, "interval", *INTERVAL))
 
 
@@ -366,9 +315,8 @@ def test_hostile_config_path(sandbox: Sandbox, value: str, request) -> None:
     "[interval]\nckpt-time = {a = 1}\n", '[interval]\nckpt-time = "1\\u0000s"\n', "[interval]\nsimulate = 1e30\n",
     "[bench]\nthreads = [0]\n", "[bench]\nthreads = []\n", "[bench]\nsize = 1e400\n", "[bench]\nsize = nan\n",
     "[goodput]\nmfu = nan\n", "[goodput]\ngpus = 1.5\n", "[goodput]\nhot-spares = -1\n",
-    pytest.param("[interval]\nplot = 3\n", marks=_bug(
-        "--config value of the wrong type for a path option: click.Path.convert raises TypeError for an int "
-        "(os.fsdecode); a traceback")),
+    "[interval]\nplot = 3\n", "[interval]\nplot = [\"a.png\"]\n", "[bench]\noutput = {a = 1}\n",
+    "[interval]\njson = 3\n", "[bench]\ndirect = [true]\n",
     "[interval]\njson = \"maybe\"\n",
 ])
 def test_hostile_config_values(sandbox: Sandbox, toml: str) -> None:
@@ -384,6 +332,76 @@ def test_hostile_config_values(sandbox: Sandbox, toml: str) -> None:
         key = toml.split("\n")[1].split(" =")[0]
         base = _drop(base, f"--{key}")
     assert_refused(invoke("--config", str(config), command, *base))
+
+
+#: values a TOML file can hold, none of them a valid setting of any option that writes or reads a file
+TOML_VALUES: list[Any] = [3, -1, 1.5, True, [1, 2], [], {"a": 1}, "", "x\x00"]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_setting_takes_any_toml_value_without_a_traceback(command: str) -> None:
+    """Each setting of each command, given each kind of TOML value, the way ``--config`` hands it over
+    (checked by ``config_defaults``, then converted by the parameter's type): refused as ConfigError or
+    click's BadParameter (exit 2, one line) or taken, never an exception from inside a type (``plot = 3``
+    once raised TypeError in click.Path, ``json = 3`` AttributeError in click's BOOL)."""
+    cmd = LazyGroup().get_command(click.Context(main), command)
+    assert cmd is not None and cmd.params
+    for param in cmd.params:
+        for value in TOML_VALUES:
+            try:
+                converted = config_defaults({command: {param.name: value}}, "c.toml")[command][param.name]
+                param.process_value(click.Context(cmd), converted)
+            except (ConfigError, click.UsageError):
+                pass
+            except Exception as exc:  # noqa: BLE001 - the failure this test is about
+                pytest.fail(f"{command} {param.name} = {value!r}: {type(exc).__name__}: {exc}")
+
+
+# -- bounds ---------------------------------------------------------------------------------------------------
+
+#: (command, option, the largest value taken, the first refused, what the error names, base arguments)
+BOUNDS = [
+    *[(c, "--threads", "4096", "4097", f"{MAX_THREADS} threads", base) for c, base in (
+        ("bench", ["{target}", *BENCH_FS]), ("bench", ["{target}", *BENCH_CKPT]), ("compare", ["{target}"]))],
+    ("bench", "--block-size", "1TiB", str(MAX_BLOCK_BYTES + 1), "1 TiB", ["{target}", *BENCH_FS]),
+    *[(c, o, "10000", "10001", f"{MAX_RUNS} runs", base) for c, base in (
+        ("bench", ["{target}", *BENCH_FS]), ("preflight", ["{target}", *PREFLIGHT]), ("compare", ["{target}"]))
+      for o in ("--repeat", "--warmup") if (c, o) != ("preflight", "--warmup")],
+]
+
+
+@pytest.mark.parametrize(("command", "option", "largest", "refused", "named", "base"), BOUNDS,
+                         ids=[f"{b[0]}{b[1]}" for b in BOUNDS])
+def test_counts_and_sizes_have_an_upper_bound_named_in_the_error(sandbox: Sandbox, command: str, option: str,
+                                                                  largest: str, refused: str, named: str,
+                                                                  base: list[str]) -> None:
+    result = invoke(command, *_args(base, sandbox, option, refused))
+    assert_refused(result)
+    assert option in result.stderr and named in result.stderr
+    param = next(p for p in LazyGroup().get_command(click.Context(main), command).params if p.opts == [option])
+    taken = param.type.convert(largest, param, None)  # the bound itself is taken (not run here: 10000 runs)
+    expected = MAX_BLOCK_BYTES if option == "--block-size" else int(largest)
+    assert taken in (expected, [expected])  # a sweep option gives a list
+
+
+@pytest.mark.parametrize("change", [{"threads": (MAX_THREADS + 1,)}, {"block_sizes": (2 * MAX_BLOCK_BYTES,)},
+                                    {"repeat": MAX_RUNS + 1}, {"warmup": MAX_RUNS + 1}], ids=lambda c: next(iter(c)))
+def test_library_specs_have_the_same_bounds_as_the_flags(change: dict[str, Any]) -> None:
+    spec = {"size_bytes": 2**20, "files": 1, "threads": (MAX_THREADS,), "block_sizes": (MAX_BLOCK_BYTES,),
+            "repeat": MAX_RUNS, "warmup": MAX_RUNS}
+    FsBenchSpec(**spec)  # every bound itself is valid
+    with pytest.raises(UsageError, match=str(MAX_RUNS) if "repeat" in change or "warmup" in change else
+                       "1 TiB" if "block_sizes" in change else str(MAX_THREADS)):
+        FsBenchSpec(**{**spec, **change})
+
+
+def test_a_failed_run_removes_only_the_output_directories_it_made(sandbox: Sandbox) -> None:
+    (Path("existing")).mkdir()
+    (Path("existing") / "mine.json").write_text("{}")
+    sandbox.rebase()
+    assert_refused(invoke("bench", str(sandbox.target), *BENCH_FS, "--size", "1PiB", "--output",
+                          "existing/new/deeper"))
+    # the sandbox checks the rest: existing/ and its file kept, new/deeper gone
 
 
 # -- hostile targets ------------------------------------------------------------------------------------------
@@ -467,18 +485,12 @@ def test_output_inside_a_read_only_directory(mount_fs, sandbox: Sandbox) -> None
     assert "--output" in result.stderr and list(inside.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bench --plot: only the parent directory's existence is checked before the "
-                                       "run; the PNG written afterwards into a read-only directory raises OSError "
-                                       "(EROFS): a traceback after the whole benchmark")
 def test_plot_inside_a_read_only_directory(mount_fs, sandbox: Sandbox) -> None:
     inside = _read_only_dir(mount_fs)
     sandbox.rebase()
     assert_refused(invoke("bench", str(sandbox.target), *BENCH_FS, "--plot", str(inside / "sweep.png")))
 
 
-@pytest.mark.xfail(strict=True, reason="bench --output: _open_output creates the --output directory (mkdir "
-                                       "parents=True) before the run and removes only the result file when the run "
-                                       "fails, so a failed run leaves a new, empty directory behind")
 def test_a_failed_run_leaves_no_output_directory(sandbox: Sandbox) -> None:
     result = invoke("bench", str(sandbox.target), *BENCH_FS, "--size", "1PiB", "--output", "new/results")
     assert_refused(result)  # not enough free space: found during the run, after the file was opened

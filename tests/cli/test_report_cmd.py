@@ -265,9 +265,11 @@ def test_bad_input_one_line_exit_2_nothing_written(cli, tmp_path: Path, name: st
 def test_missing_file_and_directory(cli, tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     line = _one_error_line(cli("report", str(FS_RESULT), "nope.json"))
-    assert "nope.json: no such file" in line
+    assert "result file 'nope.json' does not exist" in line
     line = _one_error_line(cli("report", str(tmp_path)))
     assert "is a directory" in line
+    line = _one_error_line(cli("report", "a\nb.json"))  # named quoted and escaped: still one line
+    assert "'a\\nb.json' does not exist" in line
     assert list(tmp_path.iterdir()) == []
     assert "Missing argument" in _one_error_line(cli("report"))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.cli.bench import SECRET_OPTIONS, redacted_argv
+from ckptbench.cli.render import SECRET_OPTIONS, redacted_argv
 from ckptbench.errors import CkptbenchError, TargetError, UsageError
 from ckptbench.storage import local, resolve_target
 from ckptbench.storage.local import LocalDirectory
