@@ -14,6 +14,11 @@ Contract, in the order the writer calls it:
 
 Readers use ``get``, ``size`` and ``read_files`` (fill caller buffers, in parallel); ``list`` names
 the objects directly under the location. Names are flat (no ``/``).
+
+Optional, for the save lock of object stores (``checkpoint/lock.py``): ``put_if(name, data, etag=)``
+(a conditional write: only if absent, or only over that version; the new ETag or None) and
+``get_tagged(name)`` (bytes and ETag). ``S3Store`` has them; other object stores get a best-effort
+lease; local paths use flock.
 """
 
 from __future__ import annotations

@@ -1,0 +1,502 @@
+"""The save lock: one save at a time per checkpoint location (guarantee 6 of the README).
+
+Why a lock: shards carry a per-save id and, after its commit, a save removes the files its manifest
+does not name (older or crashed saves). Two saves to one location at once would each remove the
+other's shards, and the later commit would name files that are gone. With the lock the second save
+fails at once (CheckpointLockedError, naming the holder) and nothing of the first is touched.
+
+Call sequence (``api.Checkpointer.save``):
+
+1. ``acquire_save_lock(store)``       - after ``store.prepare()``, before staging and the first shard
+                                        write; CheckpointLockedError when another save holds it.
+2. ``with lock.committing(store, shards):`` around the manifest commit and the stale-file sweep: checks
+                                        the lock is still held (else removes ``shards``, this save's,
+                                        and raises LockLostError: nothing is committed) and keeps it
+                                        from being released (abandoned) until the sweep is done.
+3. ``lock.release()``                 - after the sweep, also on failure (``with lock:``); async saves
+                                        release on the persist thread. Idempotent.
+4. ``lock.finish_before_exit(future)`` (async saves): the interpreter's exit, also one caused by
+                                        Ctrl-C, first waits for the persist; a second Ctrl-C abandons it
+                                        (releases the lock, so no commit follows) and ends the process.
+
+Where the lock lives:
+
+- **Local and mounted filesystems**: ``flock(2)`` on ``.ckptbench.lock`` inside the checkpoint
+  directory. The kernel drops it when the holder dies (SIGKILL included): no stale locks. The file is
+  removed on release, so a finished save leaves only its manifest and shards. NFS (v4, or v3 with
+  NLM) and CephFS carry flock across hosts; a filesystem without flock (Lustre mounted without
+  ``-o flock``) gets a warning and no lock.
+- **S3 and S3-compatible stores with conditional writes** (``S3Store.put_if``; Ceph RGW, AWS S3,
+  MinIO): a lease object ``.ckptbench.lock`` (owner token, host, pid, times, TTL) created with
+  ``If-None-Match: *``, so of two saves exactly one creates it. The holder renews it every
+  ``LEASE_TTL_S / 4`` with ``If-Match`` on its own ETag, and once more right before its commit. A
+  lease not renewed for ``LEASE_TTL_S`` (its holder died or hangs) is taken over, atomically
+  (``If-Match`` on the stale lease's ETag); so is, at once, a lease whose holder is provably dead (same
+  host, boot and pid namespace, and its process is gone). Removed on release.
+- **Other object stores (fsspec) and S3 servers that ignore conditional writes**: best effort, the
+  same lease written with plain PUTs: check it is absent, write it, wait ``settle`` (4x the round
+  trip, at least 50 ms), read it back; the save proceeds only if its own token is there.
+
+Limits, precisely:
+
+- Leases assume the hosts' clocks agree to well within ``LEASE_TTL_S`` (default 60 s).
+- A holder stalled for longer than ``LEASE_TTL_S`` (SIGSTOP, a hung mount) loses its lease; it finds
+  out at its next renewal or at the check before its commit and commits nothing. Only a stall that
+  falls between that check and the end of its sweep (a few requests) can still overlap the new holder.
+- A save whose store became unreachable cannot remove its lease: the next save of the same process
+  takes it over at once, other processes after ``LEASE_TTL_S``.
+- Releasing a lease is read-then-delete (Ceph RGW ignores conditions on DELETE): a holder that
+  stalled past its TTL right between the two could delete its successor's lease.
+- Best effort only: two saves whose check-to-write intervals overlap within the settle time can
+  both proceed; the pre-commit check then stops the one whose lease was overwritten, unless its check
+  happened before the other's write landed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours (see the end)
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ckptbench import knobs
+from ckptbench.errors import CkptbenchError, StorageIOError
+from ckptbench.storage.store import LocalStore, Store
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".ckptbench.lock"
+#: Tokens of the leases this process holds now (a lease of this process with another token is a leftover).
+_live_tokens: set[str] = set()
+#: A lease not renewed for this long is taken over (its holder renews every quarter of it).
+LEASE_TTL_S = knobs.LOCK_TTL_S
+#: errnos of a filesystem that has no flock: saves go on unlocked, with a warning.
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+
+
+class CheckpointLockedError(CkptbenchError):
+    """Another save (another process, or another Checkpointer here) is writing to the same location."""
+
+
+class LockLostError(CheckpointLockedError):
+    """The save lost its lock before the commit (lease taken over, or the save was abandoned at exit)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: written into the lock file / lease object, read back for error messages."""
+
+    token: str
+    host: str
+    pid: int
+    acquired_unix_s: float
+    renewed_unix_s: float
+    ttl_s: float
+    boot_id: str = ""
+    pid_namespace: str = ""
+    process_start: str = ""
+
+    @classmethod
+    def me(cls, ttl_s: float) -> Holder:
+        now = time.time()
+        return cls(secrets.token_hex(8), socket.gethostname(), os.getpid(), now, now, ttl_s, _boot_id(),
+                   _pid_namespace(), _process_start(os.getpid()))
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Holder | None:
+        """The holder in ``data``; None for anything else (empty, half-written, foreign)."""
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        held_s = max(0.0, time.time() - self.acquired_unix_s)
+        if self.host == socket.gethostname() and self.pid == os.getpid():
+            return f"another Checkpointer in this process, pid {self.pid}, for {held_s:.0f} s"
+        return f"pid {self.pid} on host {self.host}, for {held_s:.0f} s"
+
+    def expired(self, now: float) -> bool:
+        return now > self.renewed_unix_s + self.ttl_s
+
+    def provably_dead(self) -> bool:
+        """Same host, boot and pid namespace, and its process is gone (or another one), or it is this
+        process and no lock here holds it (a release that could not reach the store)."""
+        if (self.host, self.boot_id, self.pid_namespace) != (socket.gethostname(), _boot_id(), _pid_namespace()):
+            return False
+        if not self.boot_id:
+            return False
+        if self.pid == os.getpid():
+            return self.token not in _live_tokens
+        start = _process_start(self.pid)
+        return start is None or (bool(self.process_start) and start != self.process_start)
+
+
+def _boot_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def _pid_namespace() -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid")
+    return ""
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot); None when there is no live process ``pid``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+class SaveLock:
+    """A held save lock. Subclasses implement ``_verify`` (still ours?) and ``_release``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._mutex = threading.Lock()  # a commit in progress and a release exclude each other
+        self._released = False
+        self._committed = False
+
+    def __enter__(self) -> SaveLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    @contextlib.contextmanager
+    def committing(self, store: Store, shards: list[str]) -> Iterator[None]:
+        """Run the commit and the sweep while the lock is verified held and cannot be released."""
+        with self._mutex:
+            reason = "the save was abandoned at exit" if self._released else self._verify()
+            if reason is not None:
+                store.remove(shards)  # never to be committed
+                raise LockLostError(f"{self.url} was not committed: {reason}",
+                                    hint="the previous checkpoint, if any, is unchanged; save again")
+            yield
+            self._committed = True
+
+    def release(self) -> bool:
+        """Give the lock up (idempotent; never raises). True when this save had committed."""
+        with self._mutex:
+            if not self._released:
+                self._released = True
+                try:
+                    self._release()
+                except Exception as exc:  # noqa: BLE001 - runs in cleanup paths
+                    log.warning("could not release the save lock on %s: %s", self.url, exc)
+            return self._committed
+
+    def finish_before_exit(self, future: Future) -> None:
+        """Make the interpreter's exit wait for ``future`` (an async persist holding this lock)."""
+        with _in_flight_lock:
+            _in_flight[future] = self
+        future.add_done_callback(_forget)
+
+    def _verify(self) -> str | None:
+        return None
+
+    def _release(self) -> None:
+        pass
+
+
+class _Unlocked(SaveLock):
+    """Where no lock can be taken (a filesystem without flock)."""
+
+
+class _FileLock(SaveLock):
+    """flock(2) on LOCK_NAME in the checkpoint directory; the file is unlinked on release."""
+
+    def __init__(self, url: str, path: Path, fd: int) -> None:
+        super().__init__(url)
+        self._path = path
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, directory: Path, url: str) -> SaveLock:
+        path = directory / LOCK_NAME
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise StorageIOError(f"cannot create the save lock {path}: {exc.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = None
+                for _ in range(20):  # the holder writes who it is right after taking the lock
+                    holder = Holder.decode(os.pread(fd, 4096, 0))
+                    if holder is not None:
+                        break
+                    time.sleep(0.005)
+                os.close(fd)
+                raise _locked(url, holder) from None
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in _NO_FLOCK:
+                    raise
+                log.warning("%s: the filesystem does not support flock (%s); concurrent saves to this path are "
+                            "not excluded", url, exc.strerror)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                return _Unlocked(url)
+            # A holder releasing unlinks the file: what we locked must still be the file at ``path``.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        with contextlib.suppress(OSError):  # who holds it, for the error message of a save that waits
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, Holder.me(0.0).encode(), 0)
+        return cls(url, path, fd)
+
+    def _release(self) -> None:
+        try:
+            self._path.unlink()  # while still locked: whoever opens the name next gets a fresh file
+        finally:
+            os.close(self._fd)
+
+
+class _Lease(SaveLock):
+    """A lease object on an object store; ``conditional``: created and renewed with conditional PUTs."""
+
+    def __init__(self, store: Store, conditional: bool) -> None:
+        super().__init__(store.url)
+        self._store = store
+        self._conditional = conditional
+        self._me = Holder.me(LEASE_TTL_S)
+        self._etag: str | None = None
+        self._settle_s = 0.05
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def acquire(self) -> SaveLock:
+        for _ in range(5):  # each round ends in the lock, an error, or a lease that changed meanwhile
+            if self._create():
+                break
+            current, etag = self._read()
+            if current is not None and current.token == self._me.token:  # our create landed; its answer was lost
+                self._etag = etag
+                break
+            if current is None:
+                continue  # released meanwhile
+            if not (current.expired(time.time()) or current.provably_dead()):
+                raise _locked(self.url, current)
+            log.warning("%s: taking over the save lock of %s (%s)", self.url, current.describe(),
+                        "its process is gone" if current.provably_dead() else
+                        f"not renewed for {time.time() - current.renewed_unix_s:.0f} s")
+            if self._replace(etag):
+                break
+        else:
+            raise CheckpointLockedError(f"{self.url}: the save lock changed hands 5 times while this save tried "
+                                        "to take it", hint="another process is saving here; save to another path")
+        _live_tokens.add(self._me.token)
+        self._heartbeat = threading.Thread(target=self._renew_periodically, name="ckptbench-lease", daemon=True)
+        self._heartbeat.start()
+        return self
+
+    # -- the two schemes ----------------------------------------------------------------------
+
+    def _read(self) -> tuple[Holder | None, str | None]:
+        try:
+            if self._conditional:
+                data, etag = self._store.get_tagged(LOCK_NAME)  # type: ignore[attr-defined]
+                return Holder.decode(data), etag
+            return Holder.decode(self._store.get(LOCK_NAME)), None
+        except FileNotFoundError:
+            return None, None
+
+    def _create(self) -> bool:
+        if self._conditional:
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode())  # type: ignore[attr-defined]
+            return self._etag is not None
+        if self._store.size(LOCK_NAME) is not None:
+            return False
+        return self._put_and_confirm()
+
+    def _replace(self, etag: str | None) -> bool:
+        if self._conditional:
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)  # type: ignore[attr-defined]
+            return self._etag is not None
+        return self._put_and_confirm()
+
+    def _put_and_confirm(self) -> bool:
+        """Best effort: write the lease, wait for racing writers' PUTs to land, keep it if ours survived."""
+        started = time.perf_counter()
+        self._store.put_atomic(LOCK_NAME, self._me.encode())
+        self._settle_s = min(2.0, max(0.05, 4 * (time.perf_counter() - started)))
+        time.sleep(self._settle_s)
+        current, _ = self._read()
+        return current is not None and current.token == self._me.token
+
+    # -- held ---------------------------------------------------------------------------------
+
+    def _renew(self) -> str | None:
+        """Extend the lease; the reason when it is no longer ours."""
+        renewed = replace(self._me, renewed_unix_s=time.time())
+        if self._conditional:
+            etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)  # type: ignore[attr-defined]
+            if etag is None:
+                current, _ = self._read()
+                return _lost_to(current)
+            self._etag = etag
+        else:
+            current, _ = self._read()
+            if current is None or current.token != self._me.token:
+                return _lost_to(current)
+            self._store.put_atomic(LOCK_NAME, renewed.encode())
+        self._me = renewed
+        return None
+
+    def _renew_periodically(self) -> None:
+        while not self._stop.wait(LEASE_TTL_S / 4):
+            with self._mutex:
+                if self._released:
+                    return
+                try:
+                    reason = self._renew()
+                except Exception as exc:  # noqa: BLE001 - the pre-commit check decides; try again later
+                    log.warning("%s: could not renew the save lock: %s", self.url, exc)
+                    continue
+                if reason is not None:
+                    log.warning("%s: %s", self.url, reason)
+                    return
+
+    def _verify(self) -> str | None:
+        try:
+            return self._renew()
+        except Exception as exc:  # noqa: BLE001 - an unreachable store: do not commit blind
+            return f"the save lock could not be checked ({exc})"
+
+    def _release(self) -> None:
+        self._stop.set()
+        _live_tokens.discard(self._me.token)
+        current, _ = self._read()
+        if current is not None and current.token == self._me.token:
+            self._store.remove([LOCK_NAME])
+
+
+def _lost_to(current: Holder | None) -> str:
+    if current is None:
+        return "its save lock was removed by another process (it had not been renewed in time)"
+    return f"its save lock was taken over by {current.describe()} (it had not been renewed in time)"
+
+
+def _locked(url: str, holder: Holder | None) -> CheckpointLockedError:
+    who = holder.describe() if holder is not None else "another save that is just starting"
+    return CheckpointLockedError(f"{url} is being saved by {who}",
+                                 hint="one save at a time per path: wait for that save, or save to another path")
+
+
+def acquire_save_lock(store: Store) -> SaveLock:
+    """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
+    if isinstance(store, LocalStore):
+        return _FileLock.acquire(store.path, store.url)
+    conditional = hasattr(store, "put_if") and hasattr(store, "get_tagged") and _honours_conditions(store)
+    return _Lease(store, conditional).acquire()
+
+
+_conditions_honoured: dict[tuple[str, str], bool] = {}
+
+
+def _honours_conditions(store: Any) -> bool:
+    """Whether the server refuses an ``If-None-Match: *`` PUT of an existing object (checked once per
+    endpoint and bucket, on a probe object that is removed again). Servers that ignore the header would
+    make every lease creation succeed."""
+    key = (str(getattr(store, "endpoint", "")), str(getattr(store, "bucket", store.url)))
+    if key not in _conditions_honoured:
+        probe = f"{LOCK_NAME}.probe-{secrets.token_hex(4)}"
+        try:
+            honoured = store.put_if(probe, b"") is not None and store.put_if(probe, b"") is None
+        except NotImplementedError:
+            honoured = False
+        finally:
+            store.remove([probe])
+        if not honoured:
+            log.warning("%s: the server does not honour conditional writes (If-None-Match); the save lock is "
+                        "best effort there (see ckptbench.checkpoint.lock)", store.url)
+        _conditions_honoured[key] = honoured
+    return _conditions_honoured[key]
+
+
+# -- async saves at interpreter exit ------------------------------------------------------------
+
+_in_flight: dict[Future, SaveLock] = {}
+_in_flight_lock = threading.Lock()
+
+
+def _forget(future: Future) -> None:
+    with _in_flight_lock:
+        _in_flight.pop(future, None)
+
+
+def _finish_saves_in_flight() -> None:
+    """At exit (also after an uncaught KeyboardInterrupt or SystemExit): finish async persists.
+
+    A second Ctrl-C (or SystemExit, from a signal handler) while waiting abandons them: their locks
+    are released first, so no commit can follow, and the process ends at once, by SIGINT (Ctrl-C) or
+    with the SystemExit's code, skipping the rest of the interpreter's shutdown. Finalizing under a
+    persist thread that is inside the engine would abort the process (its C++ frames unwound by the
+    thread's forced exit)."""
+    with _in_flight_lock:
+        pending = list(_in_flight.items())
+    for future, lock in pending:
+        if future.done():
+            continue
+        log.warning("ckptbench: finishing the async save to %s before exit (Ctrl-C again to abandon it)", lock.url)
+        try:
+            failure = future.exception()
+        except (KeyboardInterrupt, SystemExit) as interrupt:
+            _abandon(pending, interrupt)
+        if failure is not None:
+            log.warning("ckptbench: the async save to %s failed: %s", lock.url, failure)
+
+
+def _abandon(pending: list[tuple[Future, SaveLock]], interrupt: BaseException) -> NoReturn:
+    for future, lock in pending:
+        if not future.done() and not lock.release():
+            log.warning("ckptbench: abandoned the async save to %s: nothing was committed (the previous checkpoint "
+                        "stays; the next save removes the partial files)", lock.url)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if isinstance(interrupt, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    code = interrupt.code if isinstance(interrupt, SystemExit) else 130
+    os._exit(code if isinstance(code, int) else 1)
+
+
+# Registered with threading's exit hooks, not atexit's: those run first, last registered first, so
+# this one runs before concurrent.futures' (imported above), after which a persist could no longer
+# queue work on a thread pool (S3 part uploads). atexit where that private hook is missing.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_finish_saves_in_flight)
+else:  # pragma: no cover - CPython before 3.9
+    atexit.register(_finish_saves_in_flight)
