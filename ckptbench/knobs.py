@@ -60,3 +60,11 @@ STAGE_GATHER_RUN_BYTES = _env_int("STAGE_GATHER_RUN_BYTES", 64 * 2**20)
 STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)
+#: Distributed launches: longest wait for another rank (a barrier after the slowest rank's write),
+#: the time the process group has to form, the heartbeat period, and the silence that means a rank died.
+DIST_TIMEOUT_S = _env_float("DIST_TIMEOUT_S", 1800.0)
+DIST_CONNECT_TIMEOUT_S = _env_float("DIST_CONNECT_TIMEOUT_S", 60.0)
+DIST_HEARTBEAT_S = _env_float("DIST_HEARTBEAT_S", 0.5)
+DIST_DEAD_AFTER_S = _env_float("DIST_DEAD_AFTER_S", 5.0)
+#: Save lock on object stores: a lease not renewed for this long is taken over (checkpoint/lock.py).
+LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)

@@ -107,7 +107,7 @@ class CheckpointWorkload:
         by_dtype = self.bytes_by_dtype()
         shares = ", ".join(f"{d} {b / self.total_bytes:.0%}" for d, b in by_dtype.items() if b)
         return (f"{self.preset} x{self.scale:.3f}: {self.shape.layers} blocks, hidden {self.shape.hidden}, "
-                f"{format_size(self.total_bytes)} in {len(self.tensors)} tensors ({shares})")
+                f"{format_size(self.total_bytes)} in {len(self.tensors)} tensors" + (f" ({shares})" if shares else ""))
 
     def to_dict(self) -> dict[str, Any]:
         sizes = sorted(t.nbytes for t in self.tensors)
@@ -120,8 +120,8 @@ class CheckpointWorkload:
             "tensors": len(self.tensors),
             "small_tensors": sum(1 for n in sizes if n < SMALL_TENSOR_BYTES),
             "small_tensor_threshold_bytes": SMALL_TENSOR_BYTES,
-            "largest_tensor_bytes": sizes[-1],
-            "smallest_tensor_bytes": sizes[0],
+            "largest_tensor_bytes": sizes[-1] if sizes else 0,  # a rank's shard may hold no tensors
+            "smallest_tensor_bytes": sizes[0] if sizes else 0,
             "bytes_by_dtype": self.bytes_by_dtype(),
             "shape": {
                 "layers": self.shape.layers, "hidden": self.shape.hidden, "ffn_hidden": self.shape.ffn_hidden,
@@ -631,3 +631,8 @@ def make_writer(name: str, *, threads: int | None = None, block_size: int | None
     if name == "fio":
         return FioReference(threads or knobs.SAVE_THREADS, block_size or knobs.SAVE_BLOCK_BYTES)
     raise UsageError(f"unknown writer {name!r}", hint=f"known: {', '.join(WRITERS)}")
+
+
+def state_dict_bytes(state_dict: dict[str, Any]) -> int:
+    """Bytes of the tensors of a flat ``{name: tensor}`` state_dict."""
+    return sum(t.numel() * t.element_size() for t in state_dict.values())

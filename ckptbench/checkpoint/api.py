@@ -30,10 +30,12 @@ from typing import Any, NamedTuple
 
 from ckptbench import __version__, knobs, native
 from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
+from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
 from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
-from ckptbench.errors import InsufficientSpaceError, StorageIOError, UsageError
-from ckptbench.storage.store import Store, open_store
+from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,14 @@ class SaveResult:
     sync: str
     checksum: bool
     direct_fallback_reason: str | None = None
+    #: Under a distributed launch: this rank, the launch's size, and the bytes of all ranks together
+    #: (``bytes`` and the times are this rank's own).
+    rank: int = 0
+    world_size: int = 1
+    world_bytes: int | None = None
+    #: From this process's shards being durable to the save returning: the manifest commit, and under
+    #: a launch the wait for the other ranks and for rank 0's commit. Part of ``persist_s``.
+    commit_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -133,16 +143,36 @@ class Checkpointer:
     # -- save ---------------------------------------------------------------------------------
 
     def save(self, state_dict: Any, path: str | os.PathLike, *, async_: bool = False,
-             overwrite: bool = False, storage_options: dict | None = None) -> SaveResult | SaveHandle:
+             overwrite: bool = False, storage_options: dict | None = None,
+             distributed: bool | None = None) -> SaveResult | SaveHandle:
         """Save ``state_dict`` to the directory ``path`` (created if missing).
 
         Sync: returns the SaveResult once the checkpoint is durable. Async: returns a SaveHandle
         after staging; the caller may then modify its tensors. Raises CheckpointExistsError when
         ``path`` holds a checkpoint and ``overwrite`` is False (nothing is written then).
+
+        Under a torch.distributed launch (torchrun, srun; ``distributed=None`` detects it, False
+        opts out) every rank calls ``save`` with its own state_dict and the same ``path``: each
+        writes its own shards, and rank 0 commits one manifest for all of them only after every
+        rank's shards are durable (two-phase commit). A rank that fails means no checkpoint; every
+        rank raises, naming it. See :meth:`_persist_distributed`.
+
+        One save at a time per path: while another save to ``path`` runs (another process or host,
+        or another Checkpointer here), this one fails at once with CheckpointLockedError naming the
+        holder (``checkpoint/lock.py``).
+
+        Interrupted async saves: the interpreter's exit, also one caused by an uncaught Ctrl-C
+        (KeyboardInterrupt) or ``sys.exit``, first completes a persist in flight (logged); a second
+        Ctrl-C abandons it and ends the process at once: nothing is committed, the previous
+        checkpoint stays, the next save to the path removes the partial files. A process killed
+        outright (SIGKILL, SIGTERM without a handler) abandons it the same way.
         """
         t0 = time.perf_counter()
         self._wait_in_flight()
+        world = _world_for(distributed)
         store = open_store(path, storage_options)
+        if world is not None:
+            return self._save_distributed(world, state_dict, path, store, async_, overwrite, t0)
         if not store.is_dir_like():
             raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
         if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
@@ -152,25 +182,171 @@ class Checkpointer:
         save_id = secrets.token_hex(4)
         plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
         store.prepare()
-        _require_free(store, plan.total_bytes)
-        with self._lock:
-            stage(plan, tensors, self._arena, self.threads)
+        # Held from before the first shard write until the stale files are removed (async: released
+        # by the persist thread): a concurrent save to this path fails here, not after losing its shards.
+        lock = acquire_save_lock(store)
+        try:
+            if store.size(mf.MANIFEST_NAME) is not None and not overwrite:  # committed while we planned
+                raise CheckpointExistsError(f"{store.url} already holds a checkpoint (a save just committed it)",
+                                            hint="pass overwrite=True to replace it")
+            _require_free(store, plan.total_bytes)
+            with self._lock:
+                stage(plan, tensors, self._arena, self.threads)
+        except BaseException:
+            lock.release()
+            raise
         del tensors  # the arena holds the bytes now
         stall_s = time.perf_counter() - t0
         if not async_:
-            return self._persist(plan, store, save_id, stall_s, time.perf_counter())
+            with lock:
+                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock)
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
-                future.set_result(self._persist(plan, store, save_id, stall_s, staged_at))
+                with lock:  # released before the result is set: a save waiting on it can take the lock
+                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock)
+                future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
 
         self._in_flight = future
+        lock.finish_before_exit(future)
         threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
         return SaveHandle(future)
+
+    def _save_distributed(self, world: World, state_dict: Any, path: str | os.PathLike, store: Store,
+                          async_: bool, overwrite: bool, t0: float) -> SaveResult | SaveHandle:
+        """One rank's part of a distributed save: agree, plan + stage, then persist (see there).
+
+        Rank 0 takes the save lock (``checkpoint/lock.py``) before any rank writes and holds it until
+        its sweep: a concurrent save to the path, distributed or not, fails on every rank at once."""
+        world.agree("the checkpoint path and overwrite", (store.url, overwrite))
+        lock: SaveLock | None = None
+        found: tuple[str, str | None] | None = None
+        if world.is_first:
+            try:
+                found = (secrets.token_hex(4), _describe_location(store))
+                if found[1] != "file":
+                    store.prepare()
+                    lock = acquire_save_lock(store)
+                    found = (found[0], _describe_location(store))  # under the lock: a save may just have committed
+            except CkptbenchError as exc:
+                found = ("", f"{type(exc).__name__}: {exc}")
+        save_id, problem = world.broadcast(found, "starting the save")
+        try:
+            if problem == "file":
+                raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
+            if problem == "checkpoint" and not overwrite:
+                raise CheckpointExistsError(f"{store.url} already holds a checkpoint",
+                                            hint="pass overwrite=True to replace it (the old one stays valid until "
+                                                 "the new one commits)")
+            if problem is not None and problem.startswith("CheckpointLockedError: "):
+                raise CheckpointLockedError(problem.removeprefix("CheckpointLockedError: "))
+            if problem not in (None, "checkpoint"):
+                raise UsageError(f"rank 0 could not start the save: {problem}")
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        key = f"save/{save_id}"
+        try:
+            plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}-r{world.rank:05d}")
+            store.prepare()
+            _require_free(store, plan.total_bytes)
+            with self._lock:
+                stage(plan, tensors, self._arena, self.threads)
+            del tensors
+        except BaseException as exc:
+            _abandon(world, key, exc)  # the coordinator would wait for this rank's shards otherwise
+            if lock is not None:
+                lock.release()
+            raise
+        stall_s = time.perf_counter() - t0
+        held = lock if lock is not None else contextlib.nullcontext()
+        if not async_:
+            with held:
+                return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(), lock)
+        future: Future = Future()
+        staged_at = time.perf_counter()
+
+        def run() -> None:
+            try:
+                with held:
+                    result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock)
+                future.set_result(result)
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(exc)
+
+        self._in_flight = future
+        if lock is not None:
+            lock.finish_before_exit(future)
+        threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
+        return SaveHandle(future)
+
+    def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
+                             stall_s: float, staged_at: float, lock: SaveLock | None) -> SaveResult:
+        """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
+
+        1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
+        2. rank 0, with every rank's part in hand, commits one manifest naming all of them and
+           publishes the outcome; if any rank failed, died or timed out, it commits nothing and
+           publishes why. Every rank then removes its shards (failure) or its stale files (success).
+
+        A rank that loses rank 0 before the outcome leaves its shards in place: the commit may have
+        happened, and removing them could break it; the next save's sweep removes orphans.
+        """
+        own = [s.name for s in plan.shards]
+        try:
+            report, section = self._write_section(plan, store)
+        except BaseException as exc:
+            store.remove(own)
+            _abandon(world, key, exc)
+            raise
+        written_at = time.perf_counter()
+        section.update(rank=world.rank, host=world.host)
+        outcome_key = f"{key}/outcome"
+        if not world.is_first:
+            world.gather_to_first(key, section)
+            outcome = world.wait_for(outcome_key, readers=world.world_size - 1,
+                                     what=f"waiting for rank 0 to commit {store.url} (outcome unknown: this rank's "
+                                          f"shards stay for the next save to remove)")
+            if outcome["failed"] is not None:
+                store.remove(own)
+                raise RankFailedError(f"rank {world.rank}: {store.url} was not committed: {outcome['failed']}")
+            keep = set(own)
+            _remove_stale(store, keep, owns=lambda name: f"-r{world.rank:05d}-" in name)
+            return self._result(plan, store, report, stall_s, staged_at, written_at, rank=world.rank,
+                                world_size=world.world_size, world_bytes=outcome["world_bytes"])
+        try:
+            sections = world.gather_to_first(key, section, what=f"saving {store.url}")
+            assert sections is not None
+        except RankFailedError as exc:
+            world.publish(outcome_key, {"failed": str(exc)})
+            store.remove(own)
+            raise RankFailedError(f"{exc}; {store.url} was not committed") from None
+        except BaseException as exc:
+            world.publish(outcome_key, {"failed": f"rank 0: {exc}"})
+            store.remove(own)
+            raise
+        world_bytes = sum(part["total_bytes"] for part in sections)
+        manifest = {**self._header(save_id), "world_size": world.world_size, "total_bytes": world_bytes,
+                    "ranks": sections}
+        assert lock is not None
+        committed = False
+        try:
+            with lock.committing(store, own):  # still ours (else LockLostError: nothing commits)
+                self._commit(store, manifest, own)
+                committed = True
+                world.publish(outcome_key, {"failed": None, "world_bytes": world_bytes})
+                _remove_stale(store, {s["name"] for part in sections for s in part["shards"]})
+        except BaseException as exc:
+            if not committed:
+                world.publish(outcome_key, {"failed": f"rank 0 could not commit the manifest: {exc}"})
+            raise
+        return self._result(plan, store, report, stall_s, staged_at, written_at, rank=0, world_size=world.world_size,
+                            world_bytes=world_bytes)
 
     def _wait_in_flight(self) -> None:
         if self._in_flight is not None:
@@ -178,7 +354,9 @@ class Checkpointer:
                 self._in_flight.result()
             self._in_flight = None
 
-    def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float) -> SaveResult:
+    def _write_section(self, plan: SavePlan, store: Store) -> tuple[WriteReport, dict[str, Any]]:
+        """Write the plan's shards from the arena (durable on return) and describe them: the
+        manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton)."""
         arena = self._arena.buffer
         view = memoryview(arena)
         files = [(s.name, view[s.arena_offset:s.arena_offset + s.nbytes]) for s in plan.shards]
@@ -202,13 +380,8 @@ class Checkpointer:
         per_entry: dict[int, list[int]] = {}
         for (index, _, _), crc in zip(ranges, crcs, strict=True):
             per_entry.setdefault(index, []).append(crc)
-        manifest = {
-            "format": mf.FORMAT,
-            "save_id": save_id,
-            "tool_version": __version__,
-            "created_unix_s": time.time(),
+        section = {
             "total_bytes": plan.total_bytes,
-            "checksum": {"algorithm": "crc32c", "block_bytes": CHECKSUM_BLOCK_BYTES} if self.checksum else None,
             "shards": [{"name": s.name, "nbytes": s.nbytes} for s in plan.shards],
             "tensors": [
                 {"key": e.key, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes, "shard": e.shard,
@@ -217,18 +390,36 @@ class Checkpointer:
             ],
             "skeleton": plan.skeleton,
         }
-        self._commit(store, manifest, [s.name for s in plan.shards])
-        keep = {s.name for s in plan.shards}
-        store.remove(mf.stale_files(store, keep))
-        if hasattr(store, "abort_incomplete_uploads"):  # uploads an earlier, failed save could not abort
-            store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep)
-        persist_s = time.perf_counter() - staged_at
+        return report, section
+
+    def _header(self, save_id: str) -> dict[str, Any]:
+        return {
+            "format": mf.FORMAT,
+            "save_id": save_id,
+            "tool_version": __version__,
+            "created_unix_s": time.time(),
+            "checksum": {"algorithm": "crc32c", "block_bytes": CHECKSUM_BLOCK_BYTES} if self.checksum else None,
+        }
+
+    def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
+                written_at: float, **world: Any) -> SaveResult:
+        now = time.perf_counter()
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
-            stall_s=stall_s, persist_s=persist_s, threads=self.threads, shard_size=self.shard_size,
-            block_size=self.block_size, direct=report.direct, sync=report.sync, checksum=self.checksum,
-            direct_fallback_reason=report.fallback_reason,
+            stall_s=stall_s, persist_s=now - staged_at, commit_s=now - written_at, threads=self.threads,
+            shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
+            checksum=self.checksum, direct_fallback_reason=report.fallback_reason, **world,
         )
+
+    def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
+                 lock: SaveLock) -> SaveResult:
+        report, section = self._write_section(plan, store)
+        written_at = time.perf_counter()
+        shards = [s.name for s in plan.shards]
+        with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
+            self._commit(store, {**self._header(save_id), **section}, shards)
+            _remove_stale(store, set(shards))
+        return self._result(plan, store, report, stall_s, staged_at, written_at)
 
     @staticmethod
     def _commit(store: Store, manifest: dict, shards: list[str]) -> None:
@@ -255,7 +446,8 @@ class Checkpointer:
     # -- load ---------------------------------------------------------------------------------
 
     def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
-             into: dict | None = None, storage_options: dict | None = None) -> dict:
+             into: dict | None = None, storage_options: dict | None = None,
+             distributed: bool | None = None, rank: int | None = None) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact.
 
         Shards are read with the engine (O_DIRECT) into one aligned buffer, a group of ``threads``
@@ -266,12 +458,48 @@ class Checkpointer:
         matching preallocated tensor, on whatever device it lives, the read buffer is the
         Checkpointer's own and reused across loads, and ``into`` is returned. ``verify`` checks every
         CRC-32C and names the tensor and shard of any mismatch (CorruptCheckpointError).
+
+        A checkpoint saved by N ranks loads under a launch of N ranks (each gets its own part;
+        rank 0 reads the manifest and hands it round, so node-local storage works too), or in one
+        process with ``rank=K`` (that rank's part). Another world size is refused with the reason:
+        resharding is not supported.
         """
+        store = open_store(path, storage_options)
+        world = _world_for(distributed) if rank is None else None
+        if world is None:
+            manifest = mf.read_manifest(store)
+            part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
+            return self._load_part(store, manifest, part, device, verify, into)
+        found: tuple[dict | None, str | None] = (None, None)
+        if world.is_first:
+            try:
+                found = (mf.read_manifest(store), None)
+            except mf.NotACheckpointError as exc:
+                found = (None, str(exc))
+        manifest, problem = world.broadcast(found, "reading the manifest")
+        if problem is not None:
+            raise mf.NotACheckpointError(problem)
+        part = mf.rank_part(manifest, store.url, rank=world.rank, world_size=world.world_size)
+        failure = None
+        try:
+            loaded = self._load_part(store, manifest, part, device, verify, into)
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            world.all_gather(failure, "loading")
+            raise
+        failures = world.all_gather(failure, "loading")
+        bad = {r: f for r, f in enumerate(failures) if f is not None}
+        if bad:
+            raise RankFailedError(f"rank {world.rank}: loading {store.url} failed on "
+                                  + "; ".join(f"rank {r} ({f})" for r, f in sorted(bad.items())))
+        return loaded
+
+    def _load_part(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
+                   into: dict | None) -> dict:
+        """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`."""
         import torch
 
-        store = open_store(path, storage_options)
-        manifest = mf.read_manifest(store)
-        shards = manifest["shards"]
+        shards = part["shards"]
         offsets, total = [], 0
         for s in shards:
             offsets.append(total)
@@ -286,7 +514,7 @@ class Checkpointer:
         else:
             buffer = _fresh_read_buffer(max(total, 4096))
             faulting = _faulting_ahead(buffer)
-        entries = manifest["tensors"]
+        entries = part["tensors"]
         with faulting:
             view = memoryview(buffer)
             for s in shards:
@@ -316,7 +544,7 @@ class Checkpointer:
             else:
                 t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
             tensors.append(t)
-        loaded = _rebuild(manifest["skeleton"], tensors)
+        loaded = _rebuild(part["skeleton"], tensors)
         if to_device:
             _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
@@ -524,6 +752,43 @@ def _rebuild(node: Any, tensors: list[Any]) -> Any:
     return _decode_value(node["__value__"])
 
 
+def _world_for(distributed: bool | None) -> World | None:
+    """The launch to coordinate with: detected (None), none (False), required (True)."""
+    if distributed is False:
+        return None
+    world = current_world()
+    if distributed and world is None:
+        raise UsageError("distributed=True, but this process is not part of a launch of two or more ranks",
+                         hint="start it with torchrun/srun, or leave distributed unset")
+    return world
+
+
+def _describe_location(store: Store) -> str | None:
+    """What stands at a save's location: None (free), "file", or "checkpoint"."""
+    if not store.is_dir_like():
+        return "file"
+    return "checkpoint" if store.size(mf.MANIFEST_NAME) is not None else None
+
+
+def _abandon(world: World, key: str, exc: BaseException) -> None:
+    """This rank fails before its shards are durable: tell the coordinator (rank 0 tells everyone)."""
+    message = f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(Exception):
+        if world.is_first:
+            world.publish(f"{key}/outcome", {"failed": f"rank 0 failed: {message}"})
+        else:
+            world.gather_to_first(key, failed=message)
+
+
+def _remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
+    """After a commit: remove the files (and abort the uploads) of older or crashed saves that
+    ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own)."""
+    store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
+    if hasattr(store, "abort_incomplete_uploads"):  # uploads an earlier, failed save could not abort
+        store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
+                                       and (owns is None or owns(name)))
+
+
 _default: Checkpointer | None = None
 _default_lock = threading.Lock()
 
@@ -538,7 +803,8 @@ def _default_checkpointer() -> Checkpointer:
 
 def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, threads: int | None = None,
          shard_size: int | None = None, direct: bool | None = None, checksum: bool = True,
-         overwrite: bool = False, storage_options: dict | None = None) -> SaveResult | SaveHandle:
+         overwrite: bool = False, storage_options: dict | None = None,
+         distributed: bool | None = None) -> SaveResult | SaveHandle:
     """Save ``state_dict`` to the directory ``path``; see :meth:`Checkpointer.save`.
 
     With default settings a process-wide Checkpointer is reused, so its staging arena survives
@@ -546,13 +812,14 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
     """
     if threads is None and shard_size is None and direct is None and checksum:
         return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
-                                            storage_options=storage_options)
+                                            storage_options=storage_options, distributed=distributed)
     ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
-    return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options)
+    return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options,
+                     distributed=distributed)
 
 
 def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None,
-         storage_options: dict | None = None) -> dict:
+         storage_options: dict | None = None, distributed: bool | None = None, rank: int | None = None) -> dict:
     """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
     return _default_checkpointer().load(path, device=device, verify=verify, into=into,
-                                        storage_options=storage_options)
+                                        storage_options=storage_options, distributed=distributed, rank=rank)

@@ -4,19 +4,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import sys
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
 
 from ckptbench.cli import params
-from ckptbench.cli.render import print_warnings, progress_bar, stdout_console
+from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
+from ckptbench.cli.render import SECRET_OPTIONS as SECRET_OPTIONS  # re-exported: it lived here
+from ckptbench.cli.render import open_output, run_and_emit, stdout_console
+from ckptbench.cli.render import redacted_argv as redacted_argv  # re-exported: it lived here
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
@@ -36,18 +33,6 @@ OBJECT_ONLY = {"object_size": "--object-size", "concurrency": "--concurrency", "
 DEFAULT_OBJECT_SIZE = "64MiB"
 DEFAULT_CONCURRENCY = "1,8,32"
 DEFAULT_PART_SIZE = "16MiB"
-#: Storage-option keys whose values are credentials: never echoed, never written to a result file.
-SECRET_OPTIONS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
-                  "password", "account_key", "sas_token", "client_secret"}
-
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM cleans up like Ctrl-C (scratch files removed) instead of killing mid-write."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> dict[str, str]:
@@ -67,38 +52,6 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
     return options
 
 
-def redacted_argv(argv: list[str]) -> list[str]:
-    """The command line for a result file, with the values of credential storage options masked."""
-    out, value_next = [], False
-    for arg in argv:
-        if value_next:
-            out.append(_masked(arg))
-        elif arg.startswith("--storage-option="):
-            out.append("--storage-option=" + _masked(arg.partition("=")[2]))
-        else:
-            out.append(arg)
-        value_next = arg == "--storage-option" and not value_next
-    return out
-
-
-def _masked(pair: str) -> str:
-    key, sep, _ = pair.partition("=")
-    return f"{key}=***" if sep and key.strip().lower() in SECRET_OPTIONS else pair
-
-
-def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, IO[str]] | None:
-    """Create the result file before the run, so a bad --output fails in a second, not after an hour."""
-    if output_dir is None:
-        return None
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        path = output_dir / f"{prefix}-{socket.gethostname()}-{stamp}.json"
-        return path, path.open("x")
-    except OSError as exc:
-        raise UsageError(f"--output {str(output_dir)!r} cannot hold a result file: {exc.strerror}") from None
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("target", required=False)
 @click.option("--size", type=params.SIZE, default=DEFAULT_SIZE, show_default=True,
@@ -107,9 +60,9 @@ def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, 
               help="Size of each file (the file count follows from --size). Not with --files.")
 @click.option("--files", type=params.POSITIVE_INT, default=None,
               help=f"Number of files (shards) per run  [default: {DEFAULT_FILES}]. Not with --file-size.")
-@click.option("--threads", type=params.INT_LIST, default="1,2,4", show_default=True,
+@click.option("--threads", type=params.THREADS_LIST, default="1,2,4", show_default=True,
               help="I/O threads; a comma list sweeps them: 1,2,4,8.")
-@click.option("--block-size", type=params.SIZE_LIST, default="4MiB", show_default=True,
+@click.option("--block-size", type=params.BLOCK_SIZE_LIST, default="4MiB", show_default=True,
               help="Bytes per pwrite/pread; a comma list sweeps them: 1MiB,4MiB,16MiB.")
 @click.option("--schedule", type=params.ListType(click.Choice(["shared", "per-file"])), default="shared",
               show_default=True,
@@ -120,16 +73,16 @@ def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, 
 @click.option("--fsync/--no-fsync", default=True, show_default=True,
               help="fdatasync each file and fsync the directory inside the timed region (durable writes).")
 @click.option("--read/--no-read", default=True, show_default=True, help="Also read the files back, cold.")
-@click.option("--repeat", type=params.POSITIVE_INT, default=3, show_default=True, help="Measured runs per configuration.")
-@click.option("--warmup", type=params.NONNEGATIVE_INT, default=1, show_default=True,
+@click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs per configuration.")
+@click.option("--warmup", type=params.WARMUP_RUNS, default=1, show_default=True,
               help="Discarded runs before measuring each configuration.")
 @click.option("--metadata/--no-metadata", default=False, show_default=True,
               help="Also measure the small-file create+write+fsync rate (sharded checkpoints create many files).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the sweep (GB/s per configuration), or with --workload checkpoint the writers' "
                    "shoot-out, to this PNG file.")
-@click.option("--output", "output_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
 @click.option("--workload", type=click.Choice(["fs", "checkpoint"]), default="fs", show_default=True,
               help="'fs': files written and read by the engine (a threads x block-size sweep). 'checkpoint': a "
@@ -158,12 +111,21 @@ def _open_output(output_dir: Path | None, prefix: str = "bench") -> tuple[Path, 
 @click.option("--force", is_flag=True,
               help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
                    "files would land among the system's own.")
+@click.option("--dp", type=params.POSITIVE_INT, default=None,
+              help="Under torchrun/srun: data-parallel ranks  [default: the ranks tp x pp leave].")
+@click.option("--tp", type=params.POSITIVE_INT, default=None, help="Under torchrun/srun: tensor-parallel size  [default: 1].")
+@click.option("--pp", type=params.POSITIVE_INT, default=None,
+              help="Under torchrun/srun: pipeline stages (contiguous blocks each)  [default: 1].")
+@click.option("--zero", type=click.Choice(["none", "zero1", "zero2", "zero3", "fsdp"]), default=None,
+              help="Under torchrun/srun: what data-parallel ranks shard (ZeRO stage; fsdp = zero3); 'none': dp rank 0 "
+                   "writes all  [default: fsdp].")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
           metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
-          storage_option: tuple[str, ...], force: bool) -> None:
+          storage_option: tuple[str, ...], force: bool, dp: int | None, tp: int | None, pp: int | None,
+          zero: str | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -187,11 +149,18 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench /mnt/nvme --workload checkpoint --size 4GiB --writers ckptbench,torch,dcp,safetensors
       ckptbench bench s3://bucket/tmp --endpoint-url http://rgw:7480 --object-size 64MiB,256MiB --concurrency 8,32
       ckptbench bench s3://bucket/tmp --workload checkpoint --scale 0.02
+      torchrun --nproc-per-node 8 -m ckptbench bench /mnt/lustre --model llama3-70b --scale 0.05 --tp 8
 
     With --workload checkpoint, a state_dict with the model's tensor shapes (bf16 weights, fp32 optimizer
     state for a subset, many small tensors) is built once; each writer saves it (timed until durable),
     the page cache is dropped, and it loads it back (timed, cold, verified bit-exact). ckptbench and dcp
     also save asynchronously: stall, persist and the slowdown of a compute probe running meanwhile.
+
+    Under torchrun or srun (RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS set) every rank runs the
+    checkpoint workload at once: --scale/--size is the whole checkpoint, split by --dp/--tp/--pp/--zero;
+    each rank saves its share with the distributed save (rank 0 commits), barrier to barrier, then
+    loads it cold. Aggregate GB/s = all ranks' bytes / the slowest rank's time (as MLPerf Storage),
+    with every rank's time kept. Rank 0 prints and writes --output/--plot.
     """
     import tempfile
 
@@ -204,6 +173,26 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     on_objects = scheme_of(target) != "file"
     if not on_objects and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
+    launch = launch_from_environment()
+    if launch is None:
+        misplaced = sorted(given & set(LAUNCH_ONLY))
+        if misplaced:
+            raise UsageError(f"{LAUNCH_ONLY[misplaced[0]]} splits the checkpoint over the ranks of a distributed "
+                             "launch; none was detected (no RANK/WORLD_SIZE)",
+                             hint="start it with torchrun --nproc-per-node N -m ckptbench bench ... (or srun)")
+    else:
+        if "workload" in given and workload != "checkpoint":
+            raise UsageError("under a distributed launch bench measures the checkpoint workload",
+                             hint="drop --workload fs (the filesystem sweep runs in one process)")
+        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY)))
+        if misplaced:
+            flag = {**FS_ONLY, **OBJECT_ONLY}[misplaced[0]]
+            raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
+        bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
+                           as_json=as_json, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
+                           writers=writers, storage_options=options, force=force, dp=dp, tp=tp, pp=pp, zero=zero,
+                           default_model=DEFAULT_MODEL)
+        return
     if workload == "checkpoint":
         misplaced = sorted(given & set(OBJECT_ONLY))
         if misplaced:
@@ -235,11 +224,9 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
     storage = resolve_target(target, force=force)
-    if plot_path is not None and not plot_path.parent.is_dir():
-        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
-    _run_and_emit(
+    run_and_emit(
         lambda progress: run_fs_bench(spec, storage, progress=progress),
-        output=_open_output(output_dir), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench"), plot_path=plot_path, as_json=as_json,
         plot=_plot_sweep,
         print_tables=_print_tables,
     )
@@ -268,12 +255,10 @@ def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repea
         read=read, repeat=repeat, warmup=warmup,
     )
     storage = resolve_target(target, storage_options)
-    if plot_path is not None and not plot_path.parent.is_dir():
-        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
     storage.prepare()  # a missing bucket or a wrong endpoint fails here, before any allocation
-    _run_and_emit(
+    run_and_emit(
         lambda progress: run_object_bench(spec, storage, progress=progress),
-        output=_open_output(output_dir, "bench-objects"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench-objects"), plot_path=plot_path, as_json=as_json,
         plot=_plot_object_sweep, print_tables=_print_object_tables,
     )
 
@@ -325,40 +310,6 @@ def _plot_shootout(document: dict[str, Any], path: Path) -> None:
     from ckptbench.report.shootout import plot_shootout
 
     plot_shootout(document, path)
-
-
-def _run_and_emit(run: Any, *, output: tuple[Path, IO[str]] | None, plot_path: Path | None, as_json: bool,
-                  plot: Any, print_tables: Any) -> None:
-    """Run a benchmark under a progress bar, then write the result file, the PNG, and stdout.
-
-    The result file was opened before the run; it is removed if the run fails or is interrupted.
-    """
-    _sigterm_as_interrupt()
-    try:
-        with progress_bar(enabled=True) as progress:
-            report = run(progress)
-    except BaseException:
-        if output is not None:
-            output[1].close()
-            output[0].unlink(missing_ok=True)
-        raise
-    document = report.to_dict()
-    document["argv"] = ["ckptbench", *redacted_argv(sys.argv[1:])]
-    text = json.dumps(document, indent=2)
-    if output is not None:
-        with output[1] as fh:
-            fh.write(text + "\n")
-    if plot_path is not None:
-        plot(document, plot_path)
-    if as_json:
-        click.echo(text)
-    else:
-        print_tables(report, document)
-        if output is not None:
-            click.echo(f"result: {os.path.relpath(output[0])}")
-        if plot_path is not None:
-            click.echo(f"plot: {plot_path}")
-    print_warnings(document["warnings"])
 
 
 def _print_tables(report: Any, document: dict[str, Any]) -> None:
@@ -429,17 +380,16 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
     if "threads" in given and len(threads) != 1:
         raise UsageError("--threads takes one value with --workload checkpoint (ckptbench's writer threads)")
     spec = CheckpointBenchSpec(
-        model=model or DEFAULT_MODEL, scale=scale, size_bytes=None if scale is not None else size,
+        model=DEFAULT_MODEL if model is None else model, scale=scale,
+        size_bytes=None if scale is not None else size,
         writers=tuple(writers or ("ckptbench",)), repeat=repeat, warmup=warmup,
         threads=threads[0] if "threads" in given else None,
     )
     storage = resolve_target(target, storage_options, force=force)
     workload = plan(spec)
-    if plot_path is not None and not plot_path.parent.is_dir():
-        raise UsageError(f"--plot {str(plot_path)!r}: directory {str(plot_path.parent)!r} does not exist")
-    _run_and_emit(
+    run_and_emit(
         lambda progress: run_checkpoint_bench(spec, storage, progress=progress, workload=workload),
-        output=_open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, as_json=as_json,
         plot=_plot_shootout,
         print_tables=lambda report, doc: _print_checkpoint_tables(doc),
     )

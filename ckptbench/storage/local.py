@@ -56,6 +56,11 @@ def mount_of(path: Path) -> MountInfo | None:
     return best
 
 
+def scratch_name(prefix: str = SCRATCH_PREFIX) -> str:
+    """A name no earlier run used: the scratch prefix, this process's id and random hex."""
+    return f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+
+
 @dataclass(frozen=True)
 class LocalDirectory:
     """An existing, writable directory. Benchmarks write only inside a scratch directory of their own."""
@@ -111,14 +116,16 @@ class LocalDirectory:
             )
 
     @contextmanager
-    def scratch(self) -> Iterator[Path]:
+    def scratch(self, shared_name: str | None = None) -> Iterator[Path]:
         """A fresh directory inside the target, removed on exit (also on Ctrl-C or error).
 
         Never touches anything that existed before: the name is new (mkdir fails if it exists).
+        ``shared_name``: join the scratch directory another rank of a launch named (see
+        :func:`scratch_name`); it may exist already (a shared filesystem) or not (node-local disks).
         """
-        scratch = self.path / f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        scratch = self.path / (shared_name or scratch_name())
         try:
-            scratch.mkdir(mode=0o700)  # private: other users can neither read the data nor swap files in
+            scratch.mkdir(mode=0o700, exist_ok=shared_name is not None)  # private: no one else reads or swaps files
         except PermissionError:
             raise TargetError(f"{self.path} is not writable", hint="pick a directory you can write to") from None
         except OSError as exc:

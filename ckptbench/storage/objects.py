@@ -8,12 +8,11 @@ upload still open there, so no parts stay billed. Nothing outside the scratch pr
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ckptbench.storage.local import scratch_name
 from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -66,9 +65,10 @@ class ObjectTarget:
         return open_store(f"{self.url}/{subpath}", {**self.storage_options, **options})
 
     @contextmanager
-    def scratch(self) -> Iterator[ObjectScratch]:
-        """A fresh scratch prefix, emptied on exit (also on Ctrl-C or error)."""
-        scratch = ObjectScratch(self, f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+    def scratch(self, shared_name: str | None = None) -> Iterator[ObjectScratch]:
+        """A fresh scratch prefix, emptied on exit (also on Ctrl-C or error); ``shared_name``: the
+        prefix another rank of a launch named."""
+        scratch = ObjectScratch(self, shared_name or scratch_name(SCRATCH_PREFIX))
         log.info("scratch prefix %s", scratch.url)
         try:
             yield scratch

@@ -1,0 +1,380 @@
+"""The checkpoint benchmark under a distributed launch: every rank saves and loads its share at once.
+
+Run by every rank of a torchrun/srun launch (``ckptbench bench`` detects it). Order:
+
+1. the ranks agree on the target and every option (a rank started differently is an error naming
+   it); the whole checkpoint is planned from the model preset (``--scale``/``--size`` is the size of
+   all ranks' shares together) and split by ``--dp/--tp/--pp/--zero`` (``bench.sharding``); every
+   rank checks its own memory and free space and the verdicts are gathered (one rank short means
+   every rank stops, naming it);
+2. rank 0 names a scratch directory (or prefix) and every rank joins it; each rank builds its
+   state_dict, outside every timed region;
+3. ``warmup + repeat`` rounds of: barrier -> distributed save (each rank its shards, rank 0 the
+   manifest after all are durable) -> barrier; drop the page cache; barrier -> distributed load
+   (cold, verified bit-exact against the source, untimed) -> barrier; then the same save async
+   (stall = until the call returns, persist = until durable). Every rank times its own part from
+   the barrier's exit, so no clocks are compared across machines.
+
+Aggregation as MLPerf Storage does it: a round's duration is the slowest rank's, throughput the
+total bytes of all ranks over that duration. The per-rank spans are kept: the slowest and fastest
+rank and the spread between them (stragglers are what a synchronous checkpoint waits for).
+Coordination overhead = barrier-to-barrier time on rank 0 minus the slowest rank's own I/O (its
+shards written, or its load done): the commit, the barriers, the exchanges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckptbench import __version__
+from ckptbench.bench.checkpoint import (
+    _available_memory_bytes,
+    _LocalPlaces,
+    _ObjectPlaces,
+    required_disk_bytes,
+    required_memory_bytes,
+)
+from ckptbench.bench.environment import collect_environment
+from ckptbench.bench.progress import Progress
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, document_header, setup_warnings
+from ckptbench.bench.sharding import check_world, shard_workload, world_bytes
+from ckptbench.bench.stats import relative_spread, summarize
+from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
+from ckptbench.checkpoint.api import Checkpointer
+from ckptbench.checkpoint.distributed import World
+from ckptbench.errors import InsufficientSpaceError, UsageError
+from ckptbench.model.presets import load_model
+from ckptbench.model.sizing import Parallelism
+from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.objects import ObjectTarget
+from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "ckptbench.bench.distributed/1"
+UNITS = {"*_s": "seconds", "*_bytes": "bytes", "*_gbps": "GB/s (1e9 bytes per second)"}
+#: Seed of rank r's state_dict: a different one per rank, so no two ranks write the same bytes.
+_RANK_SEED_STEP = 7919
+OPS = ("save", "load", "async")
+
+
+@dataclass(frozen=True)
+class DistributedBenchSpec:
+    """The checkpoint benchmark of a launch: the model preset at ``scale`` (or ``size_bytes``) for all
+    ranks together, split by ``parallelism`` (dp x tp x pp must be the launch's size)."""
+
+    model: str = "llama3-8b"
+    scale: float | None = None
+    size_bytes: int | None = None
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    repeat: int = 3
+    warmup: int = 1
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.scale is None) == (self.size_bytes is None):
+            raise UsageError("give --scale or --size, not both")
+        if self.repeat < 1:
+            raise UsageError(f"repeat {self.repeat} must be at least 1")
+        if self.warmup < 0:
+            raise UsageError(f"warmup {self.warmup} must be zero or more")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"threads {self.threads} must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": "checkpoint", "writer": "ckptbench", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class RankSpan:
+    """One rank's part of one operation, timed from the barrier before it on that rank's clock.
+    ``io_s``: its own I/O (save: shards durable; load: everything loaded); ``end_s``: the call
+    returned; ``barrier_s``: then waiting in the barrier after it (for slower ranks)."""
+
+    rank: int
+    host: str
+    nbytes: int
+    io_s: float
+    end_s: float
+    barrier_s: float
+    stall_s: float | None = None  # async saves: until the call returned
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"rank": self.rank, "host": self.host, "bytes": self.nbytes, "io_s": self.io_s, "end_s": self.end_s,
+               "barrier_s": self.barrier_s}
+        if self.stall_s is not None:
+            out["stall_s"] = self.stall_s
+        return out
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """Every rank's span of one operation in one round, and rank 0's barrier-to-barrier time."""
+
+    op: str
+    round: int
+    spans: tuple[RankSpan, ...]
+    barrier_to_barrier_s: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.spans)
+
+    @property
+    def duration_s(self) -> float:
+        return max(s.end_s for s in self.spans)
+
+    @property
+    def gbps(self) -> float:
+        return self.total_bytes / self.duration_s / 1e9 if self.duration_s > 0 else float("inf")
+
+    @property
+    def overhead_s(self) -> float:
+        """Barrier to barrier minus the slowest rank's own I/O: what coordinating cost."""
+        return max(0.0, self.barrier_to_barrier_s - max(s.io_s for s in self.spans))
+
+    def slowest(self) -> RankSpan:
+        return max(self.spans, key=lambda s: s.end_s)
+
+    def fastest(self) -> RankSpan:
+        return min(self.spans, key=lambda s: s.end_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        ends = [s.end_s for s in self.spans]
+        out = {
+            "round": self.round, "duration_s": self.duration_s, "total_bytes": self.total_bytes, "gbps": self.gbps,
+            "barrier_to_barrier_s": self.barrier_to_barrier_s, "overhead_s": self.overhead_s,
+            "slowest_rank": self.slowest().rank, "fastest_rank": self.fastest().rank,
+            "rank_spread": relative_spread(ends),
+            "ranks": [s.to_dict() for s in self.spans],
+        }
+        if self.op == "async":
+            out["stall_s"] = max(s.stall_s or 0.0 for s in self.spans)
+        return out
+
+
+@dataclass(frozen=True)
+class DistributedBenchReport:
+    target: str
+    spec: DistributedBenchSpec
+    workload: CheckpointWorkload
+    rank_bytes: tuple[int, ...]
+    hosts: tuple[str, ...]
+    rounds: tuple[RoundResult, ...]  # measured rounds only
+    cache_drop: dict[str, Any]
+    environment: dict[str, Any]
+    launch: dict[str, Any]
+    created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+    def of(self, op: str) -> list[RoundResult]:
+        return [r for r in self.rounds if r.op == op]
+
+    def summary(self, op: str) -> dict[str, Any]:
+        rounds = self.of(op)
+        out = {
+            "gbps": summarize([r.gbps for r in rounds]),
+            "duration_s": summarize([r.duration_s for r in rounds]),
+            "overhead_s": summarize([r.overhead_s for r in rounds]),
+            "rank_spread": summarize([relative_spread([s.end_s for s in r.spans]) for r in rounds]),
+            "slowest_rank": [r.slowest().rank for r in rounds],
+        }
+        if op == "async":
+            out["stall_s"] = summarize([max(s.stall_s or 0.0 for s in r.spans) for r in rounds])
+        return out
+
+    def warnings(self) -> list[BenchWarning]:
+        out = setup_warnings(self.target, self.environment, self.spec.repeat, "operation")
+        if self.cache_drop["method"] == "fadvise":
+            out.append(BenchWarning(
+                "cache-not-dropped",
+                f"the page cache could not be dropped ({self.cache_drop['reason']}); loads ran after "
+                "posix_fadvise(DONTNEED) on the written files, which the kernel may ignore in part",
+                "run as root (echo 1 > /proc/sys/vm/drop_caches needs it) for reliably cold loads"))
+        for op in OPS:
+            spread = relative_spread([r.gbps for r in self.of(op)])
+            if spread > NOISY_SPREAD:
+                out.append(BenchWarning(f"noisy-{op}", f"{op}: repeats differ by {spread:.0%} of the median",
+                                        "use a larger --scale/--size or more --repeat, on a quiet machine"))
+        idle = [r for r, n in enumerate(self.rank_bytes) if n == 0]
+        if idle:
+            out.append(BenchWarning(
+                "idle-ranks", f"rank{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle[:8]))}"
+                f"{' ...' if len(idle) > 8 else ''} write nothing with this layout "
+                f"({self.spec.parallelism.sharding} across dp={self.spec.parallelism.dp})",
+                "use --zero zero1/zero2/zero3 (or fsdp) to spread the state over data-parallel ranks"))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **document_header(SCHEMA, self.created),
+            "target": self.target,
+            "spec": self.spec.to_dict(),
+            "units": UNITS,
+            "launch": self.launch,
+            "workload": self.workload.to_dict(),
+            "rank_bytes": list(self.rank_bytes),
+            "hosts": list(self.hosts),
+            "cache_drop": self.cache_drop,
+            "aggregation": "MLPerf Storage: duration = slowest rank (from the barrier's exit), throughput = "
+                           "bytes of all ranks / that duration; overhead = barrier-to-barrier on rank 0 minus "
+                           "the slowest rank's own I/O",
+            "summary": {op: self.summary(op) for op in OPS if self.of(op)},
+            "rounds": {op: [r.to_dict() for r in self.of(op)] for op in OPS},
+            "data_verified": True,
+            "warnings": [w.to_dict() for w in self.warnings()],
+            "environment": self.environment,
+            "tool_version": __version__,
+        }
+
+
+def plan(spec: DistributedBenchSpec, world_size: int) -> CheckpointWorkload:
+    """The whole checkpoint ``spec`` asks for (pure); UsageError when the layout does not fit the launch."""
+    check_world(spec.parallelism, world_size)
+    return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes)
+
+
+@contextlib.contextmanager
+def _shared_places(target: LocalDirectory | ObjectTarget, world: World) -> Iterator[Any]:
+    """Rank 0 names a scratch directory (prefix); every rank joins it and removes it when done."""
+    from ckptbench.storage.local import SCRATCH_PREFIX, scratch_name
+    from ckptbench.storage.objects import SCRATCH_PREFIX as OBJECT_PREFIX
+
+    prefix = OBJECT_PREFIX if isinstance(target, ObjectTarget) else SCRATCH_PREFIX
+    name = world.broadcast(scratch_name(prefix) if world.is_first else None, "naming the scratch directory")
+    with target.scratch(shared_name=name) as scratch:
+        places = _ObjectPlaces(scratch) if isinstance(target, ObjectTarget) else _LocalPlaces(scratch)
+        yield places
+
+
+def _refuse_if_short(world: World, problem: str | None) -> None:
+    """Every rank's verdict gathered: one rank short of memory or space stops them all, named."""
+    problems = world.all_gather(problem, "checking memory and space")
+    bad = [(r, p) for r, p in enumerate(problems) if p]
+    if bad:
+        listing = "; ".join(f"rank {r}: {p}" for r, p in bad[:4])
+        raise UsageError(f"not every rank can run this: {listing}", hint="lower --scale/--size")
+
+
+def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | ObjectTarget, world: World, *,
+                          progress: Progress | None = None) -> DistributedBenchReport:
+    """Run ``spec`` on every rank of ``world`` (each calls this); every rank returns the same report.
+
+    Raises UsageError on every rank when the ranks disagree on the target or options, when the
+    layout does not match the launch, or when a rank lacks memory or space; RankFailedError when
+    another rank fails or dies (naming it)."""
+    progress = progress or Progress()
+    world.agree("the target and the benchmark options", (str(target), spec.to_dict()))
+    workload = plan(spec, world.world_size)
+    mine = shard_workload(workload, spec.parallelism, world.rank)
+    per_rank = world_bytes(workload, spec.parallelism)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    problem = None
+    available = _available_memory_bytes()
+    need = required_memory_bytes(mine) * local_ranks
+    if available is not None and need > available:
+        problem = (f"{local_ranks} rank(s) on this host keep about {format_size(need)} in memory but "
+                   f"{format_size(available)} is available")
+    elif isinstance(target, LocalDirectory):
+        try:
+            target.require_free(required_disk_bytes(workload))
+        except InsufficientSpaceError as exc:
+            problem = str(exc)
+    _refuse_if_short(world, problem)
+    if isinstance(target, ObjectTarget) and world.is_first:
+        target.prepare()
+
+    rounds = spec.warmup + spec.repeat
+    progress.begin(mine.total_bytes * rounds * 3)
+    progress.phase(f"rank {world.rank}: building its share ({format_size(mine.total_bytes)}, "
+                   f"{len(mine.tensors)} tensors)")
+    from ckptbench.bench.workloads import _SEED, build_state_dict, verify_state_dict
+
+    state_dict = build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP)
+    hosts = tuple(world.all_gather(world.host, "collecting host names"))
+    ckpt = Checkpointer(threads=spec.threads)
+    measured: list[RoundResult] = []
+    try:
+        with _shared_places(target, world) as places:
+            for round_ in range(rounds):
+                label = (f"{round_ - spec.warmup + 1}/{spec.repeat}" if round_ >= spec.warmup
+                         else f"warm-up {round_ + 1}/{spec.warmup}")
+                location = places.location(f"round-{round_}")
+                progress.phase(f"save {label} ({world.world_size} ranks)")
+                save = _timed(world, "save", round_, _save, ckpt, state_dict, location)
+                progress.end_step(mine.total_bytes)
+                if world.local_rank == 0:
+                    places.make_cold(location)
+                world.barrier("dropping the page cache")
+                progress.phase(f"load {label} (cold)")
+                loaded: dict[str, Any] = {}
+                load = _timed(world, "load", round_, _load, ckpt, location, loaded)
+                progress.end_step(mine.total_bytes)
+                progress.phase(f"verifying {label}")
+                verify_state_dict(state_dict, loaded["state_dict"], f"rank {world.rank}")
+                del loaded["state_dict"]
+                progress.phase(f"async save {label}")
+                async_location = places.location(f"round-{round_}-async")
+                async_ = _timed(world, "async", round_, _save_async, ckpt, state_dict,
+                                async_location)
+                progress.end_step(mine.total_bytes)
+                world.barrier("removing the round's checkpoints")
+                if world.is_first:
+                    places.remove(location)
+                    places.remove(async_location)
+                if round_ >= spec.warmup:
+                    measured += [save, load, async_]
+            world.barrier("finishing")
+            cache_drop = places.cache_drop
+    finally:
+        ckpt.close()
+    environment = collect_environment(target.path) if isinstance(target, LocalDirectory) else collect_environment()
+    launch = {"world_size": world.world_size, "source": "torch.distributed", "backend": "gloo (coordination only)",
+              "local_world_size": local_ranks}
+    return DistributedBenchReport(
+        target=str(target), spec=spec, workload=workload, rank_bytes=tuple(per_rank), hosts=hosts,
+        rounds=tuple(measured), cache_drop=cache_drop, environment=environment, launch=launch)
+
+
+def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:
+    start = time.perf_counter()
+    result = ckpt.save(state_dict, location, distributed=True)
+    end = time.perf_counter() - start
+    return result.bytes, end - result.commit_s, None  # type: ignore[union-attr]
+
+
+def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, float]:
+    start = time.perf_counter()
+    handle = ckpt.save(state_dict, location, async_=True, distributed=True)
+    stall_s = time.perf_counter() - start
+    result = handle.result()  # type: ignore[union-attr]
+    return result.bytes, time.perf_counter() - start - result.commit_s, stall_s
+
+
+def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any]) -> tuple[int, float, None]:
+    start = time.perf_counter()
+    out["state_dict"] = ckpt.load(location, distributed=True)
+    io_s = time.perf_counter() - start
+    from ckptbench.bench.workloads import state_dict_bytes
+
+    return state_dict_bytes(out["state_dict"]), io_s, None
+
+
+def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundResult:
+    """barrier -> ``run(*args)`` -> barrier on every rank; every rank's span gathered."""
+    world.barrier(f"before the {op}")
+    start = time.perf_counter()
+    nbytes, io_s, stall_s = run(*args)
+    end_s = time.perf_counter() - start
+    world.barrier(f"after the {op}")
+    b2b_s = time.perf_counter() - start
+    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, b2b_s - end_s, stall_s)
+    spans = world.all_gather(span, f"collecting the {op} timings")
+    log.info("%s round %d: rank %d %.3f s (io %.3f s)", op, round_, world.rank, end_s, io_s)
+    return RoundResult(op, round_, tuple(spans), world.broadcast(b2b_s, "sharing the barrier time"))

@@ -1,0 +1,442 @@
+"""Coordination of a torch.distributed launch (torchrun, Slurm ``srun``): who we are, barriers,
+exchanges that name the rank that failed.
+
+A launch is detected from the environment: torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT``; under Slurm (``srun``) ``SLURM_PROCID``, ``SLURM_NTASKS`` and
+``SLURM_LOCALID`` stand in for the first three, and ``MASTER_ADDR``/``MASTER_PORT`` must still be set
+(the README shows the usual lines). A world of one process is not a launch: everything runs as usual.
+
+:func:`current_world` joins the launch. When the caller already has a default process group (a
+training job did ``init_process_group``), ckptbench uses it and its rendezvous store; otherwise it
+forms one itself: the rendezvous store with a bounded connect timeout (``DIST_CONNECT_TIMEOUT_S``:
+a rank that never shows up is an error, not a hang), then a gloo group. ckptbench's own traffic is
+small control messages (paths, plans, timings, manifests); the bytes go to storage, never over the
+group, so gloo serves on GPU machines too (with an nccl default group, a gloo side group is made).
+
+Two kinds of exchange, both called by every rank in the same order:
+
+* :meth:`World.barrier` and :meth:`World.all_gather` go through the gloo group (fast: a barrier
+  costs ~2-4 ms between two local processes) and are for the calling thread of a collective step.
+* :meth:`World.exchange` goes through the rendezvous store under a caller-chosen key, so it may run
+  on any thread (an async save commits from a background thread while the training loop goes on);
+  each rank contributes a value or its failure, and every rank gets all of them.
+
+Failures are named. A rank that fails in ckptbench code publishes ``failed/<rank>`` with its message
+before raising; a rank that dies (SIGKILL, OOM kill) stops its heartbeat (a counter in the store
+bumped every ``DIST_HEARTBEAT_S``). When a collective errors (gloo reports only "connection reset")
+or an exchange waits, the store is consulted and the error says which rank and why:
+:class:`RankFailedError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ckptbench import knobs
+from ckptbench.errors import CkptbenchError, UsageError
+
+log = logging.getLogger(__name__)
+
+_NAMESPACE = "ckptbench/"
+
+
+class RankFailedError(CkptbenchError):
+    """Another rank of the launch failed, died or did not answer in time; the message names it."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the environment says about this process's place in a launch."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str | None
+    master_port: int | None
+    source: str  # "torchrun" or "slurm"
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(env: dict[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def detect_launch(env: dict[str, str] | None = None) -> Launch | None:
+    """The launch the environment describes, or None outside one (pure: reads ``env`` only).
+
+    torchrun's variables win over Slurm's (``srun torchrun ...`` sets both). Raises UsageError for
+    values that cannot be a launch (a rank outside the world, a port that is not a port)."""
+    env = dict(os.environ if env is None else env)
+    if env.get("WORLD_SIZE") is not None:
+        rank, world, local = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE"), _env_int(env, "LOCAL_RANK")
+        source = "torchrun"
+    elif env.get("SLURM_NTASKS") is not None and env.get("SLURM_PROCID") is not None:
+        rank, world, local = _env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_NTASKS"), _env_int(env, "SLURM_LOCALID")
+        source = "slurm"
+    else:
+        return None
+    if world is None or world < 1:
+        raise UsageError(f"the launch says its world has {world} processes; it needs at least 1")
+    if rank is None:
+        raise UsageError(f"{'RANK' if source == 'torchrun' else 'SLURM_PROCID'} is not set but the world size is")
+    if not 0 <= rank < world:
+        raise UsageError(f"rank {rank} is outside a world of {world} processes")
+    port = _env_int(env, "MASTER_PORT")
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"MASTER_PORT={port} is not a TCP port")
+    return Launch(rank=rank, world_size=world, local_rank=local if local is not None else rank,
+                  master_addr=env.get("MASTER_ADDR") or None, master_port=port, source=source)
+
+
+def _describe_exception(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class World:
+    """This process's view of the launch: rank, size, and the collectives ckptbench needs.
+
+    Made by :func:`current_world`; one per process. ``timeout_s`` bounds every wait for another
+    rank (a barrier after the slowest rank's write waits that long at most)."""
+
+    def __init__(self, *, rank: int, world_size: int, local_rank: int, store: Any, group: Any,
+                 timeout_s: float, owns_group: bool) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.host = socket.gethostname()
+        self.timeout_s = timeout_s
+        self._store = store
+        self._group = group
+        self._owns_group = owns_group
+        self._closed = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="ckptbench-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def __repr__(self) -> str:
+        return f"World(rank={self.rank}, world_size={self.world_size}, host={self.host!r})"
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    # -- liveness and failure reports ------------------------------------------------------------
+
+    def _beat(self) -> None:
+        try:
+            store = self._store.clone()  # its own connection: never queued behind another call
+        except Exception:  # noqa: BLE001 - a store that cannot clone shares the connection
+            store = self._store
+        while not self._closed.wait(knobs.DIST_HEARTBEAT_S):
+            try:
+                store.add(f"{_NAMESPACE}alive/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store host is gone; the next wait says so
+                return
+
+    def report_failure(self, what: str, exc: BaseException | str) -> None:
+        """Tell the other ranks this rank failed at ``what`` (best effort)."""
+        message = exc if isinstance(exc, str) else _describe_exception(exc)
+        with contextlib.suppress(Exception):
+            self._store.set(f"{_NAMESPACE}failed/{self.rank}", f"{what}: {message}"[:2000])
+
+    def _failures(self) -> dict[int, str]:
+        keys = [f"{_NAMESPACE}failed/{r}" for r in range(self.world_size)]
+        out: dict[int, str] = {}
+        for r, key in enumerate(keys):
+            if r != self.rank and self._store.check([key]):
+                out[r] = self._store.get(key).decode(errors="replace")
+        return out
+
+    def _beats(self) -> list[int]:
+        return [int(self._store.add(f"{_NAMESPACE}alive/{r}", 0)) for r in range(self.world_size)]
+
+    def diagnose(self, waiting_on: list[int] | None = None, settle_s: float | None = None) -> str:
+        """Why the others do not answer: the ranks that reported a failure, else the ranks whose
+        heartbeat stopped over ``settle_s``, else who is still being waited on."""
+        try:
+            failures = self._failures()
+            if failures:
+                return "; ".join(f"rank {r} failed ({text})" for r, text in sorted(failures.items()))
+            first = self._beats()
+            time.sleep(knobs.DIST_DEAD_AFTER_S if settle_s is None else settle_s)
+            failures = self._failures()
+            if failures:
+                return "; ".join(f"rank {r} failed ({text})" for r, text in sorted(failures.items()))
+            second = self._beats()
+        except Exception as exc:  # noqa: BLE001 - the store itself is unreachable
+            return (f"rank 0 (the rendezvous store at {os.environ.get('MASTER_ADDR', '?')}:"
+                    f"{os.environ.get('MASTER_PORT', '?')}) is gone ({_describe_exception(exc)})")
+        dead = [r for r in range(self.world_size) if r != self.rank and second[r] == first[r]]
+        if dead:
+            return f"rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} stopped responding (died or hung)"
+        if waiting_on:
+            return f"rank{'s' if len(waiting_on) > 1 else ''} {_ranks(waiting_on)} did not answer in time"
+        return "no rank reported a failure; a rank may have left the collective early"
+
+    def _raise_from(self, what: str, exc: BaseException) -> None:
+        raise RankFailedError(f"rank {self.rank}: {what} failed: {self.diagnose()}",
+                              hint=f"gloo said: {_describe_exception(exc)[:200]}") from None
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        """Run a part of a collective step: a ckptbench error inside is reported to the others first."""
+        try:
+            yield
+        except RankFailedError:
+            raise
+        except BaseException as exc:
+            self.report_failure(what, exc)
+            raise
+
+    # -- collectives on the calling thread -------------------------------------------------------
+
+    def barrier(self, what: str = "barrier") -> None:
+        """Wait for every rank; RankFailedError naming the rank that failed or died."""
+        import torch.distributed as dist
+
+        try:
+            dist.barrier(group=self._group)
+        except RuntimeError as exc:
+            self._raise_from(what, exc)
+
+    def all_gather(self, value: Any, what: str = "exchange") -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, on every rank."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(out, value, group=self._group)
+        except RuntimeError as exc:
+            self._raise_from(what, exc)
+        return out
+
+    def agree(self, what: str, value: Any) -> None:
+        """All ranks must hold the same ``value``; UsageError on every rank naming who differs."""
+        values = self.all_gather(value, f"comparing {what}")
+        if all(v == values[0] for v in values):
+            return
+        groups: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            groups.setdefault(repr(v), []).append(r)
+        listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}: {v[:200]}" for v, rs in groups.items())
+        raise UsageError(f"the ranks disagree on {what}: {listing}",
+                         hint="every rank must be started with the same arguments")
+
+    def broadcast(self, value: Any, what: str = "broadcast") -> Any:
+        """Rank 0's ``value`` (picklable), on every rank."""
+        import torch.distributed as dist
+
+        box = [value if self.is_first else None]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self._group)
+        except RuntimeError as exc:
+            self._raise_from(what, exc)
+        return box[0]
+
+    # -- through the store (any thread): a coordinator, rank 0, collects and decides -------------
+
+    def gather_to_first(self, key: str, value: Any = None, *, failed: str | None = None, what: str = "",
+                        timeout_s: float | None = None) -> list[Any] | None:
+        """Send ``value`` (or ``failed``: this rank's failure message) to rank 0 under ``key``.
+
+        Rank 0 gets every rank's value in rank order, or RankFailedError naming every rank that
+        reported a failure, died or did not answer within ``timeout_s``; other ranks get None at
+        once. Each rank calls it once per ``key``; rank 0 removes the keys after reading them."""
+        base = f"{_NAMESPACE}g/{key}/"
+        if not self.is_first:
+            self._store.set(f"{base}{self.rank}", pickle.dumps((failed, value)))
+            return None
+        keys = [f"{base}{r}" for r in range(1, self.world_size)]
+        try:
+            self._wait_keys(keys, what or f"collecting {key!r}", timeout_s, None, ranks=list(range(1, self.world_size)))
+            answers = [(failed, value)] + [pickle.loads(self._store.get(k)) for k in keys]
+        finally:
+            for k in keys:
+                with contextlib.suppress(Exception):
+                    self._store.delete_key(k)
+        bad = {r: msg for r, (msg, _) in enumerate(answers) if msg is not None and r != 0}
+        if bad:
+            raise RankFailedError("; ".join(f"rank {r} failed: {msg}" for r, msg in sorted(bad.items())))
+        return [v for _, v in answers]
+
+    def publish(self, key: str, value: Any) -> None:
+        """Rank 0 sets ``key`` for everyone; the others read it with :meth:`wait_for`."""
+        self._store.set(f"{_NAMESPACE}p/{key}", pickle.dumps(value))
+
+    def wait_for(self, key: str, *, readers: int | None = None, what: str = "", timeout_s: float | None = None) -> Any:
+        """The value rank 0 :meth:`publish`-ed under ``key`` (RankFailedError if rank 0 dies first).
+        With ``readers``, the last of that many readers removes the key."""
+        full = f"{_NAMESPACE}p/{key}"
+        self._wait_keys([full], what or f"waiting for {key!r} from rank 0", timeout_s, None, ranks=[0])
+        value = pickle.loads(self._store.get(full))
+        if readers is not None and int(self._store.add(f"{full}#read", 1)) >= readers:
+            for k in (full, f"{full}#read"):
+                with contextlib.suppress(Exception):
+                    self._store.delete_key(k)
+        return value
+
+    def forget(self, key: str) -> None:
+        """Remove a published ``key`` once every rank has read it."""
+        with contextlib.suppress(Exception):
+            self._store.delete_key(f"{_NAMESPACE}p/{key}")
+
+    def _wait_keys(self, keys: list[str], what: str, timeout_s: float | None, on_wait: Callable[[], None] | None,
+                   *, ranks: list[int]) -> None:
+        """Wait until every key exists: a helper thread blocks in the store's own ``wait`` on a
+        connection of its own (woken the moment the last key is set, no polling); meanwhile, every
+        half second, look for a failure report of a rank still missing and, every
+        ``DIST_DEAD_AFTER_S``, for one whose heartbeat stopped."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                self._store.clone().wait(keys, datetime.timedelta(seconds=timeout_s + 60))
+            except BaseException as exc:  # noqa: BLE001 - reported by the caller
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="ckptbench-store-wait", daemon=True).start()
+        start = time.monotonic()
+        beats_at, beats = start - knobs.DIST_DEAD_AFTER_S, None
+        try:
+            while not done.wait(0.5):
+                if on_wait is not None:
+                    on_wait()
+                now = time.monotonic()
+                missing = [r for r, k in zip(ranks, keys, strict=True) if not self._store.check([k])] or ranks
+                failures = {r: t for r, t in self._failures().items() if r in missing}
+                if failures:
+                    raise RankFailedError(f"rank {self.rank}: {what}: " + "; ".join(
+                        f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
+                if now - beats_at >= knobs.DIST_DEAD_AFTER_S:
+                    current = self._beats()
+                    dead = [r for r in missing if beats is not None and r != self.rank and current[r] == beats[r]]
+                    if dead:
+                        raise RankFailedError(f"rank {self.rank}: {what}: rank{'s' if len(dead) > 1 else ''} "
+                                              f"{_ranks(dead)} stopped responding (died or hung)")
+                    beats, beats_at = current, now
+                if now - start > timeout_s:
+                    raise RankFailedError(
+                        f"rank {self.rank}: {what}: rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} "
+                        f"did not answer within {timeout_s:g} s",
+                        hint="raise CKPTBENCH_DIST_TIMEOUT_S if the storage is that slow")
+            if errors and not self._store.check(keys):
+                raise errors[0]
+        except RankFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
+            raise RankFailedError(f"rank {self.rank}: {what}: rank 0 (the rendezvous store) is gone "
+                                  f"({_describe_exception(exc)})") from None
+
+    def close(self) -> None:
+        """Stop the heartbeat; destroy the process group if ckptbench made it."""
+        self._closed.set()
+        if self._owns_group:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+_world: World | None = None
+_world_lock = threading.Lock()
+
+
+def current_world(timeout_s: float | None = None) -> World | None:
+    """The launch this process belongs to, joined on first use; None outside a launch of 2+ ranks.
+
+    Raises RankFailedError when the process group cannot form within ``DIST_CONNECT_TIMEOUT_S``
+    (a rank that never starts, a wrong MASTER_ADDR), UsageError for a launch environment that
+    cannot work (no MASTER_ADDR)."""
+    global _world
+    with _world_lock:
+        if _world is not None:
+            return _world
+        import torch.distributed as dist
+
+        timeout_s = knobs.DIST_TIMEOUT_S if timeout_s is None else timeout_s
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() < 2:
+                return None
+            store = dist.distributed_c10d._get_default_store()
+            group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            _world = World(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                           local_rank=int(os.environ.get("LOCAL_RANK", 0)), store=store, group=group,
+                           timeout_s=timeout_s, owns_group=False)
+            return _world
+        launch = detect_launch()
+        if launch is None or not launch.distributed:
+            return None
+        _world = _form(launch, timeout_s)
+        return _world
+
+
+def _form(launch: Launch, timeout_s: float) -> World:
+    import torch.distributed as dist
+
+    if not launch.master_addr or launch.master_port is None:
+        raise UsageError(f"a launch of {launch.world_size} ranks ({launch.source}) needs MASTER_ADDR and MASTER_PORT",
+                         hint="torchrun sets them; under srun export MASTER_ADDR=<first node> MASTER_PORT=29500")
+    connect = datetime.timedelta(seconds=knobs.DIST_CONNECT_TIMEOUT_S)
+    where = f"{launch.master_addr}:{launch.master_port}"
+    # torchrun's agent already serves the store at MASTER_PORT; elsewhere (srun) rank 0 serves it
+    # and waits, at most the connect timeout, for every rank to connect.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
+                              launch.rank == 0 and not agent, timeout=connect, wait_for_workers=not agent)
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for the same thing
+        raise RankFailedError(
+            f"rank {launch.rank}: the process group of {launch.world_size} ranks did not form within "
+            f"{knobs.DIST_CONNECT_TIMEOUT_S:g} s at {where} ({_describe_exception(exc)[:200]})",
+            hint="start every rank (same MASTER_ADDR/MASTER_PORT/WORLD_SIZE); raise CKPTBENCH_DIST_CONNECT_TIMEOUT_S "
+                 "if they start slowly") from None
+    os.environ.setdefault("MASTER_ADDR", launch.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+    try:
+        dist.init_process_group("gloo", store=store, rank=launch.rank, world_size=launch.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # noqa: BLE001
+        raise RankFailedError(f"rank {launch.rank}: the gloo process group did not form at {where} "
+                              f"({_describe_exception(exc)[:200]})") from None
+    log.info("joined a %s launch: rank %d of %d (local rank %d) at %s", launch.source, launch.rank,
+             launch.world_size, launch.local_rank, where)
+    return World(rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank, store=store,
+                 group=None, timeout_s=timeout_s, owns_group=True)
+
+
+def leave_world() -> None:
+    """Close the world :func:`current_world` joined (tests, and the CLI at exit)."""
+    global _world
+    with _world_lock:
+        if _world is not None:
+            _world.close()
+            _world = None

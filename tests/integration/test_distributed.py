@@ -1,0 +1,342 @@
+"""Distributed launches: ``ckptbench.save/load`` and ``ckptbench bench`` under torchrun (gloo, localhost).
+
+The two-phase commit (every rank's shards durable -> rank 0's manifest), per-rank parts on load, a
+rank that fails or dies mid-save (no checkpoint, the previous one intact, the rank named), ranks that
+disagree, a group that cannot form, and the distributed benchmark's aggregate. Launch detection and
+manifest parts are also tested without processes.
+
+This file is also the worker of those launches: ``python test_distributed.py SCENARIO DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint.distributed import detect_launch
+from ckptbench.errors import UsageError
+
+HERE = Path(__file__).resolve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                          "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS")}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def torchrun(args: list[str], cwd: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def by_hand(argvs: list[list[str]], cwd: Path, timeout: float = 120, **env: str) -> list[subprocess.CompletedProcess]:
+    """One process per argv, ranks 0.. of one launch, started without torchrun (as srun would)."""
+    port = str(_free_port())
+    procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(len(argvs)),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env))
+             for r, argv in enumerate(argvs)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+# -- launch detection and manifest parts (no processes) ----------------------------------------
+
+
+def test_detect_launch_from_torchrun_and_slurm_variables():
+    assert detect_launch({}) is None
+    launch = detect_launch({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n0",
+                            "MASTER_PORT": "29500"})
+    assert (launch.rank, launch.world_size, launch.local_rank, launch.master_addr, launch.master_port,
+            launch.source) == (3, 8, 1, "n0", 29500, "torchrun")
+    slurm = detect_launch({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"})
+    assert (slurm.rank, slurm.world_size, slurm.local_rank, slurm.source) == (5, 16, 1, "slurm")
+    # torchrun inside srun: torchrun's variables win
+    both = detect_launch({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert (both.rank, both.world_size) == (1, 2)
+    assert not detect_launch({"RANK": "0", "WORLD_SIZE": "1"}).distributed
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "outside a world of 2"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "at least 1"),
+    ({"WORLD_SIZE": "2"}, "RANK is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "not a TCP port"),
+])
+def test_detect_launch_refuses_impossible_environments(env, message):
+    with pytest.raises(UsageError, match=message):
+        detect_launch(env)
+
+
+def _two_rank_manifest() -> dict:
+    part = {"total_bytes": 0, "shards": [], "tensors": [], "skeleton": {"__dict__": []}}
+    return {"format": mf.FORMAT, "world_size": 2, "ranks": [dict(part, rank=0), dict(part, rank=1)]}
+
+
+def test_rank_part_matches_the_world_or_explains():
+    manifest = _two_rank_manifest()
+    assert mf.rank_part(manifest, "c", rank=1, world_size=2)["rank"] == 1
+    assert mf.rank_part(manifest, "c", rank=0, world_size=1)["rank"] == 0  # rank= in one process
+    with pytest.raises(UsageError, match="saved by 2 ranks and this is one process.*rank=K \\(0..1\\)"):
+        mf.rank_part(manifest, "c", rank=None, world_size=1)
+    with pytest.raises(UsageError, match="saved by 2 ranks and this launch has 4 ranks"):
+        mf.rank_part(manifest, "c", rank=3, world_size=4)
+    with pytest.raises(UsageError, match="rank 5 is not one of 0..1"):
+        mf.rank_part(manifest, "c", rank=5, world_size=1)
+    single = {"format": mf.FORMAT, "total_bytes": 0, "shards": [], "tensors": [], "skeleton": {"__dict__": []}}
+    assert mf.rank_part(single, "c", rank=None, world_size=2) is single  # every rank may load a whole one
+    with pytest.raises(UsageError, match="saved by one process; it has no rank 1"):
+        mf.rank_part(single, "c", rank=1, world_size=1)
+    broken = dict(manifest, world_size=3)
+    with pytest.raises(mf.NotACheckpointError, match="world_size 3 but lists 2"):
+        mf.rank_part(broken, "c", rank=0, world_size=3)
+
+
+# -- save and load under torchrun --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_ranks_save_and_load_their_own_parts(tmp_path: Path):
+    proc = torchrun([str(HERE), "roundtrip", str(tmp_path)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert (tmp_path / "rank0.ok").exists() and (tmp_path / "rank1.ok").exists()
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and [p["rank"] for p in manifest["ranks"]] == [0, 1]
+    names = {p.name for p in (tmp_path / "ckpt").iterdir()}
+    # the async overwrite committed, then removed the first save's shards: one save's shards per rank
+    assert {n.split("-")[2] for n in names if n.startswith("shard-")} == {"r00000", "r00001"}
+    assert len([n for n in names if n.startswith("shard-")]) == 2
+
+    import torch
+
+    import ckptbench
+
+    for rank in (0, 1):  # one rank's part in one process
+        part = ckptbench.load(tmp_path / "ckpt", rank=rank)
+        assert torch.equal(part["w"], torch.full((1000,), 10.0 + rank)) and part["step"] == 7
+        assert torch.equal(part[f"only{rank}"], torch.arange(rank + 3))
+    with pytest.raises(UsageError, match="saved by 2 ranks"):
+        ckptbench.load(tmp_path / "ckpt")
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_mid_save_leaves_the_previous_checkpoint(tmp_path: Path):
+    """Rank 1's write fails (ENOSPC): nothing is committed, rank 0 names rank 1, the old checkpoint loads."""
+    proc = torchrun([str(HERE), "fail", str(tmp_path)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    errors = {r: (tmp_path / f"rank{r}.error").read_text() for r in (0, 1)}
+    assert errors[0].startswith("RankFailedError") and "rank 1 failed" in errors[0] and "not committed" in errors[0]
+    assert "No space left on device" in errors[0]
+    assert errors[1].startswith("StorageIOError")
+    import torch
+
+    import ckptbench
+
+    for rank in (0, 1):
+        assert torch.equal(ckptbench.load(tmp_path / "ckpt", rank=rank)["w"], torch.full((1000,), float(rank)))
+    shards = [p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("shard-")]
+    assert len(shards) == 2  # the failed save's shards were removed by both ranks
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_save_is_named_and_nothing_commits(tmp_path: Path):
+    """Rank 1 dies (SIGKILL-like exit) while saving; rank 0 stops within seconds, naming it."""
+    argv = [sys.executable, str(HERE), "die", str(tmp_path)]
+    rank0, rank1 = by_hand([argv, argv], cwd=tmp_path, CKPTBENCH_DIST_DEAD_AFTER_S="2")
+    assert rank1.returncode == 9
+    assert rank0.returncode == 0, rank0.stderr[-3000:]
+    error = (tmp_path / "rank0.error").read_text()
+    assert "rank 1 stopped responding" in error and "not committed" in error
+    import torch
+
+    import ckptbench
+
+    assert torch.equal(ckptbench.load(tmp_path / "ckpt", rank=0)["w"], torch.full((1000,), 0.0))  # the old one
+
+
+@pytest.mark.slow
+def test_ranks_that_disagree_on_the_path_are_told_which(tmp_path: Path):
+    results = by_hand([[sys.executable, str(HERE), "disagree", str(tmp_path)]] * 2, cwd=tmp_path)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr[-2000:] + results[1].stderr[-2000:]
+    for r in (0, 1):
+        text = (tmp_path / f"rank{r}.error").read_text()
+        assert "UsageError" in text and "ranks disagree on the checkpoint path" in text
+        assert "rank 0:" in text and "rank 1:" in text
+    assert not (tmp_path / "a0").exists() or not (tmp_path / "a0" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_a_distributed_save_to_a_locked_path_fails_on_every_rank(tmp_path: Path):
+    """Another save holds the path: rank 0 cannot take the lock, so no rank writes anything."""
+    from ckptbench.checkpoint.lock import acquire_save_lock
+    from ckptbench.storage.store import LocalStore
+
+    store = LocalStore(tmp_path / "ckpt")
+    store.prepare()
+    lock = acquire_save_lock(store)
+    try:
+        proc = torchrun([str(HERE), "locked", str(tmp_path)], cwd=tmp_path)
+    finally:
+        lock.release()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for r in (0, 1):
+        text = (tmp_path / f"rank{r}.error").read_text()
+        assert text.startswith("CheckpointLockedError") and "is being saved by pid" in text, text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
+
+
+def test_a_group_that_cannot_form_is_an_error_not_a_hang(tmp_path: Path):
+    """One rank of two started: it gives up after the connect timeout, one line, exit 1."""
+    port = str(_free_port())
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptbench", "bench", str(tmp_path), "--size", "8MiB", "--repeat", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 CKPTBENCH_DIST_CONNECT_TIMEOUT_S="2"))
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("ckptbench: error: rank 1: the process group of 2 ranks did not form within 2 s")
+    assert "Traceback" not in proc.stderr
+    assert not [p for p in tmp_path.iterdir()]  # nothing written
+
+
+# -- the benchmark under torchrun --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_under_torchrun_aggregates_every_rank(tmp_path: Path):
+    target = tmp_path / "target"
+    target.mkdir()
+    proc = torchrun(["-m", "ckptbench", "bench", str(target), "--size", "24MiB", "--repeat", "2", "--warmup", "0",
+                     "--json", "--plot", str(tmp_path / "d.png"), "--output", str(tmp_path / "out")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    doc = json.loads(proc.stdout)  # rank 0 alone prints
+    assert doc["schema"] == "ckptbench.bench.distributed/1" and doc["launch"]["world_size"] == 2
+    assert doc["spec"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1, "sharding": "fsdp"}
+    assert sum(doc["rank_bytes"]) == doc["workload"]["total_bytes"] and min(doc["rank_bytes"]) > 0
+    for op in ("save", "load", "async"):
+        rounds = doc["rounds"][op]
+        assert len(rounds) == 2
+        for r in rounds:
+            assert [s["rank"] for s in r["ranks"]] == [0, 1]
+            assert r["total_bytes"] == doc["workload"]["total_bytes"]
+            assert r["duration_s"] == max(s["end_s"] for s in r["ranks"])
+            assert r["gbps"] == pytest.approx(r["total_bytes"] / r["duration_s"] / 1e9)
+            assert all(s["io_s"] <= s["end_s"] for s in r["ranks"])
+        assert doc["summary"][op]["gbps"]["n"] == 2
+    assert doc["data_verified"] is True
+    assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list((tmp_path / "out").glob("bench-distributed-*.json"))) == 1
+    assert list(target.iterdir()) == []  # scratch removed
+
+
+@pytest.mark.slow
+def test_bench_layout_must_fit_the_launch(tmp_path: Path):
+    proc = torchrun(["-m", "ckptbench", "bench", str(tmp_path), "--size", "8MiB", "--tp", "4"], cwd=tmp_path,
+                    timeout=120)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("ckptbench: error:")]
+    assert len(ours) == 2 and all("--tp 4 x --pp 1 does not divide the launch's 2 ranks" in line for line in ours)
+    # torchrun prints its own traceback (ChildFailedError) for failed workers; none comes from ckptbench
+    assert "ckptbench/" not in "".join(line for line in proc.stderr.splitlines() if line.lstrip().startswith("File"))
+
+
+def test_layout_options_outside_a_launch_are_refused(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from ckptbench.cli import main
+
+    result = CliRunner().invoke(main, ["bench", str(tmp_path), "--workload", "checkpoint", "--dp", "2"],
+                                env={"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": None, "SLURM_NTASKS": None})
+    assert result.exit_code == 2
+    assert "--dp splits the checkpoint over the ranks of a distributed launch" in result.output
+
+
+# -- the worker ---------------------------------------------------------------------------------
+
+
+def _worker(scenario: str, out: Path) -> None:
+    import torch
+
+    import ckptbench
+    from ckptbench.checkpoint.distributed import current_world
+
+    world = current_world()
+    assert world is not None
+    rank = world.rank
+
+    def record_error(exc: BaseException) -> None:
+        (out / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
+
+    if scenario == "roundtrip":
+        sd = {"w": torch.full((1000,), 10.0 + rank), "step": 7, f"only{rank}": torch.arange(rank + 3),
+              "bf16": torch.randn(33, 17).to(torch.bfloat16)}
+        first = ckptbench.save(sd, out / "ckpt")
+        assert (first.rank, first.world_size) == (rank, 2) and first.world_bytes > first.bytes
+        loaded = ckptbench.load(out / "ckpt")
+        assert torch.equal(loaded["w"], sd["w"]) and torch.equal(loaded["bf16"], sd["bf16"])
+        assert torch.equal(loaded[f"only{rank}"], sd[f"only{rank}"]) and loaded["step"] == 7
+        try:
+            ckptbench.save(sd, out / "ckpt")
+            raise AssertionError("a second save without overwrite went through")
+        except ckptbench.checkpoint.api.CheckpointExistsError:
+            pass
+        sd["w"] = torch.full((1000,), 10.0 + rank)
+        handle = ckptbench.save(sd, out / "ckpt", overwrite=True, async_=True)
+        sd["w"].fill_(-1.0)  # staged: the caller may change its tensors
+        assert handle.result().world_size == 2
+        assert torch.equal(ckptbench.load(out / "ckpt")["w"], torch.full((1000,), 10.0 + rank))
+    elif scenario in ("fail", "die"):
+        ckptbench.save({"w": torch.full((1000,), float(rank))}, out / "ckpt")
+        if rank == 1:
+            from ckptbench.storage.store import LocalStore
+
+            def broken(self, files, **kwargs):
+                if scenario == "die":
+                    os._exit(9)
+                raise OSError(28, "No space left on device")
+
+            LocalStore.write_files = broken
+        try:
+            ckptbench.save({"w": torch.full((1000,), 5.0 + rank)}, out / "ckpt", overwrite=True)
+            raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "locked":
+        try:
+            ckptbench.save({"w": torch.zeros(3)}, out / "ckpt")
+            raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "disagree":
+        try:
+            ckptbench.save({"w": torch.zeros(3)}, out / f"a{rank}")
+            raise AssertionError("the save went through")
+        except UsageError as exc:
+            record_error(exc)
+    (out / f"rank{rank}.ok").touch()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], Path(sys.argv[2]))
+    os._exit(0)  # skip interpreter teardown with a live gloo group (torch sometimes aborts there)
