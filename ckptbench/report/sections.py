@@ -526,3 +526,41 @@ def compare(document: dict[str, Any]) -> Section:
     figures = (Figure("tiers side by side", _png(lambda p: plot_compare(document, p))),)
     return Section(title=f"Tier comparison: {', '.join(t['label'] for t in tiers)}", lines=lines,
                    tables=(Table("per tier", columns, rows),), figures=figures)
+
+
+@section("ckptbench.bench.distributed/1")
+def distributed(document: dict[str, Any]) -> Section:
+    """``ckptbench bench`` under torchrun/srun: aggregate per operation, every rank in the median save round."""
+    from ckptbench.report.distributed_plot import median_round, plot_distributed, timeline_ranks
+
+    workload, par, launch = document["workload"], document["spec"]["parallelism"], document["launch"]
+    rank_bytes = document["rank_bytes"]
+    lines = (f"{launch['world_size']} ranks on {len(set(document['hosts']))} host(s): {workload['model']} "
+             f"x{workload['scale']:.3g}, {format_size(workload['total_bytes'])} in all, split dp {par['dp']} x "
+             f"tp {par['tp']} x pp {par['pp']} ({par['sharding']}); per rank {format_size(min(rank_bytes))}–"
+             f"{format_size(max(rank_bytes))}",
+             f"aggregation: {document['aggregation']}",
+             f"cold loads: {document['cache_drop'].get('how') or document['cache_drop']['method']} · "
+             f"data verified: {'yes' if document.get('data_verified') else 'NO'}")
+    names = {"save": "durable save", "load": "cold load", "async": "async save (stall + persist)"}
+    summary = document["summary"]
+    aggregate = Table("aggregate per operation (median of the rounds)",
+                      ("operation", "GB/s", "min–max", "slowest rank's time", "rank spread", "overhead", "async stall"),
+                      tuple((names[op], f"{s['gbps']['median']:.2f}", _summary(s["gbps"]),
+                             format_duration(s["duration_s"]["median"]), f"{s['rank_spread']['median']:.0%}",
+                             format_duration(s["overhead_s"]["median"]),
+                             format_duration(s["stall_s"]["median"]) if "stall_s" in s else "")
+                            for op, s in summary.items()))
+    round_ = median_round(document["rounds"]["save"])
+    ranks = Table(f"save round {round_['round']} (the median one), per rank, slowest first",
+                  ("rank", "host", "bytes", "own shards durable", "returned", "waited for others"),
+                  tuple((str(s["rank"]), s["host"], format_size(s["bytes"]), format_duration(s["io_s"]),
+                         format_duration(s["end_s"]), format_duration(s["barrier_s"]))
+                        for s in timeline_ranks(round_["ranks"])),
+                  failed=frozenset({0}) if round_["rank_spread"] > 0.2 else frozenset())
+    figures = (Figure("aggregate GB/s per operation; every rank's save timeline from the barrier",
+                      _png(lambda p: plot_distributed(document, p))),)
+    headline = Headline("checkpoint save/load, all ranks", f"{launch['world_size']} ranks",
+                        summary["save"]["gbps"]["median"], summary["load"]["gbps"]["median"])
+    return Section(title=f"Distributed checkpoint, {launch['world_size']} ranks: {document['target']}", lines=lines,
+                   tables=(aggregate, ranks), figures=figures, headline=headline)

@@ -246,8 +246,17 @@ def test_bench_under_torchrun_aggregates_every_rank(tmp_path: Path):
         assert doc["summary"][op]["gbps"]["n"] == 2
     assert doc["data_verified"] is True
     assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(list((tmp_path / "out").glob("bench-distributed-*.json"))) == 1
+    [result] = list((tmp_path / "out").glob("bench-distributed-*.json"))
     assert list(target.iterdir()) == []  # scratch removed
+
+    from click.testing import CliRunner
+
+    from ckptbench.cli import main
+
+    report = CliRunner().invoke(main, ["report", str(result), "--markdown", str(tmp_path / "r.md")])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "r.md").read_text()
+    assert "Distributed checkpoint, 2 ranks" in text and "| durable save |" in text and "(the median one)" in text
 
 
 @pytest.mark.slow
