@@ -43,7 +43,7 @@ from ckptbench.bench.checkpoint import (
 )
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
-from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, document_header, setup_warnings
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
 from ckptbench.bench.sharding import check_world, shard_workload, world_bytes
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
@@ -191,12 +191,7 @@ class DistributedBenchReport:
 
     def warnings(self) -> list[BenchWarning]:
         out = setup_warnings(self.target, self.environment, self.spec.repeat, "operation")
-        if self.cache_drop["method"] == "fadvise":
-            out.append(BenchWarning(
-                "cache-not-dropped",
-                f"the page cache could not be dropped ({self.cache_drop['reason']}); loads ran after "
-                "posix_fadvise(DONTNEED) on the written files, which the kernel may ignore in part",
-                "run as root (echo 1 > /proc/sys/vm/drop_caches needs it) for reliably cold loads"))
+        out += cache_warnings(self.cache_drop)
         for op in OPS:
             spread = relative_spread([r.gbps for r in self.of(op)])
             if spread > NOISY_SPREAD:

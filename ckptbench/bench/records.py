@@ -61,6 +61,17 @@ def setup_warnings(target: str, environment: dict[str, Any], repeat: int, per: s
     return out
 
 
+def cache_warnings(cache_drop: dict[str, Any]) -> list[BenchWarning]:
+    """A warning when loads could not be made cold by dropping the page cache (``CacheDropper.to_dict()``)."""
+    if cache_drop["method"] != "fadvise":
+        return []
+    return [BenchWarning(
+        "cache-not-dropped",
+        f"the page cache could not be dropped ({cache_drop['reason']}); loads ran after "
+        "posix_fadvise(DONTNEED) on the written files, which the kernel may ignore in part",
+        "run as root (echo 1 > /proc/sys/vm/drop_caches needs it) for reliably cold loads")]
+
+
 def noisy_warnings(results: Any, cause: str, remedy: str) -> list[BenchWarning]:
     """One warning per write/read phase of a sweep whose repeats spread more than NOISY_SPREAD."""
     out = []

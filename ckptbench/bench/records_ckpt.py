@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench import knobs
-from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, document_header, setup_warnings
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.units import format_rate, format_size
 
@@ -269,14 +269,7 @@ class CheckpointBenchReport:
         return goals
 
     def warnings(self) -> list[BenchWarning]:
-        out: list[BenchWarning] = []
-        if self.cache_drop["method"] == "fadvise":
-            out.append(BenchWarning(
-                "cache-not-dropped",
-                f"the page cache could not be dropped ({self.cache_drop['reason']}); loads ran after "
-                "posix_fadvise(DONTNEED) on the written files, which the kernel may ignore in part",
-                "run as root (echo 1 > /proc/sys/vm/drop_caches needs it) for reliably cold loads",
-            ))
+        out: list[BenchWarning] = cache_warnings(self.cache_drop)
         ceiling = format_rate(self.memcpy_bps)
         for r in self.results:
             if r.load.is_cached(self.memcpy_bps):
