@@ -273,9 +273,14 @@ class _ObjectPlaces:
 
 
 @contextlib.contextmanager
-def _places(target: LocalDirectory | ObjectTarget) -> Iterator[_LocalPlaces | _ObjectPlaces]:
-    with target.scratch() as scratch:
-        yield _LocalPlaces(scratch) if isinstance(scratch, Path) else _ObjectPlaces(scratch)
+def _places(target: LocalDirectory | ObjectTarget,
+            workload: CheckpointWorkload) -> Iterator[_LocalPlaces | _ObjectPlaces]:
+    if isinstance(target, LocalDirectory):  # a disk that fills up mid-run: one error saying so
+        with target.scratch() as scratch, target.reporting_full_disk(required_disk_bytes(workload)):
+            yield _LocalPlaces(scratch)
+    else:
+        with target.scratch() as object_scratch:
+            yield _ObjectPlaces(object_scratch)
 
 
 @dataclass
@@ -365,7 +370,7 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
     samples = {w.name: _Samples() for w in writers}
     async_samples = {w.name: _AsyncSamples() for w in async_writers}
     memory = None
-    with _places(target) as places:
+    with _places(target, workload) as places:
         for round_ in range(rounds):
             measured = round_ >= spec.warmup
             label = f"{round_ - spec.warmup + 1}/{spec.repeat}" if measured else f"warm-up {round_ + 1}/{spec.warmup}"

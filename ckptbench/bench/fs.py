@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +64,14 @@ def _phase(op: str, results: list[native.IoResult]) -> PhaseResult:
     )
 
 
+def _engine(what: str, call: Callable[..., native.IoResult], *args: Any, **kwargs: Any) -> native.IoResult:
+    """``native.run_interruptible``; an OSError (an I/O error, a full disk) becomes StorageIOError naming ``what``."""
+    try:
+        return native.run_interruptible(call, *args, **kwargs)
+    except OSError as exc:
+        raise StorageIOError(f"{what} failed: {exc}") from exc
+
+
 def _remove(paths: list[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
@@ -76,8 +86,9 @@ def run_fs_bench(
 ) -> FsBenchReport:
     """Run ``spec`` inside a scratch directory of ``target`` and return the report.
 
-    Raises InsufficientSpaceError before writing anything when the target lacks space, and
-    StorageIOError when read-back data does not match what was written.
+    Raises InsufficientSpaceError before writing anything when the target lacks space, or after
+    removing the scratch directory when the disk filled up during the run; StorageIOError when an
+    I/O call fails or read-back data does not match what was written.
     """
     progress = progress or Progress()
     target.require_free(required_bytes(spec))
@@ -103,7 +114,7 @@ def run_fs_bench(
     results: list[ConfigResult] = []
     metadata: list[MetadataResult] = []
     verified = False
-    with target.scratch() as scratch:
+    with target.scratch() as scratch, target.reporting_full_disk(required_bytes(spec)):
         paths = [scratch / f"shard-{i:05d}.bin" for i in range(len(sizes))]
         write_jobs = _jobs(source_view, paths, sizes)
         read_jobs = _jobs(sink_view, paths, sizes) if sink_view is not None else []
@@ -116,9 +127,9 @@ def run_fs_bench(
                 name = f"{threads} thr x {format_size(block_size)}" + (
                     f" {schedule}" if len(spec.schedules) > 1 else "")
                 progress.phase(f"{name}: write {label}")
-                w = native.run_interruptible(
-                    native.write, write_jobs, threads=threads, block_size=block_size, direct=spec.direct,
-                    sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
+                w = _engine(
+                    f"{name}: write {label}", native.write, write_jobs, threads=threads, block_size=block_size,
+                    direct=spec.direct, sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
                 )
                 progress.end_step(w.bytes)
                 if sink_view is not None:
@@ -126,9 +137,9 @@ def run_fs_bench(
                     if check:
                         native.fill_random(sink_view, _SOURCE_SEED + 1)
                     progress.phase(f"{name}: read {label}")
-                    r = native.run_interruptible(
-                        native.read, read_jobs, threads=threads, block_size=block_size, direct=spec.direct,
-                        drop_cache=True, schedule=schedule, on_progress=progress.advance,
+                    r = _engine(
+                        f"{name}: read {label}", native.read, read_jobs, threads=threads, block_size=block_size,
+                        direct=spec.direct, drop_cache=True, schedule=schedule, on_progress=progress.advance,
                     )
                     progress.end_step(r.bytes)
                     if check:
@@ -166,9 +177,9 @@ def _metadata(spec: FsBenchSpec, scratch: Path, progress: Progress) -> list[Meta
             progress.phase(f"metadata: {knobs.METADATA_FILES} files, {threads} thr, run {run + 1}/{spec.repeat}")
             directory = scratch / f"metadata-{threads}-{run}"
             directory.mkdir()
-            runs.append(native.run_interruptible(
-                native.metadata_bench, str(directory), knobs.METADATA_FILES, knobs.METADATA_FILE_BYTES,
-                threads=threads, sync=sync,
+            runs.append(_engine(
+                f"metadata: {threads} thr", native.metadata_bench, str(directory), knobs.METADATA_FILES,
+                knobs.METADATA_FILE_BYTES, threads=threads, sync=sync,
             ))
             shutil.rmtree(directory, ignore_errors=True)
         out.append(MetadataResult(

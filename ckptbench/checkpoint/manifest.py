@@ -8,18 +8,23 @@ temp name, fsync, rename, directory fsync). A crash at any point leaves either t
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import re
 from typing import Any
 
-from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.errors import CkptbenchError, InsufficientSpaceError, UsageError
 from ckptbench.storage.store import Store
+from ckptbench.units import format_size
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "ckptbench.checkpoint/1"
-#: Files a save may create: shards named by save id, and the manifest's temp name.
+#: Files a save may create: shards named by save id, the manifest's temp name, and the engine's
+#: O_DIRECT probe (``csrc/engine.cpp``; left behind by a save killed during it).
 #: Under a distributed launch shards carry the rank too: ``shard-<save id>-r<rank>-<index>.bin``.
-OWNED_FILE = re.compile(r"^(shard-[0-9a-f]{8}(-r\d{5})?-\d{5}\.bin|\.manifest\.json\.tmp-[0-9a-f]{8})$")
+OWNED_FILE = re.compile(r"^(shard-[0-9a-f]{8}(-r\d{5})?-\d{5}\.bin|\.manifest\.json\.tmp-[0-9a-f]{8}"
+                        r"|\.ckptbench-direct-probe-\d+-\d+)$")
 
 
 class NotACheckpointError(CkptbenchError):
@@ -33,8 +38,25 @@ class CorruptCheckpointError(CkptbenchError):
 
 
 def commit(store: Store, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` durably and atomically as the store's ``manifest.json``: the commit."""
-    store.put_atomic(MANIFEST_NAME, json.dumps(manifest, separators=(",", ":")).encode())
+    """Write ``manifest`` durably and atomically as the store's ``manifest.json``: the commit.
+
+    A disk that fills up (or a quota reached) before the manifest is whole raises InsufficientSpaceError
+    saying how much it needed; the previous manifest, if any, stays in place."""
+    data = json.dumps(manifest, separators=(",", ":")).encode()
+    try:
+        store.put_atomic(MANIFEST_NAME, data)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            free = store.free_bytes()
+        except OSError:
+            free = None
+        has = "the free space is unknown" if free is None else f"{format_size(free)} is free"
+        raise InsufficientSpaceError(
+            f"{store.url} ran out of space while committing the checkpoint: the manifest needs "
+            f"{format_size(len(data))}, {has}; nothing was committed",
+            hint="free space or save elsewhere; a checkpoint committed earlier is intact") from exc
 
 
 def read_manifest(store: Store) -> dict[str, Any]:
@@ -49,7 +71,7 @@ def read_manifest(store: Store) -> dict[str, Any]:
             f"{store.url} holds no committed checkpoint (no {MANIFEST_NAME})",
             hint="a save that did not finish leaves no manifest; nothing here can be loaded",
         ) from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested absurdly deep
         raise NotACheckpointError(f"{path} is not a valid manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -67,7 +89,8 @@ def rank_part(manifest: dict[str, Any], where: str, *, rank: int | None, world_s
     ranks, part ``rank`` when given, else this launch's own rank's part (``world_size`` must be N).
 
     Raises UsageError for a rank or world size that does not match how it was saved (resharding is
-    not supported), NotACheckpointError for a manifest whose parts are malformed."""
+    not supported); NotACheckpointError or CorruptCheckpointError for a malformed part (see
+    :func:`check_part`)."""
     parts = manifest.get("ranks")
     if parts is None:
         if rank not in (None, 0):
@@ -90,4 +113,155 @@ def rank_part(manifest: dict[str, Any], where: str, *, rank: int | None, world_s
     if missing:
         raise NotACheckpointError(f"{where}/{MANIFEST_NAME} lacks {', '.join(missing)}"
                                   + (f" for rank {rank}" if parts is not None else ""))
+    check_part(manifest, part, f"{where}/{MANIFEST_NAME}" + (f" (rank {rank})" if parts is not None else ""))
     return part
+
+
+def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> None:
+    """Check, before anything is read, that ``part`` of ``manifest`` (``where`` names it) describes
+    data a load can use: every field of the right type, every tensor inside its shard, every index
+    in range, the skeleton well formed. The shards themselves are checked against it by the load.
+
+    Raises NotACheckpointError for a malformed field (not written by a save), CorruptCheckpointError
+    for references that do not hold together (a tensor past its shard's end, a shard index out of
+    range); the message names the manifest and the tensor."""
+    import torch  # dtypes; only a load, which needs torch anyway, gets here
+
+    def malformed(what: str) -> NotACheckpointError:
+        return NotACheckpointError(f"{where} is not a valid manifest: {what}",
+                                   hint="it was not written by a ckptbench save, or was damaged; restore from "
+                                        "another checkpoint")
+
+    def corrupt(what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{where}: {what}", hint="the checkpoint is damaged; restore from another one")
+
+    checksum = manifest.get("checksum")
+    if checksum is not None and not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
+                                     and checksum["block_bytes"] > 0):
+        raise malformed(f"checksum is {checksum!r}, not null or {{'block_bytes': <positive int>, ...}}")
+    shards, tensors = part["shards"], part["tensors"]
+    dtypes: dict[str, Any] = {}  # by name, looked up once
+    if not isinstance(shards, list):
+        raise malformed(f"shards is a {type(shards).__name__}, not a list")
+    for i, s in enumerate(shards):
+        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _is_count(s.get("nbytes"))):
+            raise malformed(f"shard {i} is {_clip(s)}, not {{'name': <str>, 'nbytes': <int >= 0>}}")
+        if not _FLAT_NAME.match(s["name"]):  # names are flat (store.py): never a path out of the checkpoint
+            raise malformed(f"shard {i} has the name {s['name']!r}, not a file name inside the checkpoint")
+    if not isinstance(tensors, list):
+        raise malformed(f"tensors is a {type(tensors).__name__}, not a list")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, dict) or not isinstance(t.get("key"), str):
+            raise malformed(f"tensor {i} is {_clip(t)}, not an object with a 'key'")
+        key = t["key"]
+        if not t.keys() >= _TENSOR_FIELDS:
+            raise malformed(f"tensor {key!r} lacks {', '.join(sorted(_TENSOR_FIELDS - t.keys()))}")
+        dtype = dtypes.get(t["dtype"]) if type(t["dtype"]) is str else None
+        if dtype is None and type(t["dtype"]) is str:
+            dtype = dtypes[t["dtype"]] = getattr(torch, t["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise malformed(f"tensor {key!r} has dtype {_clip(t['dtype'])}, which torch does not know")
+        shape = t["shape"]
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+            raise malformed(f"tensor {key!r} has shape {_clip(shape)}, not a list of ints >= 0")
+        for field in ("nbytes", "offset"):
+            if not _is_count(t[field]):
+                raise malformed(f"tensor {key!r} has {field} {_clip(t[field])}, not an int >= 0")
+        if type(t["shard"]) is not int:
+            raise malformed(f"tensor {key!r} has shard {_clip(t['shard'])}, not an int")
+        alias = t["alias_of"]
+        if alias is not None and type(alias) is not int:
+            raise malformed(f"tensor {key!r} has alias_of {_clip(alias)}, not null or an int")
+        crcs = t["crc32c"]
+        if crcs is not None and (type(crcs) is not list or not all(type(c) is int and 0 <= c < 2**32 for c in crcs)):
+            raise malformed(f"tensor {key!r} has crc32c {_clip(crcs)}, not null or a list of 32-bit ints")
+        if math.prod(shape) * dtype.itemsize != t["nbytes"]:
+            raise corrupt(f"tensor {key!r} has {t['nbytes']} bytes, but shape {shape} of {t['dtype']} "
+                          f"needs {math.prod(shape) * dtype.itemsize}")
+        if alias is not None:
+            if not 0 <= alias < i:
+                raise corrupt(f"tensor {key!r} is an alias of tensor {alias}, which is not one of the {i} "
+                              f"tensors before it")
+            if (tensors[alias]["dtype"], tensors[alias]["shape"]) != (t["dtype"], shape):
+                raise corrupt(f"tensor {key!r} is an alias of {tensors[alias]['key']!r}, which has another "
+                              f"dtype or shape")
+        elif t["nbytes"]:
+            if not 0 <= t["shard"] < len(shards):
+                raise corrupt(f"tensor {key!r} is in shard {t['shard']}, but the manifest lists "
+                              f"{len(shards)} shards")
+            shard = shards[t["shard"]]
+            if t["offset"] + t["nbytes"] > shard["nbytes"]:
+                raise corrupt(
+                    f"tensor {key!r} (bytes {t['offset']}..{t['offset'] + t['nbytes']}) runs past the end "
+                    f"of shard {shard['name']} ({shard['nbytes']} bytes)")
+    try:
+        problem = _skeleton_problem(part["skeleton"], len(tensors))
+    except RecursionError:
+        problem = "nested too deeply"
+    if problem:
+        raise malformed(f"skeleton: {problem}")
+
+
+_TENSOR_FIELDS = frozenset({"dtype", "shape", "nbytes", "shard", "offset", "alias_of", "crc32c"})
+_FLAT_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00]+$")
+
+
+def _is_count(value: Any) -> bool:
+    """An int >= 0 as JSON gives it (bool is an int to Python; not here)."""
+    return type(value) is int and value >= 0
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _skeleton_problem(node: Any, tensors: int) -> str | None:
+    """What is wrong with a skeleton (the grammar ``plan.flatten`` writes), or None."""
+    if not isinstance(node, dict) or len(node) != 1:
+        return f"{_clip(node)} is not a node"
+    (tag, value), = node.items()
+    if tag == "__tensor__":
+        ok = type(value) is int and 0 <= value < tensors
+        return None if ok else f"tensor index {_clip(value)} is not one of 0..{tensors - 1}"
+    if tag in ("__list__", "__tuple__"):
+        if not isinstance(value, list):
+            return f"{tag} holds {_clip(value)}, not a list"
+        return next((p for p in (_skeleton_problem(v, tensors) for v in value) if p), None)
+    if tag == "__dict__":
+        if not isinstance(value, list):
+            return f"__dict__ holds {_clip(value)}, not a list"
+        for item in value:
+            if not (isinstance(item, list) and len(item) == 2):
+                return f"dict item {_clip(item)} is not a [key, node] pair"
+            key, child = item
+            if not (isinstance(key, str) or isinstance(key, dict) and set(key) == {"__key__"}
+                    and _value_ok(key["__key__"], hashable=True)):
+                return f"dict key {_clip(key)} is not a str or a {{'__key__': <hashable value>}}"
+            problem = _skeleton_problem(child, tensors)
+            if problem:
+                return problem
+        return None
+    if tag == "__value__":
+        return None if _value_ok(value, hashable=False) else f"value {_clip(value)} cannot be decoded"
+    return f"{_clip(node)} is not a node"
+
+
+def _value_ok(value: Any, *, hashable: bool) -> bool:
+    """Whether a plain value decodes (``{"__tuple__": [...]}``, ``{"__float__": "nan"}``, lists, scalars)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list):
+        return not hashable and all(_value_ok(v, hashable=False) for v in value)
+    if isinstance(value, dict):
+        if "__tuple__" in value:
+            items = value["__tuple__"]
+            return isinstance(items, list) and all(_value_ok(v, hashable=hashable) for v in items)
+        if "__float__" in value:
+            try:
+                float(value["__float__"])
+            except (TypeError, ValueError):
+                return False
+            return True
+        return not hashable
+    return False

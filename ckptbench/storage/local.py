@@ -141,3 +141,65 @@ class LocalDirectory:
             shutil.rmtree(scratch, ignore_errors=True)
             if scratch.exists():
                 log.warning("could not remove scratch directory %s", scratch)
+
+    @contextmanager
+    def reporting_full_disk(self, needs_bytes: int | None = None) -> Iterator[None]:
+        """Turn a run's failure that ran out of space into one InsufficientSpaceError saying what the
+        run needs (``needs_bytes``, when given) and what was free as it started. Use it inside
+        :meth:`scratch`, so the failed run's files still take their space when it looks
+        (:func:`_space_failure`). Other failures pass through unchanged.
+
+        The free-space check before a run (:meth:`require_free`) passed, so the disk filled up meanwhile:
+        something else wrote there, or the filesystem holds less than it reported."""
+        free_at_start = self.free_bytes()
+        try:
+            yield
+        except BaseException as exc:  # dcp's CheckpointException is a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            reason = _space_failure(exc, self.path)
+            if reason is None:
+                raise
+            # Not the free space after the failure: a writer's failed file can stay open, and
+            # allocated, for as long as its exception lives.
+            needs = f"the run needs {format_size(needs_bytes)}, " if needs_bytes is not None else ""
+            raise InsufficientSpaceError(
+                f"{self.path} ran out of space during the run ({reason}): {needs}{format_size(free_at_start)} "
+                f"was free when it started",
+                hint="free space (something else may be filling it) or lower --size") from exc
+
+
+#: Below this much free space (or 1% of the filesystem, if less) a failed write found the disk full.
+_FULL_BYTES = 64 * 2**20
+_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _space_failure(exc: BaseException, path: Path) -> str | None:
+    """Why ``exc`` (raised while writing under ``path``) is a full disk, or None if it is not.
+
+    Full when an error in its chain is ENOSPC/EDQUOT (also as text: writers like safetensors and fio
+    report the OS error in their message only), or when ``path``'s filesystem is nearly full right
+    now (torch.save and dcp fail with a C++ stream error that names no cause)."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    for error in chain:
+        if isinstance(error, InsufficientSpaceError):  # a ckptbench save's: it says more than the run can use
+            return "a checkpoint save found too little space"
+        if isinstance(error, OSError) and error.errno in _SPACE_ERRNOS:
+            return error.strerror or os.strerror(error.errno)
+    for error in chain:
+        for code in _SPACE_ERRNOS:
+            if os.strerror(code) in str(error):
+                return os.strerror(code)
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    if usage.total and usage.free < min(_FULL_BYTES, usage.total // 100):
+        first = chain[0]
+        text = str(first).strip().splitlines()[0] if str(first).strip() else ""
+        return (f"{format_size(usage.free)} of {format_size(usage.total)} left when it failed with "
+                f"{type(first).__name__}{': ' + text[:120] if text else ''}")
+    return None

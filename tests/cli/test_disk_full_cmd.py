@@ -1,0 +1,118 @@
+"""Disk full (issue 8, guarantee 3, the command line): ``bench`` on a tiny tmpfs that fills up in the
+middle of the run stops with one line saying so (and what the run needed), exit 2, no traceback,
+and its scratch directory removed, for the filesystem sweep and the checkpoint workload's writers.
+
+The free-space check before a run would refuse these runs, so the disk fills after it: a file is
+written right after the check passes (as another process would), or the checks are bypassed.
+Runs in-process (CliRunner re-raises anything the command does not turn into its error line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.store import LocalStore
+
+MiB = 2**20
+ERROR_LINE = re.compile(r"^ckptbench: error: (?P<target>\S+) ran out of space during the run \((?P<reason>.+)\): "
+                        r"the run needs [\d.]+ MiB, [\d.]+ (B|KiB|MiB) was free when it started \(free space .*\)$")
+
+
+def assert_one_disk_full_line(result, where: Path) -> re.Match:
+    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    match = ERROR_LINE.match(lines[0])
+    assert match, lines[0]
+    assert match["target"] == str(where)
+    return match
+
+
+@pytest.fixture
+def filled_after_the_check(monkeypatch):
+    """The next ``bench`` run's free-space check passes; right after it, ``leave`` bytes stay free."""
+
+    def arm(where: Path, leave: int) -> None:
+        real = LocalDirectory.require_free
+
+        def check_then_fill(self: LocalDirectory, needed_bytes: int) -> None:
+            real(self, needed_bytes)
+            with open(where / "filler", "wb") as f:
+                f.write(b"\1" * (shutil.disk_usage(where).free - leave))
+
+        monkeypatch.setattr(LocalDirectory, "require_free", check_then_fill)
+
+    return arm
+
+
+@pytest.fixture
+def no_space_checks(monkeypatch):
+    """Every free-space check passes or is skipped (as on a filesystem that reports no size)."""
+    monkeypatch.setattr(LocalDirectory, "require_free", lambda self, needed_bytes: None)
+    monkeypatch.setattr(LocalStore, "free_bytes", lambda self: None)
+
+
+@pytest.mark.parametrize("flags", [
+    ("--threads", "1"),
+    ("--threads", "1,2", "--buffered", "--no-read", "--schedule", "per-file"),
+], ids=["direct", "buffered-per-file"])
+def test_the_fs_sweep_stops_on_a_disk_that_fills_up(cli, mount_fs, filled_after_the_check, flags):
+    where = mount_fs("tmpfs", "size=48m")
+    filled_after_the_check(where, leave=4 * MiB)
+    result = cli("bench", str(where), "--size", "32MiB", "--block-size", "1MiB", "--repeat", "1", "--warmup", "0",
+                 *flags)
+    match = assert_one_disk_full_line(result, where)
+    assert match["reason"].startswith("No space left on device")
+    assert os.listdir(where) == ["filler"]  # the scratch directory is gone
+
+
+def test_the_fs_sweep_stops_in_its_metadata_phase(cli, mount_fs, no_space_checks):
+    where = mount_fs("tmpfs", "size=2m")
+    result = cli("bench", str(where), "--size", "1MiB", "--threads", "1", "--repeat", "1", "--warmup", "0",
+                 "--no-read", "--metadata")
+    assert_one_disk_full_line(result, where)
+    assert os.listdir(where) == []
+
+
+def test_the_checkpoint_workload_stops_on_a_disk_that_fills_up(cli, mount_fs, filled_after_the_check):
+    where = mount_fs("tmpfs", "size=160m")
+    filled_after_the_check(where, leave=12 * MiB)  # less than the 16 MiB checkpoint: its save stops mid-run
+    result = cli("bench", str(where), "--workload", "checkpoint", "--size", "16MiB", "--repeat", "1",
+                 "--warmup", "0")
+    assert_one_disk_full_line(result, where)
+    assert os.listdir(where) == ["filler"]
+
+
+@pytest.mark.parametrize("writer", ["ckptbench", "torch", "safetensors", "fio"])
+def test_each_checkpoint_writer_stops_on_a_full_disk(cli, mount_fs, no_space_checks, writer: str):
+    if writer == "safetensors":
+        pytest.importorskip("safetensors")
+    if writer == "fio" and shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    where = mount_fs("tmpfs", "size=8m")
+    result = cli("bench", str(where), "--workload", "checkpoint", "--size", "32MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", writer)
+    assert_one_disk_full_line(result, where)
+    assert os.listdir(where) == []
+
+
+def test_an_io_error_on_a_disk_with_room_is_one_line_too_and_not_called_a_full_disk(cli, tmp_path: Path,
+                                                                                   monkeypatch):
+    from ckptbench import native
+
+    def failing(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(native, "write", failing)
+    result = cli("bench", str(tmp_path), "--size", "1MiB", "--threads", "1", "--repeat", "1", "--warmup", "0")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "ckptbench: error: 1 thr x 4 MiB: write 1/1 failed: [Errno 5] Input/output error"]
+    assert os.listdir(tmp_path) == []
