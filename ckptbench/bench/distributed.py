@@ -18,8 +18,9 @@ Run by every rank of a torchrun/srun launch (``ckptbench bench`` detects it). Or
 Aggregation as MLPerf Storage does it: a round's duration is the slowest rank's, throughput the
 total bytes of all ranks over that duration. The per-rank spans are kept: the slowest and fastest
 rank and the spread between them (stragglers are what a synchronous checkpoint waits for).
-Coordination overhead = barrier-to-barrier time on rank 0 minus the slowest rank's own I/O (its
-shards written, or its load done): the commit, the barriers, the exchanges.
+Coordination overhead = barrier-to-barrier time on rank 0 minus the slowest rank's own work (save:
+planning, staging and writing its shards; load: reading and rebuilding its part): the agreement, the
+save lock, the two-phase commit, the manifest broadcast, the barriers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -95,8 +95,9 @@ class DistributedBenchSpec:
 @dataclass(frozen=True)
 class RankSpan:
     """One rank's part of one operation, timed from the barrier before it on that rank's clock.
-    ``io_s``: its own I/O (save: shards durable; load: everything loaded); ``end_s``: the call
-    returned; ``barrier_s``: then waiting in the barrier after it (for slower ranks)."""
+    ``io_s``: its own work, no waits for other ranks (save: plan + stage + shards durable; load:
+    reading and rebuilding its part); ``end_s``: the call returned; ``barrier_s``: then waiting in
+    the barrier after it (for slower ranks)."""
 
     rank: int
     host: str
@@ -137,7 +138,7 @@ class RoundResult:
 
     @property
     def overhead_s(self) -> float:
-        """Barrier to barrier minus the slowest rank's own I/O: what coordinating cost."""
+        """Barrier to barrier minus the slowest rank's own work: what coordinating cost."""
         return max(0.0, self.barrier_to_barrier_s - max(s.io_s for s in self.spans))
 
     def slowest(self) -> RankSpan:
@@ -219,7 +220,7 @@ class DistributedBenchReport:
             "cache_drop": self.cache_drop,
             "aggregation": "MLPerf Storage: duration = slowest rank (from the barrier's exit), throughput = "
                            "bytes of all ranks / that duration; overhead = barrier-to-barrier on rank 0 minus "
-                           "the slowest rank's own I/O",
+                           "the slowest rank's own work (save: plan, stage, write; load: read, rebuild)",
             "summary": {op: self.summary(op) for op in OPS if self.of(op)},
             "rounds": {op: [r.to_dict() for r in self.of(op)] for op in OPS},
             "data_verified": True,
@@ -236,7 +237,7 @@ def plan(spec: DistributedBenchSpec, world_size: int) -> CheckpointWorkload:
 
 
 @contextlib.contextmanager
-def _shared_places(target: LocalDirectory | ObjectTarget, world: World) -> Iterator[Any]:
+def _shared_places(target: LocalDirectory | ObjectTarget, world: World, needs_bytes: int) -> Iterator[Any]:
     """Rank 0 names a scratch directory (prefix); every rank joins it and removes it when done."""
     from ckptbench.storage.local import SCRATCH_PREFIX, scratch_name
     from ckptbench.storage.objects import SCRATCH_PREFIX as OBJECT_PREFIX
@@ -244,8 +245,11 @@ def _shared_places(target: LocalDirectory | ObjectTarget, world: World) -> Itera
     prefix = OBJECT_PREFIX if isinstance(target, ObjectTarget) else SCRATCH_PREFIX
     name = world.broadcast(scratch_name(prefix) if world.is_first else None, "naming the scratch directory")
     with target.scratch(shared_name=name) as scratch:
-        places = _ObjectPlaces(scratch) if isinstance(target, ObjectTarget) else _LocalPlaces(scratch)
-        yield places
+        if isinstance(target, ObjectTarget):
+            yield _ObjectPlaces(scratch)
+            return
+        with target.reporting_full_disk(needs_bytes):  # a disk that fills up: one line, saying so
+            yield _LocalPlaces(scratch)
 
 
 def _refuse_if_short(world: World, problem: str | None) -> None:
@@ -269,7 +273,9 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     workload = plan(spec, world.world_size)
     mine = shard_workload(workload, spec.parallelism, world.rank)
     per_rank = world_bytes(workload, spec.parallelism)
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    hosts = tuple(world.all_gather(world.host, "collecting host names"))
+    local_ranks = hosts.count(world.host)  # ranks sharing this host's memory (torchrun or srun alike)
+    first_here = hosts.index(world.host) == world.rank  # cleans this host's disk (node-local targets)
     problem = None
     available = _available_memory_bytes()
     need = required_memory_bytes(mine) * local_ranks
@@ -292,11 +298,10 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     from ckptbench.bench.workloads import _SEED, build_state_dict, verify_state_dict
 
     state_dict = build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP)
-    hosts = tuple(world.all_gather(world.host, "collecting host names"))
     ckpt = Checkpointer(threads=spec.threads)
     measured: list[RoundResult] = []
     try:
-        with _shared_places(target, world) as places:
+        with _shared_places(target, world, required_disk_bytes(workload)) as places:
             for round_ in range(rounds):
                 label = (f"{round_ - spec.warmup + 1}/{spec.repeat}" if round_ >= spec.warmup
                          else f"warm-up {round_ + 1}/{spec.warmup}")
@@ -319,8 +324,12 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                 async_ = _timed(world, "async", round_, _save_async, ckpt, state_dict,
                                 async_location)
                 progress.end_step(mine.total_bytes)
+                if round_ == spec.warmup:  # the first measured round: the async save is verified too
+                    progress.phase("verifying the async save")
+                    verify_state_dict(state_dict, ckpt.load(async_location, distributed=True),
+                                      f"rank {world.rank} (async)")
                 world.barrier("removing the round's checkpoints")
-                if world.is_first:
+                if first_here:  # one rank per host: node-local disks are emptied too
                     places.remove(location)
                     places.remove(async_location)
                 if round_ >= spec.warmup:
@@ -338,10 +347,8 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
 
 
 def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:
-    start = time.perf_counter()
     result = ckpt.save(state_dict, location, distributed=True)
-    end = time.perf_counter() - start
-    return result.bytes, end - result.commit_s, None  # type: ignore[union-attr]
+    return result.bytes, result.stage_s + result.write_s, None  # type: ignore[union-attr]
 
 
 def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, float]:
@@ -349,16 +356,14 @@ def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -
     handle = ckpt.save(state_dict, location, async_=True, distributed=True)
     stall_s = time.perf_counter() - start
     result = handle.result()  # type: ignore[union-attr]
-    return result.bytes, time.perf_counter() - start - result.commit_s, stall_s
+    return result.bytes, result.stage_s + result.write_s, stall_s
 
 
 def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any]) -> tuple[int, float, None]:
-    start = time.perf_counter()
     out["state_dict"] = ckpt.load(location, distributed=True)
-    io_s = time.perf_counter() - start
     from ckptbench.bench.workloads import state_dict_bytes
 
-    return state_dict_bytes(out["state_dict"]), io_s, None
+    return state_dict_bytes(out["state_dict"]), ckpt.last_load_s, None
 
 
 def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundResult:

@@ -4,9 +4,11 @@ Pure: no torch, no I/O. The split follows the story of ``model.sizing`` (tensor 
 parallelism split every tensor, data-parallel sharding splits some components, replicated state is
 written by data-parallel rank 0 only), applied tensor by tensor so every rank gets real shapes.
 
-Ranks are numbered as Megatron-LM does, tensor-parallel fastest, then pipeline, then data parallel::
+Ranks are numbered as Megatron-Core does by default (``order="tp-cp-ep-dp-pp"``, without context or
+expert parallelism): tensor parallel fastest, then data parallel, pipeline stages slowest, so a
+node's GPUs hold one stage's tensor-parallel groups::
 
-    rank = dp_i * (pp * tp) + pp_i * tp + tp_i
+    rank = pp_i * (dp * tp) + dp_i * tp + tp_i
 
 Rules, in the order they are applied to each tensor of the workload:
 
@@ -69,19 +71,19 @@ class TensorShard:
 
 
 def rank_coordinates(rank: int, parallelism: Parallelism) -> RankCoordinates:
-    """The (dp, pp, tp) indices of ``rank``: tensor parallel fastest, then pipeline, then data parallel."""
+    """The (dp, pp, tp) indices of ``rank``: tensor parallel fastest, then data parallel, then pipeline."""
     if not 0 <= rank < parallelism.ranks:
         raise UsageError(f"rank {rank} is out of range: {_layout(parallelism)} is {parallelism.ranks} ranks "
                          f"(0 to {parallelism.ranks - 1})")
     tp_i = rank % parallelism.tp
-    pp_i = rank // parallelism.tp % parallelism.pp
-    dp_i = rank // parallelism.model_parallel
+    dp_i = rank // parallelism.tp % parallelism.dp
+    pp_i = rank // (parallelism.tp * parallelism.dp)
     return RankCoordinates(dp=dp_i, pp=pp_i, tp=tp_i)
 
 
 def rank_of(coordinates: RankCoordinates, parallelism: Parallelism) -> int:
     """The rank at ``coordinates`` (the inverse of :func:`rank_coordinates`)."""
-    return coordinates.dp * parallelism.model_parallel + coordinates.pp * parallelism.tp + coordinates.tp
+    return (coordinates.pp * parallelism.dp + coordinates.dp) * parallelism.tp + coordinates.tp
 
 
 def check_world(parallelism: Parallelism, world_size: int, source: str = "WORLD_SIZE") -> None:

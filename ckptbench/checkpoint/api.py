@@ -16,6 +16,7 @@ of the previous checkpoint are removed only after the new manifest is committed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -34,7 +35,7 @@ from ckptbench.checkpoint.distributed import RankFailedError, World, current_wor
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
 from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
-from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.errors import InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 
 class CheckpointExistsError(UsageError):
     """The target already holds a committed checkpoint and ``overwrite`` was not given."""
+
+
+class CommitOutcomeUnknown(StorageIOError):
+    """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class SaveResult:
     #: From this process's shards being durable to the save returning: the manifest commit, and under
     #: a launch the wait for the other ranks and for rank 0's commit. Part of ``persist_s``.
     commit_s: float = 0.0
+    #: This process's own work, without waits for others: planning + staging, and writing its shards.
+    stage_s: float = 0.0
+    write_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -111,6 +119,21 @@ def _require_free(store: Store, nbytes: int) -> None:
         )
 
 
+def _out_of_space(store: Store, needed_bytes: int, exc: OSError) -> InsufficientSpaceError:
+    """The error for a save that ran out of space (or quota) while writing its shards; they are removed
+    by then (``Store.write_files``), so the free space it reports is what a retry would find."""
+    try:
+        free = store.free_bytes()
+    except OSError:
+        free = None
+    full = "exceeded its disk quota" if exc.errno == errno.EDQUOT else "ran out of space"
+    has = "the free space is unknown" if free is None else f"{format_size(free)} is free now"
+    return InsufficientSpaceError(
+        f"{store.url} {full} while writing the checkpoint: it needs {format_size(needed_bytes)}, {has}; "
+        f"nothing was committed and the partial shards were removed",
+        hint="free space or save elsewhere; a checkpoint committed earlier is intact")
+
+
 class Checkpointer:
     """Saves and loads checkpoints, keeping its staging arena between saves.
 
@@ -139,6 +162,8 @@ class Checkpointer:
         self._read_buffer = Arena()
         self._in_flight: Future | None = None
         self._lock = threading.Lock()
+        #: Seconds the last ``load`` spent reading and rebuilding this process's part (no waits for other ranks).
+        self.last_load_s = 0.0
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -180,7 +205,9 @@ class Checkpointer:
                                         hint="pass overwrite=True to replace it (the old one stays valid until "
                                              "the new one commits)")
         save_id = secrets.token_hex(4)
+        planning = time.perf_counter()
         plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
+        plan_s = time.perf_counter() - planning
         store.prepare()
         # Held from before the first shard write until the stale files are removed (async: released
         # by the persist thread): a concurrent save to this path fails here, not after losing its shards.
@@ -190,8 +217,10 @@ class Checkpointer:
                 raise CheckpointExistsError(f"{store.url} already holds a checkpoint (a save just committed it)",
                                             hint="pass overwrite=True to replace it")
             _require_free(store, plan.total_bytes)
+            staging = time.perf_counter()
             with self._lock:
                 stage(plan, tensors, self._arena, self.threads)
+            stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
             raise
@@ -199,14 +228,14 @@ class Checkpointer:
         stall_s = time.perf_counter() - t0
         if not async_:
             with lock:
-                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock)
+                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s)
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
                 with lock:  # released before the result is set: a save waiting on it can take the lock
-                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock)
+                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
@@ -221,10 +250,13 @@ class Checkpointer:
         """One rank's part of a distributed save: agree, plan + stage, then persist (see there).
 
         Rank 0 takes the save lock (``checkpoint/lock.py``) before any rank writes and holds it until
-        its sweep: a concurrent save to the path, distributed or not, fails on every rank at once."""
+        its sweep: a concurrent save to the path, distributed or not, fails on every rank at once.
+        Every rank reaches the same collectives whatever fails: rank 0's setup errors travel in the
+        broadcast, a rank's planning or staging error reaches rank 0 through the gather."""
         world.agree("the checkpoint path and overwrite", (store.url, overwrite))
-        lock: SaveLock | None = None
-        found: tuple[str, str | None] | None = None
+        lock = SaveLock(store.url)  # rank 0's real one below; elsewhere it only makes exit wait for a persist
+        found: tuple[str, str | None] = ("", None)
+        setup_error: BaseException | None = None
         if world.is_first:
             try:
                 found = (secrets.token_hex(4), _describe_location(store))
@@ -232,10 +264,12 @@ class Checkpointer:
                     store.prepare()
                     lock = acquire_save_lock(store)
                     found = (found[0], _describe_location(store))  # under the lock: a save may just have committed
-            except CkptbenchError as exc:
-                found = ("", f"{type(exc).__name__}: {exc}")
-        save_id, problem = world.broadcast(found, "starting the save")
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait in the broadcast
+                setup_error, found = exc, ("", f"{type(exc).__name__}: {exc}")
         try:
+            save_id, problem = world.broadcast(found, "starting the save")
+            if setup_error is not None:
+                raise setup_error
             if problem == "file":
                 raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
             if problem == "checkpoint" and not overwrite:
@@ -245,48 +279,48 @@ class Checkpointer:
             if problem is not None and problem.startswith("CheckpointLockedError: "):
                 raise CheckpointLockedError(problem.removeprefix("CheckpointLockedError: "))
             if problem not in (None, "checkpoint"):
-                raise UsageError(f"rank 0 could not start the save: {problem}")
+                raise RankFailedError(f"rank {world.rank}: rank 0 could not start the save: {problem}")
         except BaseException:
-            if lock is not None:
-                lock.release()
+            lock.release()
             raise
         key = f"save/{save_id}"
         try:
+            started = time.perf_counter()
             plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}-r{world.rank:05d}")
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
                 stage(plan, tensors, self._arena, self.threads)
             del tensors
+            stage_s = time.perf_counter() - started
         except BaseException as exc:
             _abandon(world, key, exc)  # the coordinator would wait for this rank's shards otherwise
-            if lock is not None:
-                lock.release()
+            lock.release()
             raise
         stall_s = time.perf_counter() - t0
-        held = lock if lock is not None else contextlib.nullcontext()
         if not async_:
-            with held:
-                return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(), lock)
+            with lock:
+                return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
+                                                 lock, stage_s)
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
-                with held:
-                    result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock)
+                with lock:
+                    result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock,
+                                                       stage_s)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
 
         self._in_flight = future
-        if lock is not None:
-            lock.finish_before_exit(future)
+        lock.finish_before_exit(future)  # every rank: an exit waits for its persist, or the commit never comes
         threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
         return SaveHandle(future)
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
-                             stall_s: float, staged_at: float, lock: SaveLock | None) -> SaveResult:
+                             stall_s: float, staged_at: float, lock: SaveLock, stage_s: float) -> SaveResult:
         """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
 
         1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
@@ -298,6 +332,7 @@ class Checkpointer:
         happened, and removing them could break it; the next save's sweep removes orphans.
         """
         own = [s.name for s in plan.shards]
+        write_started = time.perf_counter()
         try:
             report, section = self._write_section(plan, store)
         except BaseException as exc:
@@ -313,11 +348,15 @@ class Checkpointer:
                                      what=f"waiting for rank 0 to commit {store.url} (outcome unknown: this rank's "
                                           f"shards stay for the next save to remove)")
             if outcome["failed"] is not None:
+                if outcome.get("keep"):
+                    raise RankFailedError(f"rank {world.rank}: whether {store.url} was committed is unknown "
+                                          f"({outcome['failed']}); this rank's shards are kept")
                 store.remove(own)
                 raise RankFailedError(f"rank {world.rank}: {store.url} was not committed: {outcome['failed']}")
             keep = set(own)
             _remove_stale(store, keep, owns=lambda name: f"-r{world.rank:05d}-" in name)
-            return self._result(plan, store, report, stall_s, staged_at, written_at, rank=world.rank,
+            return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
+                                write_s=written_at - write_started, rank=world.rank,
                                 world_size=world.world_size, world_bytes=outcome["world_bytes"])
         try:
             sections = world.gather_to_first(key, section, what=f"saving {store.url}")
@@ -333,7 +372,6 @@ class Checkpointer:
         world_bytes = sum(part["total_bytes"] for part in sections)
         manifest = {**self._header(save_id), "world_size": world.world_size, "total_bytes": world_bytes,
                     "ranks": sections}
-        assert lock is not None
         committed = False
         try:
             with lock.committing(store, own):  # still ours (else LockLostError: nothing commits)
@@ -343,9 +381,13 @@ class Checkpointer:
                 _remove_stale(store, {s["name"] for part in sections for s in part["shards"]})
         except BaseException as exc:
             if not committed:
-                world.publish(outcome_key, {"failed": f"rank 0 could not commit the manifest: {exc}"})
+                # Not committed for sure -> every rank removes its shards; unknown -> every rank keeps them.
+                unknown = isinstance(exc, CommitOutcomeUnknown) or not isinstance(exc, Exception)
+                world.publish(outcome_key, {"failed": f"rank 0 could not commit the manifest: {exc}",
+                                            "keep": unknown})
             raise
-        return self._result(plan, store, report, stall_s, staged_at, written_at, rank=0, world_size=world.world_size,
+        return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
+                            write_s=written_at - write_started, rank=0, world_size=world.world_size,
                             world_bytes=world_bytes)
 
     def _wait_in_flight(self) -> None:
@@ -373,6 +415,8 @@ class Checkpointer:
         try:
             report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the free-space check passed; something else filled it
+                raise _out_of_space(store, sum(s.nbytes for s in plan.shards), exc) from exc
             raise StorageIOError(f"writing the checkpoint to {store.url} failed: {exc}") from exc
         finally:
             if crc_thread is not None:
@@ -402,24 +446,27 @@ class Checkpointer:
         }
 
     def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
-                written_at: float, **world: Any) -> SaveResult:
+                written_at: float, *, stage_s: float, write_s: float, **world: Any) -> SaveResult:
         now = time.perf_counter()
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
-            stall_s=stall_s, persist_s=now - staged_at, commit_s=now - written_at, threads=self.threads,
+            stall_s=stall_s, persist_s=now - staged_at, commit_s=now - written_at, stage_s=stage_s, write_s=write_s,
+            threads=self.threads,
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
             checksum=self.checksum, direct_fallback_reason=report.fallback_reason, **world,
         )
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
-                 lock: SaveLock) -> SaveResult:
+                 lock: SaveLock, stage_s: float) -> SaveResult:
+        write_started = time.perf_counter()
         report, section = self._write_section(plan, store)
         written_at = time.perf_counter()
         shards = [s.name for s in plan.shards]
         with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
             self._commit(store, {**self._header(save_id), **section}, shards)
             _remove_stale(store, set(shards))
-        return self._result(plan, store, report, stall_s, staged_at, written_at)
+        return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
+                            write_s=written_at - write_started)
 
     @staticmethod
     def _commit(store: Store, manifest: dict, shards: list[str]) -> None:
@@ -437,6 +484,11 @@ class Checkpointer:
             except mf.NotACheckpointError:
                 current = None
             except Exception:  # noqa: BLE001 - unreachable: leave the shards to the next sweep, report the commit
+                if isinstance(failure, Exception):
+                    raise CommitOutcomeUnknown(
+                        f"committing {store.url} failed ({failure}) and its manifest could not be read back: the "
+                        "checkpoint may or may not be committed; its shards are kept",
+                        hint="load it to find out; the next save removes what is not committed") from failure
                 raise failure from None
             if current is not None and current.get("save_id") == manifest["save_id"]:
                 return
@@ -469,29 +521,42 @@ class Checkpointer:
         if world is None:
             manifest = mf.read_manifest(store)
             part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
-            return self._load_part(store, manifest, part, device, verify, into)
+            return self._timed_load(store, manifest, part, device, verify, into)
         found: tuple[dict | None, str | None] = (None, None)
+        first_error: BaseException | None = None
         if world.is_first:
             try:
                 found = (mf.read_manifest(store), None)
-            except mf.NotACheckpointError as exc:
-                found = (None, str(exc))
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait in the broadcast
+                first_error, found = exc, (None, str(exc))
         manifest, problem = world.broadcast(found, "reading the manifest")
+        if first_error is not None:
+            raise first_error
         if problem is not None:
-            raise mf.NotACheckpointError(problem)
-        part = mf.rank_part(manifest, store.url, rank=world.rank, world_size=world.world_size)
-        failure = None
+            raise mf.NotACheckpointError(f"rank 0 could not read the manifest: {problem}")
+        failure, error = None, None
         try:
-            loaded = self._load_part(store, manifest, part, device, verify, into)
+            # A single-process checkpoint loads whole on every rank; a distributed one part by part.
+            part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
+                                world_size=world.world_size)
+            loaded = self._timed_load(store, manifest, part, device, verify, into)
         except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
-            world.all_gather(failure, "loading")
-            raise
-        failures = world.all_gather(failure, "loading")
+            failure, error = f"{type(exc).__name__}: {exc}", exc
+        failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
+        if error is not None:
+            raise error
         bad = {r: f for r, f in enumerate(failures) if f is not None}
         if bad:
             raise RankFailedError(f"rank {world.rank}: loading {store.url} failed on "
                                   + "; ".join(f"rank {r} ({f})" for r, f in sorted(bad.items())))
+        return loaded
+
+    def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
+                    into: dict | None) -> dict:
+        """``_load_part``, its time kept in ``last_load_s`` (reads and rebuild, no coordination)."""
+        start = time.perf_counter()
+        loaded = self._load_part(store, manifest, part, device, verify, into)
+        self.last_load_s = time.perf_counter() - start
         return loaded
 
     def _load_part(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
@@ -499,7 +564,13 @@ class Checkpointer:
         """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`."""
         import torch
 
-        shards = part["shards"]
+        shards = part["shards"]  # checked by mf.check_part: well formed, every tensor inside its shard
+        for s in shards:  # before the read buffer is sized by what the manifest claims
+            size = store.size(s["name"])
+            if size != s["nbytes"]:
+                raise mf.CorruptCheckpointError(
+                    f"shard {s['name']} of {store.url} is {'missing' if size is None else f'{size} bytes'}; "
+                    f"the manifest says {s['nbytes']} bytes")
         offsets, total = [], 0
         for s in shards:
             offsets.append(total)
@@ -517,12 +588,6 @@ class Checkpointer:
         entries = part["tensors"]
         with faulting:
             view = memoryview(buffer)
-            for s in shards:
-                size = store.size(s["name"])
-                if size != s["nbytes"]:
-                    raise mf.CorruptCheckpointError(
-                        f"shard {s['name']} of {store.url} is {'missing' if size is None else f'{size} bytes'}; "
-                        f"the manifest says {s['nbytes']} bytes")
             files = [(s["name"], view[o:o + s["nbytes"]]) for s, o in zip(shards, offsets, strict=True)]
             if verify and manifest.get("checksum"):
                 checks = _checksum_ranges(entries, offsets, manifest["checksum"]["block_bytes"], store.url)

@@ -2,7 +2,7 @@
 exchanges that name the rank that failed.
 
 A launch is detected from the environment: torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT``; under Slurm (``srun``) ``SLURM_PROCID``, ``SLURM_NTASKS`` and
+``MASTER_ADDR`` and ``MASTER_PORT``; under Slurm (``srun``) ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` and
 ``SLURM_LOCALID`` stand in for the first three, and ``MASTER_ADDR``/``MASTER_PORT`` must still be set
 (the README shows the usual lines). A world of one process is not a launch: everything runs as usual.
 
@@ -91,8 +91,11 @@ def detect_launch(env: dict[str, str] | None = None) -> Launch | None:
     if env.get("WORLD_SIZE") is not None:
         rank, world, local = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE"), _env_int(env, "LOCAL_RANK")
         source = "torchrun"
-    elif env.get("SLURM_NTASKS") is not None and env.get("SLURM_PROCID") is not None:
-        rank, world, local = _env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_NTASKS"), _env_int(env, "SLURM_LOCALID")
+    elif env.get("SLURM_STEP_NUM_TASKS") is not None and env.get("SLURM_PROCID") is not None:
+        # SLURM_STEP_NUM_TASKS: set for the tasks of an srun step, not in the batch script itself
+        # (which has SLURM_NTASKS and SLURM_PROCID=0 but is one process).
+        rank, world = _env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_STEP_NUM_TASKS")
+        local = _env_int(env, "SLURM_LOCALID")
         source = "slurm"
     else:
         return None
@@ -151,25 +154,35 @@ class World:
         while not self._closed.wait(knobs.DIST_HEARTBEAT_S):
             try:
                 store.add(f"{_NAMESPACE}alive/{self.rank}", 1)
-            except Exception:  # noqa: BLE001 - the store host is gone; the next wait says so
-                return
+            except Exception:  # noqa: BLE001 - a blip, or the store host is gone (the next wait says so)
+                continue
 
     def report_failure(self, what: str, exc: BaseException | str) -> None:
-        """Tell the other ranks this rank failed at ``what`` (best effort)."""
+        """Tell the other ranks this rank failed at ``what`` and is leaving (best effort)."""
         message = exc if isinstance(exc, str) else _describe_exception(exc)
         with contextlib.suppress(Exception):
             self._store.set(f"{_NAMESPACE}failed/{self.rank}", f"{what}: {message}"[:2000])
+            self._store.add(f"{_NAMESPACE}failed", 1)
 
-    def _failures(self) -> dict[int, str]:
-        keys = [f"{_NAMESPACE}failed/{r}" for r in range(self.world_size)]
+    def _failures(self, ranks: list[int] | None = None) -> dict[int, str]:
+        """Failure reports of ``ranks`` (default: all others); one request when there are none."""
+        if not int(self._store.add(f"{_NAMESPACE}failed", 0)):
+            return {}
         out: dict[int, str] = {}
-        for r, key in enumerate(keys):
+        for r in range(self.world_size) if ranks is None else ranks:
+            key = f"{_NAMESPACE}failed/{r}"
             if r != self.rank and self._store.check([key]):
                 out[r] = self._store.get(key).decode(errors="replace")
         return out
 
-    def _beats(self) -> list[int]:
-        return [int(self._store.add(f"{_NAMESPACE}alive/{r}", 0)) for r in range(self.world_size)]
+    def _beats(self, ranks: list[int] | None = None) -> dict[int, int]:
+        return {r: int(self._store.add(f"{_NAMESPACE}alive/{r}", 0))
+                for r in (range(self.world_size) if ranks is None else ranks)}
+
+    def _watched(self) -> list[int]:
+        """Whose death this rank looks out for while it waits: rank 0 all, the others rank 0 (who
+        exits when it sees one of them die, and that ends every collective)."""
+        return [r for r in range(self.world_size) if r != self.rank] if self.is_first else [0]
 
     def diagnose(self, waiting_on: list[int] | None = None, settle_s: float | None = None) -> str:
         """Why the others do not answer: the ranks that reported a failure, else the ranks whose
@@ -187,7 +200,7 @@ class World:
         except Exception as exc:  # noqa: BLE001 - the store itself is unreachable
             return (f"rank 0 (the rendezvous store at {os.environ.get('MASTER_ADDR', '?')}:"
                     f"{os.environ.get('MASTER_PORT', '?')}) is gone ({_describe_exception(exc)})")
-        dead = [r for r in range(self.world_size) if r != self.rank and second[r] == first[r]]
+        dead = [r for r in second if r != self.rank and second[r] == first[r]]
         if dead:
             return f"rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} stopped responding (died or hung)"
         if waiting_on:
@@ -212,11 +225,15 @@ class World:
     # -- collectives on the calling thread -------------------------------------------------------
 
     def barrier(self, what: str = "barrier") -> None:
-        """Wait for every rank; RankFailedError naming the rank that failed or died."""
+        """Wait for every rank; RankFailedError naming the rank that failed or died.
+
+        The barrier runs asynchronously and is polled (0.2 ms at first, backing off to 10 ms): gloo
+        notices a peer whose process ended (connection reset), but not a node that vanished, so
+        the heartbeats are watched meanwhile."""
         import torch.distributed as dist
 
         try:
-            dist.barrier(group=self._group)
+            self._await(dist.barrier(group=self._group, async_op=True), what)
         except RuntimeError as exc:
             self._raise_from(what, exc)
 
@@ -224,12 +241,57 @@ class World:
         """Every rank's ``value`` (picklable), in rank order, on every rank."""
         import torch.distributed as dist
 
+        self.barrier(what)  # object collectives cannot be polled: make sure everyone is there first
         out: list[Any] = [None] * self.world_size
         try:
             dist.all_gather_object(out, value, group=self._group)
         except RuntimeError as exc:
             self._raise_from(what, exc)
         return out
+
+    def broadcast(self, value: Any, what: str = "broadcast") -> Any:
+        """Rank 0's ``value`` (picklable), on every rank."""
+        import torch.distributed as dist
+
+        self.barrier(what)
+        box = [value if self.is_first else None]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self._group)
+        except RuntimeError as exc:
+            self._raise_from(what, exc)
+        return box[0]
+
+    def _await(self, work: Any, what: str) -> None:
+        start = time.monotonic()
+        poll_s, next_look, beats_at, beats = 0.0002, start + 0.5, start - knobs.DIST_DEAD_AFTER_S, None
+        while not work.is_completed():
+            time.sleep(poll_s)
+            poll_s = min(0.01, poll_s * 2)
+            now = time.monotonic()
+            if now < next_look:
+                continue
+            next_look = now + 0.5
+            try:
+                failures = self._failures()
+                if failures:
+                    raise RankFailedError(f"rank {self.rank}: {what}: " + "; ".join(
+                        f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
+                if now - beats_at >= knobs.DIST_DEAD_AFTER_S:
+                    current = self._beats(self._watched())
+                    dead = [r for r in current if beats is not None and current[r] == beats[r]]
+                    if dead:
+                        raise RankFailedError(f"rank {self.rank}: {what}: rank{'s' if len(dead) > 1 else ''} "
+                                              f"{_ranks(dead)} stopped responding (died or hung)")
+                    beats, beats_at = current, now
+            except RankFailedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
+                raise RankFailedError(f"rank {self.rank}: {what}: rank 0 (the rendezvous store) is gone "
+                                      f"({_describe_exception(exc)})") from None
+            if now - start > self.timeout_s:
+                raise RankFailedError(f"rank {self.rank}: {what}: not every rank arrived within {self.timeout_s:g} s",
+                                      hint="raise CKPTBENCH_DIST_TIMEOUT_S if the storage is that slow")
+        work.wait()
 
     def agree(self, what: str, value: Any) -> None:
         """All ranks must hold the same ``value``; UsageError on every rank naming who differs."""
@@ -242,17 +304,6 @@ class World:
         listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}: {v[:200]}" for v, rs in groups.items())
         raise UsageError(f"the ranks disagree on {what}: {listing}",
                          hint="every rank must be started with the same arguments")
-
-    def broadcast(self, value: Any, what: str = "broadcast") -> Any:
-        """Rank 0's ``value`` (picklable), on every rank."""
-        import torch.distributed as dist
-
-        box = [value if self.is_first else None]
-        try:
-            dist.broadcast_object_list(box, src=0, group=self._group)
-        except RuntimeError as exc:
-            self._raise_from(what, exc)
-        return box[0]
 
     # -- through the store (any thread): a coordinator, rank 0, collects and decides -------------
 
@@ -288,6 +339,8 @@ class World:
         """The value rank 0 :meth:`publish`-ed under ``key`` (RankFailedError if rank 0 dies first).
         With ``readers``, the last of that many readers removes the key."""
         full = f"{_NAMESPACE}p/{key}"
+        # rank 0 may itself wait up to the timeout for the slowest rank before it answers
+        timeout_s = 2 * self.timeout_s if timeout_s is None else timeout_s
         self._wait_keys([full], what or f"waiting for {key!r} from rank 0", timeout_s, None, ranks=[0])
         value = pickle.loads(self._store.get(full))
         if readers is not None and int(self._store.add(f"{full}#read", 1)) >= readers:
@@ -313,7 +366,17 @@ class World:
 
         def wait() -> None:
             try:
-                self._store.clone().wait(keys, datetime.timedelta(seconds=timeout_s + 60))
+                try:
+                    own = self._store.clone()  # torch >= 2.8
+                except AttributeError:
+                    own = None
+                if own is not None:
+                    own.wait(keys, datetime.timedelta(seconds=timeout_s + 60))
+                    return
+                poll_s = 0.001  # older torch: poll on the shared connection
+                while not self._store.check(keys):
+                    time.sleep(poll_s)
+                    poll_s = min(0.05, poll_s * 2)
             except BaseException as exc:  # noqa: BLE001 - reported by the caller
                 errors.append(exc)
             finally:
@@ -328,13 +391,14 @@ class World:
                     on_wait()
                 now = time.monotonic()
                 missing = [r for r, k in zip(ranks, keys, strict=True) if not self._store.check([k])] or ranks
-                failures = {r: t for r, t in self._failures().items() if r in missing}
+                failures = self._failures(missing)
                 if failures:
                     raise RankFailedError(f"rank {self.rank}: {what}: " + "; ".join(
                         f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
                 if now - beats_at >= knobs.DIST_DEAD_AFTER_S:
-                    current = self._beats()
-                    dead = [r for r in missing if beats is not None and r != self.rank and current[r] == beats[r]]
+                    current = self._beats(missing)
+                    dead = [r for r in missing if beats is not None and r != self.rank and r in beats
+                            and current[r] == beats[r]]
                     if dead:
                         raise RankFailedError(f"rank {self.rank}: {what}: rank{'s' if len(dead) > 1 else ''} "
                                               f"{_ranks(dead)} stopped responding (died or hung)")
@@ -387,7 +451,9 @@ def current_world(timeout_s: float | None = None) -> World | None:
             if dist.get_world_size() < 2:
                 return None
             store = dist.distributed_c10d._get_default_store()
-            group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            # A group of ckptbench's own, also over a gloo default group: a save persisting on a side
+            # thread must not interleave with the job's collectives.
+            group = dist.new_group(backend="gloo")
             _world = World(rank=dist.get_rank(), world_size=dist.get_world_size(),
                            local_rank=int(os.environ.get("LOCAL_RANK", 0)), store=store, group=group,
                            timeout_s=timeout_s, owns_group=False)

@@ -156,7 +156,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     the page cache is dropped, and it loads it back (timed, cold, verified bit-exact). ckptbench and dcp
     also save asynchronously: stall, persist and the slowdown of a compute probe running meanwhile.
 
-    Under torchrun or srun (RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS set) every rank runs the
+    Under torchrun or srun (RANK/WORLD_SIZE or SLURM_PROCID/SLURM_STEP_NUM_TASKS set) every rank runs the
     checkpoint workload at once: --scale/--size is the whole checkpoint, split by --dp/--tp/--pp/--zero;
     each rank saves its share with the distributed save (rank 0 commits), barrier to barrier, then
     loads it cold. Aggregate GB/s = all ranks' bytes / the slowest rank's time (as MLPerf Storage),

@@ -72,13 +72,14 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
     if world is None:  # the environment said 2+ ranks; current_world agrees or raised
         raise UsageError("this launch has a single process")
     try:
-        if not world.is_first:
-            run_distributed_bench(spec, storage, world)
-            return
-        run_and_emit(
-            lambda progress: run_distributed_bench(spec, storage, world, progress=progress),
-            output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, as_json=as_json,
-            plot=_plot, print_tables=lambda report, doc: print_distributed_tables(doc))
+        with world.step("the benchmark"):  # a rank that fails tells the others why before it leaves
+            if not world.is_first:
+                run_distributed_bench(spec, storage, world)
+                return
+            run_and_emit(
+                lambda progress: run_distributed_bench(spec, storage, world, progress=progress),
+                output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, as_json=as_json,
+                plot=_plot, print_tables=lambda report, doc: print_distributed_tables(doc))
     finally:
         leave_world()
 
@@ -116,11 +117,11 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
     console.print(table)
     round_ = median_round(document["rounds"]["save"])
     ranks = Table(title=f"save round {round_['round']} (the median one), per rank")
-    for column in ("rank", "host", "bytes", "shards durable", "returned", "waited for others"):
+    for column in ("rank", "host", "bytes", "own work", "returned", "waited for others"):
         ranks.add_column(column, justify="right" if column not in ("host",) else "left")
     for span in timeline_ranks(round_["ranks"]):
         ranks.add_row(str(span["rank"]), span["host"], format_size(span["bytes"]), f"{span['io_s']:.3f} s",
                       f"{span['end_s']:.3f} s", f"{span['barrier_s'] * 1e3:.1f} ms")
     console.print(ranks)
-    click.echo("overhead = barrier-to-barrier on rank 0 minus the slowest rank's own I/O (commit, barriers, "
-               "exchanges)")
+    click.echo("overhead = barrier-to-barrier on rank 0 minus the slowest rank's own work (plan, stage, write / "
+               "read): the agreement, lock, commit and barriers")

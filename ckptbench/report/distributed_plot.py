@@ -1,6 +1,6 @@
 """PNG of a distributed checkpoint benchmark: aggregate GB/s per operation (median, min–max whiskers)
-and, for the median save round, every rank's timeline from the barrier: its own I/O, the wait for
-the commit, and the wait for slower ranks in the barrier (stragglers stand out)."""
+and, for the median save round, every rank's timeline from the barrier: its own work, the
+coordination (agreement, lock, two-phase commit), and the wait for slower ranks in the barrier."""
 
 from __future__ import annotations
 
@@ -56,9 +56,9 @@ def plot_distributed(document: dict[str, Any], path: Path) -> Path:
     shown = timeline_ranks(round_["ranks"])
     for y, span in enumerate(shown):
         io_s, end_s = span["io_s"], span["end_s"]
-        timeline.barh(y, io_s, color=_COLORS["io"], label="own shards written" if y == 0 else None)
+        timeline.barh(y, io_s, color=_COLORS["io"], label="own work (plan, stage, write)" if y == 0 else None)
         timeline.barh(y, end_s - io_s, left=io_s, color=_COLORS["commit"],
-                      label="waiting for the commit" if y == 0 else None)
+                      label="coordination (agree, lock, commit)" if y == 0 else None)
         timeline.barh(y, span["barrier_s"], left=end_s, color=_COLORS["barrier"],
                       label="waiting for slower ranks" if y == 0 else None)
     timeline.set_yticks(range(len(shown)), [f"rank {s['rank']} ({format_size(s['bytes'])})" for s in shown],
@@ -68,7 +68,7 @@ def plot_distributed(document: dict[str, Any], path: Path) -> Path:
     left_out = len(round_["ranks"]) - len(shown)
     timeline.set_title(f"save round {round_['round']} (the median one), per rank, slowest first"
                        + (f"; {left_out} middle ranks not drawn" if left_out else ""), fontsize=9)
-    timeline.legend(fontsize=7, loc="lower right")
+    timeline.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     workload, spec = document["workload"], document["spec"]
     par = spec["parallelism"]
     fig.suptitle(f"{document['launch']['world_size']} ranks on {len(set(document['hosts']))} host(s) -> "

@@ -553,7 +553,7 @@ def distributed(document: dict[str, Any]) -> Section:
                             for op, s in summary.items()))
     round_ = median_round(document["rounds"]["save"])
     ranks = Table(f"save round {round_['round']} (the median one), per rank, slowest first",
-                  ("rank", "host", "bytes", "own shards durable", "returned", "waited for others"),
+                  ("rank", "host", "bytes", "own work", "returned", "waited for others"),
                   tuple((str(s["rank"]), s["host"], format_size(s["bytes"]), format_duration(s["io_s"]),
                          format_duration(s["end_s"]), format_duration(s["barrier_s"]))
                         for s in timeline_ranks(round_["ranks"])),

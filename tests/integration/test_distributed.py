@@ -34,7 +34,8 @@ def _free_port() -> int:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                          "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS")}
+                                                          "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
+                                                          "SLURM_STEP_NUM_TASKS")}
     env.pop("TORCH_CPP_LOG_LEVEL", None)
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
@@ -68,10 +69,13 @@ def test_detect_launch_from_torchrun_and_slurm_variables():
                             "MASTER_PORT": "29500"})
     assert (launch.rank, launch.world_size, launch.local_rank, launch.master_addr, launch.master_port,
             launch.source) == (3, 8, 1, "n0", 29500, "torchrun")
-    slurm = detect_launch({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"})
+    slurm = detect_launch({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "16", "SLURM_NTASKS": "16",
+                           "SLURM_LOCALID": "1"})
     assert (slurm.rank, slurm.world_size, slurm.local_rank, slurm.source) == (5, 16, 1, "slurm")
+    # the batch script of an 8-task job is one process, not rank 0 of 8 (no srun step yet)
+    assert detect_launch({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"}) is None
     # torchrun inside srun: torchrun's variables win
-    both = detect_launch({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    both = detect_launch({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})
     assert (both.rank, both.world_size) == (1, 2)
     assert not detect_launch({"RANK": "0", "WORLD_SIZE": "1"}).distributed
 
@@ -146,8 +150,8 @@ def test_a_rank_that_fails_mid_save_leaves_the_previous_checkpoint(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     errors = {r: (tmp_path / f"rank{r}.error").read_text() for r in (0, 1)}
     assert errors[0].startswith("RankFailedError") and "rank 1 failed" in errors[0] and "not committed" in errors[0]
-    assert "No space left on device" in errors[0]
-    assert errors[1].startswith("StorageIOError")
+    assert "InsufficientSpaceError" in errors[0]  # rank 1's own error, as rank 1 raised it
+    assert errors[1].startswith("InsufficientSpaceError")
     import torch
 
     import ckptbench
@@ -172,6 +176,48 @@ def test_a_rank_killed_mid_save_is_named_and_nothing_commits(tmp_path: Path):
     import ckptbench
 
     assert torch.equal(ckptbench.load(tmp_path / "ckpt", rank=0)["w"], torch.full((1000,), 0.0))  # the old one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["single_under_launch", "async_fail", "async_exit", "unknown", "badpath"])
+def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
+    """A whole single-process checkpoint loads on every rank; a rank 1 failure during an async save
+    commits nothing; an async save still running at a normal exit is completed on every rank; a
+    manifest write whose outcome is unknown leaves every rank's shards; rank 0's own setup error
+    reaches rank 1 at once (no wait for the timeout)."""
+    import torch
+
+    import ckptbench
+
+    if scenario == "single_under_launch":
+        ckptbench.save({"w": torch.arange(10.0), "step": 3}, tmp_path / "ckpt")
+    proc = torchrun([str(HERE), scenario, str(tmp_path)], cwd=tmp_path, timeout=120,
+                    CKPTBENCH_DIST_TIMEOUT_S="60")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert (tmp_path / "rank0.ok").exists() and (tmp_path / "rank1.ok").exists()
+    errors = {r: (tmp_path / f"rank{r}.error").read_text() if (tmp_path / f"rank{r}.error").exists() else None
+              for r in (0, 1)}
+    ckpt = tmp_path / "ckpt"
+    if scenario == "single_under_launch":
+        assert errors == {0: None, 1: None}
+    elif scenario == "async_fail":
+        assert "rank 1 failed" in errors[0] and "not committed" in errors[0]
+        assert errors[1].startswith("InsufficientSpaceError")
+        assert torch.equal(ckptbench.load(ckpt, rank=1)["w"], torch.full((1000,), 1.0))  # the previous one
+    elif scenario == "async_exit":
+        for rank in (0, 1):  # committed although nobody waited for the result
+            assert torch.equal(ckptbench.load(ckpt, rank=rank)["w"], torch.full((1000,), 5.0 + rank))
+    elif scenario == "unknown":
+        assert errors[0].startswith("CommitOutcomeUnknown") and "shards are kept" in errors[0]
+        assert "whether" in errors[1] and "is unknown" in errors[1]
+        manifest = json.loads((ckpt / "manifest.json").read_text())  # it did land: and every shard it names is there
+        for part in manifest["ranks"]:
+            assert all((ckpt / s["name"]).exists() for s in part["shards"])
+        for rank in (0, 1):
+            assert torch.equal(ckptbench.load(ckpt, rank=rank)["w"], torch.full((1000,), 5.0 + rank))
+    else:  # badpath
+        assert errors[0].startswith("NotADirectoryError"), errors[0]
+        assert errors[1].startswith("RankFailedError: rank 1: rank 0 could not start the save: NotADirectoryError")
 
 
 @pytest.mark.slow
@@ -203,6 +249,20 @@ def test_a_distributed_save_to_a_locked_path_fails_on_every_rank(tmp_path: Path)
         text = (tmp_path / f"rank{r}.error").read_text()
         assert text.startswith("CheckpointLockedError") and "is being saved by pid" in text, text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_bench_ranks_started_differently_are_told_which(tmp_path: Path):
+    """Two ranks of one launch given different --size: both stop with one line naming both values, exit 2."""
+    (tmp_path / "t").mkdir()
+    base = [sys.executable, "-m", "ckptbench", "bench", str(tmp_path / "t"), "--repeat", "1", "--warmup", "0"]
+    results = by_hand([base + ["--size", "8MiB"], base + ["--size", "16MiB"]], cwd=tmp_path)
+    for r in results:
+        assert r.returncode == 2, r.stderr[-2000:]
+        [line] = [x for x in r.stderr.splitlines() if x.strip()]
+        assert line.startswith("ckptbench: error: the ranks disagree on the target and the benchmark options")
+        assert "rank 0:" in line and "rank 1:" in line
+    assert list((tmp_path / "t").iterdir()) == []
 
 
 def test_a_group_that_cannot_form_is_an_error_not_a_hang(tmp_path: Path):
@@ -276,7 +336,8 @@ def test_layout_options_outside_a_launch_are_refused(tmp_path: Path):
     from ckptbench.cli import main
 
     result = CliRunner().invoke(main, ["bench", str(tmp_path), "--workload", "checkpoint", "--dp", "2"],
-                                env={"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": None, "SLURM_NTASKS": None})
+                                env={"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": None,
+                                     "SLURM_STEP_NUM_TASKS": None})
     assert result.exit_code == 2
     assert "--dp splits the checkpoint over the ranks of a distributed launch" in result.output
 
@@ -328,6 +389,45 @@ def _worker(scenario: str, out: Path) -> None:
             LocalStore.write_files = broken
         try:
             ckptbench.save({"w": torch.full((1000,), 5.0 + rank)}, out / "ckpt", overwrite=True)
+            raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "single_under_launch":
+        loaded = ckptbench.load(out / "ckpt")  # saved by one process: every rank gets all of it
+        assert torch.equal(loaded["w"], torch.arange(10.0)) and loaded["step"] == 3
+    elif scenario in ("async_fail", "async_exit", "unknown"):
+        ckptbench.save({"w": torch.full((1000,), float(rank))}, out / "ckpt")
+        if scenario == "async_fail" and rank == 1:
+            from ckptbench.storage.store import LocalStore
+
+            def broken(self, files, **kwargs):
+                raise OSError(28, "No space left on device")
+
+            LocalStore.write_files = broken
+        if scenario == "unknown" and rank == 0:
+            from ckptbench.checkpoint import manifest as mf
+
+            real_commit = mf.commit
+
+            def commit_then_fail(store, manifest):
+                real_commit(store, manifest)  # it lands, but the answer is lost...
+                mf.read_manifest = lambda store: (_ for _ in ()).throw(OSError(5, "read-back failed"))
+                raise OSError(104, "connection reset")
+
+            mf.commit = commit_then_fail
+        handle = ckptbench.save({"w": torch.full((1000,), 5.0 + rank)}, out / "ckpt", overwrite=True, async_=True)
+        if scenario == "async_exit":
+            (out / f"rank{rank}.ok").touch()
+            sys.exit(0)  # a normal exit with the persist in flight: it must be completed first
+        try:
+            handle.result()
+            raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "badpath":
+        (out / "file").write_text("x")
+        try:
+            ckptbench.save({"w": torch.zeros(3)}, out / "file" / "ckpt")
             raise AssertionError("the save went through")
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             record_error(exc)

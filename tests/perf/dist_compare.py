@@ -10,7 +10,8 @@ ranks... ``--alternations`` times, ``--rounds`` saves each (the first save of ev
 * single process: ``Checkpointer(threads=2).save(whole)``, timed call to return.
 * 2 ranks: ``Checkpointer(threads=1).save(half, distributed=True)`` between two barriers; the
   duration is rank 0's barrier-to-barrier time; the overhead is that minus the slower rank's own
-  write (its shards durable): the two-phase commit, the barriers, the exchanges.
+  work (plan, stage, write its shards): the agreement, the save lock, the two-phase commit, the
+  barriers.
 
     python tests/perf/dist_compare.py --dir /var/tmp --size 1GiB --rounds 5 --alternations 3 \\
         --output results/dist-compare-vm.json
@@ -77,7 +78,7 @@ def ranks(directory: Path, size: int, rounds: int) -> dict | None:
         world.barrier()
         start = time.perf_counter()
         result = ckpt.save(state_dict, where, distributed=True, overwrite=False)
-        write_s = time.perf_counter() - start - result.commit_s
+        write_s = result.stage_s + result.write_s  # this rank's own work
         world.barrier()
         elapsed = time.perf_counter() - start
         slowest_write = max(world.all_gather(write_s))

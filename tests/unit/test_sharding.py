@@ -170,8 +170,11 @@ def test_rank_coordinates_follow_megatron_order_and_round_trip():
     parallelism = Parallelism(dp=2, tp=2, pp=3)
     assert rank_coordinates(0, parallelism) == RankCoordinates(dp=0, pp=0, tp=0)
     assert rank_coordinates(1, parallelism) == RankCoordinates(dp=0, pp=0, tp=1)
-    assert rank_coordinates(2, parallelism) == RankCoordinates(dp=0, pp=1, tp=0)
-    assert rank_coordinates(7, parallelism) == RankCoordinates(dp=1, pp=0, tp=1)
+    # Megatron-Core's default order "tp-cp-ep-dp-pp": data parallel next, pipeline stages slowest
+    assert rank_coordinates(2, parallelism) == RankCoordinates(dp=1, pp=0, tp=0)
+    assert rank_coordinates(4, parallelism) == RankCoordinates(dp=0, pp=1, tp=0)
+    assert rank_coordinates(7, parallelism) == RankCoordinates(dp=1, pp=1, tp=1)
+    assert rank_coordinates(11, parallelism) == RankCoordinates(dp=1, pp=2, tp=1)
     seen = {rank_coordinates(r, parallelism) for r in range(parallelism.ranks)}
     assert len(seen) == parallelism.ranks
     assert all(rank_of(rank_coordinates(r, parallelism), parallelism) == r for r in range(parallelism.ranks))
