@@ -221,6 +221,28 @@ def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
 
 
 @pytest.mark.slow
+def test_a_rank_that_stops_answering_is_named_in_a_barrier(tmp_path: Path):
+    """Rank 1 freezes (SIGSTOP: its sockets stay open, gloo sees nothing); rank 0's barrier names it
+    from the heartbeats instead of waiting for the timeout."""
+    import signal
+
+    argv = [sys.executable, str(HERE), "freeze", str(tmp_path)]
+    port = str(_free_port())
+    procs = [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, CKPTBENCH_DIST_DEAD_AFTER_S="2"))
+             for r in (0, 1)]
+    try:
+        procs[0].communicate(timeout=60)
+        assert procs[0].returncode == 0
+        error = (tmp_path / "rank0.error").read_text()
+        assert error.startswith("RankFailedError") and "rank 1 stopped responding" in error, error
+    finally:
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].communicate()
+
+
+@pytest.mark.slow
 def test_ranks_that_disagree_on_the_path_are_told_which(tmp_path: Path):
     results = by_hand([[sys.executable, str(HERE), "disagree", str(tmp_path)]] * 2, cwd=tmp_path)
     assert [r.returncode for r in results] == [0, 0], results[0].stderr[-2000:] + results[1].stderr[-2000:]
@@ -429,6 +451,17 @@ def _worker(scenario: str, out: Path) -> None:
         try:
             ckptbench.save({"w": torch.zeros(3)}, out / "file" / "ckpt")
             raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "freeze":
+        world.barrier("warming up")
+        if rank == 1:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen: heartbeats stop, sockets stay open
+        try:
+            world.barrier("the barrier rank 1 never reaches")
+            raise AssertionError("the barrier passed")
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             record_error(exc)
     elif scenario == "locked":
