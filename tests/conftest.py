@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from ckptbench.cli import main
+
+# Child interpreters (``python -c``, multiprocessing's forkserver, torchrun workers) must import the
+# installed ckptbench, not the source tree the tests run from (no compiled engine there under CI's
+# non-editable install): Python 3.11's safe-path mode keeps the working directory off sys.path.
+os.environ.setdefault("PYTHONSAFEPATH", "1")
 
 
 class Cli:
