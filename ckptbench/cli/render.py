@@ -19,10 +19,11 @@ import click
 from ckptbench.bench.progress import Progress
 from ckptbench.cli.params import shown_path
 from ckptbench.errors import StorageIOError, UsageError
+from ckptbench.model.tiers import CREDENTIAL_OPTIONS
 
-#: Storage-option keys whose values are credentials: never echoed, never written to a result file.
-SECRET_OPTIONS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
-                  "password", "account_key", "sas_token", "client_secret"}
+#: Storage-option keys whose values are credentials: never echoed, never written to a result file
+#: (the same list tier files are checked against).
+SECRET_OPTIONS = CREDENTIAL_OPTIONS
 
 
 def stdout_console() -> Any:
