@@ -42,7 +42,7 @@ SCENARIOS = {
     "bench-checkpoint": Scenario(("bench", "{a}", "--workload", "checkpoint", "--size", "256MiB", "--writers",
                                   "ckptbench,torch", "--repeat", "20", "--warmup", "0", "--json"), ("a",)),
     # the signal lands while the second tier is measured: the first tier's scratch is long gone by then
-    "compare": Scenario(("compare", "{a}", "{b}", "--size", "32MiB", "--repeat", "4", "--warmup", "0", "--json"),
+    "compare": Scenario(("compare", "{a}", "{b}", "--size", "64MiB", "--repeat", "12", "--warmup", "0", "--json"),
                         ("b",)),
     "preflight": Scenario(("preflight", "{a}", "--measure-size", "128MiB", "--repeat", "20", "--params", "100M",
                            "--ranks", "1", "--mtbf", "1d", "--max-ckpt-time", "60s", "--json"), ("a",)),
