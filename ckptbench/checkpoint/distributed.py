@@ -38,7 +38,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,15 +184,15 @@ class World:
         exits when it sees one of them die, and that ends every collective)."""
         return [r for r in range(self.world_size) if r != self.rank] if self.is_first else [0]
 
-    def diagnose(self, waiting_on: list[int] | None = None, settle_s: float | None = None) -> str:
-        """Why the others do not answer: the ranks that reported a failure, else the ranks whose
-        heartbeat stopped over ``settle_s``, else who is still being waited on."""
+    def diagnose(self) -> str:
+        """Why a collective failed: the ranks that reported a failure, else the ranks whose heartbeat
+        stopped over ``DIST_DEAD_AFTER_S``."""
         try:
             failures = self._failures()
             if failures:
                 return "; ".join(f"rank {r} failed ({text})" for r, text in sorted(failures.items()))
             first = self._beats()
-            time.sleep(knobs.DIST_DEAD_AFTER_S if settle_s is None else settle_s)
+            time.sleep(knobs.DIST_DEAD_AFTER_S)
             failures = self._failures()
             if failures:
                 return "; ".join(f"rank {r} failed ({text})" for r, text in sorted(failures.items()))
@@ -203,8 +203,6 @@ class World:
         dead = [r for r in second if r != self.rank and second[r] == first[r]]
         if dead:
             return f"rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} stopped responding (died or hung)"
-        if waiting_on:
-            return f"rank{'s' if len(waiting_on) > 1 else ''} {_ranks(waiting_on)} did not answer in time"
         return "no rank reported a failure; a rank may have left the collective early"
 
     def _raise_from(self, what: str, exc: BaseException) -> None:
@@ -320,7 +318,7 @@ class World:
             return None
         keys = [f"{base}{r}" for r in range(1, self.world_size)]
         try:
-            self._wait_keys(keys, what or f"collecting {key!r}", timeout_s, None, ranks=list(range(1, self.world_size)))
+            self._wait_keys(keys, what or f"collecting {key!r}", timeout_s, ranks=list(range(1, self.world_size)))
             answers = [(failed, value)] + [pickle.loads(self._store.get(k)) for k in keys]
         finally:
             for k in keys:
@@ -341,7 +339,7 @@ class World:
         full = f"{_NAMESPACE}p/{key}"
         # rank 0 may itself wait up to the timeout for the slowest rank before it answers
         timeout_s = 2 * self.timeout_s if timeout_s is None else timeout_s
-        self._wait_keys([full], what or f"waiting for {key!r} from rank 0", timeout_s, None, ranks=[0])
+        self._wait_keys([full], what or f"waiting for {key!r} from rank 0", timeout_s, ranks=[0])
         value = pickle.loads(self._store.get(full))
         if readers is not None and int(self._store.add(f"{full}#read", 1)) >= readers:
             for k in (full, f"{full}#read"):
@@ -349,13 +347,7 @@ class World:
                     self._store.delete_key(k)
         return value
 
-    def forget(self, key: str) -> None:
-        """Remove a published ``key`` once every rank has read it."""
-        with contextlib.suppress(Exception):
-            self._store.delete_key(f"{_NAMESPACE}p/{key}")
-
-    def _wait_keys(self, keys: list[str], what: str, timeout_s: float | None, on_wait: Callable[[], None] | None,
-                   *, ranks: list[int]) -> None:
+    def _wait_keys(self, keys: list[str], what: str, timeout_s: float | None, *, ranks: list[int]) -> None:
         """Wait until every key exists: a helper thread blocks in the store's own ``wait`` on a
         connection of its own (woken the moment the last key is set, no polling); meanwhile, every
         half second, look for a failure report of a rank still missing and, every
@@ -387,8 +379,6 @@ class World:
         beats_at, beats = start - knobs.DIST_DEAD_AFTER_S, None
         try:
             while not done.wait(0.5):
-                if on_wait is not None:
-                    on_wait()
                 now = time.monotonic()
                 missing = [r for r, k in zip(ranks, keys, strict=True) if not self._store.check([k])] or ranks
                 failures = self._failures(missing)
