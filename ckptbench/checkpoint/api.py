@@ -841,8 +841,16 @@ def _abandon(world: World, key: str, exc: BaseException) -> None:
     with contextlib.suppress(Exception):
         if world.is_first:
             world.publish(f"{key}/outcome", {"failed": f"rank 0 failed: {message}"})
+            # The others still send their parts (and some megabytes of tensor lists): collect them in
+            # the background, so the rendezvous store does not keep them for the rest of the job.
+            threading.Thread(target=_drain, args=(world, key, message), name="ckptbench-drain", daemon=True).start()
         else:
             world.gather_to_first(key, failed=message)
+
+
+def _drain(world: World, key: str, message: str) -> None:
+    with contextlib.suppress(Exception):
+        world.gather_to_first(key, failed=message)
 
 
 def _remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:

@@ -179,7 +179,8 @@ def test_a_rank_killed_mid_save_is_named_and_nothing_commits(tmp_path: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["single_under_launch", "async_fail", "async_exit", "unknown", "badpath"])
+@pytest.mark.parametrize("scenario", ["single_under_launch", "async_fail", "async_exit", "unknown", "badpath",
+                                      "rank0_plan"])
 def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
     """A whole single-process checkpoint loads on every rank; a rank 1 failure during an async save
     commits nothing; an async save still running at a normal exit is completed on every rank; a
@@ -215,6 +216,10 @@ def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
             assert all((ckpt / s["name"]).exists() for s in part["shards"])
         for rank in (0, 1):
             assert torch.equal(ckptbench.load(ckpt, rank=rank)["w"], torch.full((1000,), 5.0 + rank))
+    elif scenario == "rank0_plan":  # rank 0's state_dict cannot be saved: rank 1 hears it, removes its shards
+        assert errors[0].startswith("UsageError") and "cannot be saved" in errors[0], errors[0]
+        assert errors[1].startswith("RankFailedError") and "rank 0 failed: UsageError" in errors[1], errors[1]
+        assert sorted(p.name for p in ckpt.iterdir()) == []
     else:  # badpath
         assert errors[0].startswith("NotADirectoryError"), errors[0]
         assert errors[1].startswith("RankFailedError: rank 1: rank 0 could not start the save: NotADirectoryError")
@@ -445,6 +450,15 @@ def _worker(scenario: str, out: Path) -> None:
             sys.exit(0)  # a normal exit with the persist in flight: it must be completed first
         try:
             handle.result()
+            raise AssertionError("the save went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+    elif scenario == "rank0_plan":
+        state = {"w": torch.full((1000,), float(rank))}
+        if rank == 0:
+            state["bad"] = object()
+        try:
+            ckptbench.save(state, out / "ckpt")
             raise AssertionError("the save went through")
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             record_error(exc)
