@@ -260,35 +260,14 @@ class World:
         return box[0]
 
     def _await(self, work: Any, what: str) -> None:
-        start = time.monotonic()
-        poll_s, next_look, beats_at, beats = 0.0002, start + 0.5, start - knobs.DIST_DEAD_AFTER_S, None
+        watch = _Watch(self, what, self.timeout_s)
+        poll_s, next_look = 0.0002, time.monotonic() + 0.5
         while not work.is_completed():
             time.sleep(poll_s)
             poll_s = min(0.01, poll_s * 2)
-            now = time.monotonic()
-            if now < next_look:
-                continue
-            next_look = now + 0.5
-            try:
-                failures = self._failures()
-                if failures:
-                    raise RankFailedError(f"rank {self.rank}: {what}: " + "; ".join(
-                        f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
-                if now - beats_at >= knobs.DIST_DEAD_AFTER_S:
-                    current = self._beats(self._watched())
-                    dead = [r for r in current if beats is not None and current[r] == beats[r]]
-                    if dead:
-                        raise RankFailedError(f"rank {self.rank}: {what}: rank{'s' if len(dead) > 1 else ''} "
-                                              f"{_ranks(dead)} stopped responding (died or hung)")
-                    beats, beats_at = current, now
-            except RankFailedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
-                raise RankFailedError(f"rank {self.rank}: {what}: rank 0 (the rendezvous store) is gone "
-                                      f"({_describe_exception(exc)})") from None
-            if now - start > self.timeout_s:
-                raise RankFailedError(f"rank {self.rank}: {what}: not every rank arrived within {self.timeout_s:g} s",
-                                      hint="raise CKPTBENCH_DIST_TIMEOUT_S if the storage is that slow")
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + 0.5
+                watch.look(None, self._watched(), late="not every rank arrived")
         work.wait()
 
     def agree(self, what: str, value: Any) -> None:
@@ -375,36 +354,18 @@ class World:
                 done.set()
 
         threading.Thread(target=wait, name="ckptbench-store-wait", daemon=True).start()
-        start = time.monotonic()
-        beats_at, beats = start - knobs.DIST_DEAD_AFTER_S, None
+        watch = _Watch(self, what, timeout_s)
         try:
             while not done.wait(0.5):
-                now = time.monotonic()
                 missing = [r for r, k in zip(ranks, keys, strict=True) if not self._store.check([k])] or ranks
-                failures = self._failures(missing)
-                if failures:
-                    raise RankFailedError(f"rank {self.rank}: {what}: " + "; ".join(
-                        f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
-                if now - beats_at >= knobs.DIST_DEAD_AFTER_S:
-                    current = self._beats(missing)
-                    dead = [r for r in missing if beats is not None and r != self.rank and r in beats
-                            and current[r] == beats[r]]
-                    if dead:
-                        raise RankFailedError(f"rank {self.rank}: {what}: rank{'s' if len(dead) > 1 else ''} "
-                                              f"{_ranks(dead)} stopped responding (died or hung)")
-                    beats, beats_at = current, now
-                if now - start > timeout_s:
-                    raise RankFailedError(
-                        f"rank {self.rank}: {what}: rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} "
-                        f"did not answer within {timeout_s:g} s",
-                        hint="raise CKPTBENCH_DIST_TIMEOUT_S if the storage is that slow")
+                watch.look(missing, missing, late=f"rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} "
+                                                  "did not answer")
             if errors and not self._store.check(keys):
                 raise errors[0]
         except RankFailedError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
-            raise RankFailedError(f"rank {self.rank}: {what}: rank 0 (the rendezvous store) is gone "
-                                  f"({_describe_exception(exc)})") from None
+            raise _store_gone(self.rank, what, exc) from None
 
     def close(self) -> None:
         """Stop the heartbeat; destroy the process group if ckptbench made it."""
@@ -414,6 +375,47 @@ class World:
 
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+class _Watch:
+    """What a wait for other ranks checks now and then: failure reports, heartbeats (a rank whose
+    counter did not move over ``DIST_DEAD_AFTER_S`` is dead or hung), and the timeout."""
+
+    def __init__(self, world: World, what: str, timeout_s: float) -> None:
+        self.world, self.what, self.timeout_s = world, what, timeout_s
+        self.start = time.monotonic()
+        self._beats: dict[int, int] | None = None
+        self._beats_at = self.start - knobs.DIST_DEAD_AFTER_S  # the first look takes a reading
+
+    def look(self, failing: list[int] | None, beating: list[int], *, late: str) -> None:
+        """RankFailedError naming a rank of ``failing`` (None: any) that reported a failure, a rank of
+        ``beating`` whose heartbeat stopped, or, past the timeout, ``late``."""
+        world, prefix = self.world, f"rank {self.world.rank}: {self.what}"
+        try:
+            failures = world._failures(failing)
+            if failures:
+                raise RankFailedError(f"{prefix}: " + "; ".join(
+                    f"rank {r} failed ({t})" for r, t in sorted(failures.items())))
+            now = time.monotonic()
+            if now - self._beats_at >= knobs.DIST_DEAD_AFTER_S:
+                current = world._beats(beating)
+                before = self._beats or {}
+                dead = [r for r in beating if r != world.rank and r in before and current[r] == before[r]]
+                if dead:
+                    raise RankFailedError(f"{prefix}: rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} "
+                                          "stopped responding (died or hung)")
+                self._beats, self._beats_at = current, now
+        except RankFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
+            raise _store_gone(world.rank, self.what, exc) from None
+        if time.monotonic() - self.start > self.timeout_s:
+            raise RankFailedError(f"{prefix}: {late} within {self.timeout_s:g} s",
+                                  hint="raise CKPTBENCH_DIST_TIMEOUT_S if the storage is that slow")
+
+
+def _store_gone(rank: int, what: str, exc: BaseException) -> RankFailedError:
+    return RankFailedError(f"rank {rank}: {what}: rank 0 (the rendezvous store) is gone ({_describe_exception(exc)})")
 
 
 def _ranks(ranks: list[int]) -> str:
