@@ -50,6 +50,7 @@ from ckptbench.bench.workloads import (
     plan_workload,
     verify_state_dict,
 )
+from ckptbench.checkpoint.stage import available_memory_bytes
 from ckptbench.errors import UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local import LocalDirectory
@@ -69,6 +70,22 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 _PROBE_BASELINE_S = (0.25, 3.0)
 
 
+def check_run(scale: float | None, size_bytes: int | None, repeat: int, warmup: int, threads: int | None) -> None:
+    """What every checkpoint benchmark spec checks: one of scale (in (0, 1]) or size, the run counts, threads."""
+    if (scale is None) == (size_bytes is None):
+        raise UsageError("give --scale or --size, not both")
+    if scale is not None and not 0 < scale <= 1:
+        raise UsageError(f"scale {scale!r} must be in (0, 1] (a fraction of the model)")
+    if size_bytes is not None and size_bytes <= 0:
+        raise UsageError(f"size {size_bytes} must be positive")
+    if repeat < 1:
+        raise UsageError(f"repeat {repeat} must be at least 1")
+    if warmup < 0:
+        raise UsageError(f"warmup {warmup} must be zero or more")
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads {threads} must be at least 1")
+
+
 @dataclass(frozen=True)
 class CheckpointBenchSpec:
     """One checkpoint benchmark: a model preset at ``scale`` (or ``size_bytes``), the writers compared,
@@ -84,23 +101,12 @@ class CheckpointBenchSpec:
     memory_saves: int = MEMORY_SAVES
 
     def __post_init__(self) -> None:
-        if (self.scale is None) == (self.size_bytes is None):
-            raise UsageError("give --scale or --size, not both")
-        if self.scale is not None and not 0 < self.scale <= 1:
-            raise UsageError(f"scale {self.scale!r} must be in (0, 1] (a fraction of the model)")
-        if self.size_bytes is not None and self.size_bytes <= 0:
-            raise UsageError(f"size {self.size_bytes} must be positive")
+        check_run(self.scale, self.size_bytes, self.repeat, self.warmup, self.threads)
         unknown = [w for w in self.writers if w not in WRITERS]
         if not self.writers or unknown:
             raise UsageError(f"unknown writer {unknown[0] if unknown else ''!r}", hint=f"known: {', '.join(WRITERS)}")
         if len(set(self.writers)) != len(self.writers):
             raise UsageError(f"writers {list(self.writers)} name one twice")
-        if self.repeat < 1:
-            raise UsageError(f"repeat {self.repeat} must be at least 1")
-        if self.warmup < 0:
-            raise UsageError(f"warmup {self.warmup} must be zero or more")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"threads {self.threads} must be at least 1")
         if self.memory_saves < 0:
             raise UsageError(f"memory saves {self.memory_saves} must be zero or more")
 
@@ -198,21 +204,6 @@ class PeakRss:
             out.update(base_bytes=base, peak_bytes=peak, extra_bytes=max(0, peak - base))
 
 
-def _available_memory_bytes() -> int | None:
-    try:
-        return _meminfo("MemAvailable")
-    except (OSError, ValueError):
-        return None
-
-
-def _meminfo(field: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(field)
-
-
 def required_memory_bytes(workload: CheckpointWorkload) -> int:
     return int(workload.total_bytes * MEMORY_COPIES)
 
@@ -226,7 +217,7 @@ def plan(spec: CheckpointBenchSpec) -> CheckpointWorkload:
     return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes)
 
 
-class _LocalPlaces:
+class LocalPlaces:
     """Where the runs' checkpoints go on a filesystem: directories in the scratch directory; cold
     loads by dropping the page cache."""
 
@@ -249,7 +240,7 @@ class _LocalPlaces:
         shutil.rmtree(location, ignore_errors=True)
 
 
-class _ObjectPlaces:
+class ObjectPlaces:
     """Where the runs' checkpoints go on object storage: prefixes under the scratch prefix. Every
     load goes over the network; the server's own cache is out of reach, and the report says so."""
 
@@ -274,13 +265,13 @@ class _ObjectPlaces:
 
 @contextlib.contextmanager
 def _places(target: LocalDirectory | ObjectTarget,
-            workload: CheckpointWorkload) -> Iterator[_LocalPlaces | _ObjectPlaces]:
+            workload: CheckpointWorkload) -> Iterator[LocalPlaces | ObjectPlaces]:
     if isinstance(target, LocalDirectory):  # a disk that fills up mid-run: one error saying so
         with target.scratch() as scratch, target.reporting_full_disk(required_disk_bytes(workload)):
-            yield _LocalPlaces(scratch)
+            yield LocalPlaces(scratch)
     else:
         with target.scratch() as object_scratch:
-            yield _ObjectPlaces(object_scratch)
+            yield ObjectPlaces(object_scratch)
 
 
 @dataclass
@@ -325,7 +316,7 @@ def run_checkpoint_bench(
     progress = progress or Progress()
     workload = workload or plan(spec)
     nbytes = workload.total_bytes
-    available = _available_memory_bytes()
+    available = available_memory_bytes()
     if available is not None and required_memory_bytes(workload) > available:
         raise UsageError(
             f"the run keeps about {MEMORY_COPIES:g} copies of the {format_size(nbytes)} checkpoint in memory "

@@ -35,9 +35,9 @@ from typing import Any
 
 from ckptbench import __version__
 from ckptbench.bench.checkpoint import (
-    _available_memory_bytes,
-    _LocalPlaces,
-    _ObjectPlaces,
+    LocalPlaces,
+    ObjectPlaces,
+    check_run,
     required_disk_bytes,
     required_memory_bytes,
 )
@@ -49,6 +49,7 @@ from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
 from ckptbench.checkpoint.api import Checkpointer
 from ckptbench.checkpoint.distributed import World
+from ckptbench.checkpoint.stage import available_memory_bytes
 from ckptbench.errors import InsufficientSpaceError, UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.model.sizing import Parallelism
@@ -79,14 +80,7 @@ class DistributedBenchSpec:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if (self.scale is None) == (self.size_bytes is None):
-            raise UsageError("give --scale or --size, not both")
-        if self.repeat < 1:
-            raise UsageError(f"repeat {self.repeat} must be at least 1")
-        if self.warmup < 0:
-            raise UsageError(f"warmup {self.warmup} must be zero or more")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"threads {self.threads} must be at least 1")
+        check_run(self.scale, self.size_bytes, self.repeat, self.warmup, self.threads)
 
     def to_dict(self) -> dict[str, Any]:
         return {"workload": "checkpoint", "writer": "ckptbench", **asdict(self)}
@@ -141,6 +135,11 @@ class RoundResult:
         """Barrier to barrier minus the slowest rank's own work: what coordinating cost."""
         return max(0.0, self.barrier_to_barrier_s - max(s.io_s for s in self.spans))
 
+    @property
+    def stall_s(self) -> float:
+        """Async saves: the longest any rank was blocked."""
+        return max(s.stall_s or 0.0 for s in self.spans)
+
     def slowest(self) -> RankSpan:
         return max(self.spans, key=lambda s: s.end_s)
 
@@ -157,7 +156,7 @@ class RoundResult:
             "ranks": [s.to_dict() for s in self.spans],
         }
         if self.op == "async":
-            out["stall_s"] = max(s.stall_s or 0.0 for s in self.spans)
+            out["stall_s"] = self.stall_s
         return out
 
 
@@ -187,7 +186,7 @@ class DistributedBenchReport:
             "slowest_rank": [r.slowest().rank for r in rounds],
         }
         if op == "async":
-            out["stall_s"] = summarize([max(s.stall_s or 0.0 for s in r.spans) for r in rounds])
+            out["stall_s"] = summarize([r.stall_s for r in rounds])
         return out
 
     def warnings(self) -> list[BenchWarning]:
@@ -246,10 +245,10 @@ def _shared_places(target: LocalDirectory | ObjectTarget, world: World, needs_by
     name = world.broadcast(scratch_name(prefix) if world.is_first else None, "naming the scratch directory")
     with target.scratch(shared_name=name) as scratch:
         if isinstance(target, ObjectTarget):
-            yield _ObjectPlaces(scratch)
+            yield ObjectPlaces(scratch)
             return
         with target.reporting_full_disk(needs_bytes):  # a disk that fills up: one line, saying so
-            yield _LocalPlaces(scratch)
+            yield LocalPlaces(scratch)
 
 
 def _refuse_if_short(world: World, problem: str | None) -> None:
@@ -277,7 +276,7 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     local_ranks = hosts.count(world.host)  # ranks sharing this host's memory (torchrun or srun alike)
     first_here = hosts.index(world.host) == world.rank  # cleans this host's disk (node-local targets)
     problem = None
-    available = _available_memory_bytes()
+    available = available_memory_bytes()
     need = required_memory_bytes(mine) * local_ranks
     if available is not None and need > available:
         problem = (f"{local_ranks} rank(s) on this host keep about {format_size(need)} in memory but "
