@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 class CheckpointExistsError(UsageError):
     """The target already holds a committed checkpoint and ``overwrite`` was not given."""
 
+    @classmethod
+    def at(cls, url: str) -> CheckpointExistsError:
+        return cls(f"{url} already holds a checkpoint",
+                   hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
+
 
 class CommitOutcomeUnknown(StorageIOError):
     """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
@@ -201,9 +206,7 @@ class Checkpointer:
         if not store.is_dir_like():
             raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
         if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
-            raise CheckpointExistsError(f"{store.url} already holds a checkpoint",
-                                        hint="pass overwrite=True to replace it (the old one stays valid until "
-                                             "the new one commits)")
+            raise CheckpointExistsError.at(store.url)
         save_id = secrets.token_hex(4)
         planning = time.perf_counter()
         plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
@@ -273,9 +276,7 @@ class Checkpointer:
             if problem == "file":
                 raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
             if problem == "checkpoint" and not overwrite:
-                raise CheckpointExistsError(f"{store.url} already holds a checkpoint",
-                                            hint="pass overwrite=True to replace it (the old one stays valid until "
-                                                 "the new one commits)")
+                raise CheckpointExistsError.at(store.url)
             if problem is not None and problem.startswith("CheckpointLockedError: "):
                 raise CheckpointLockedError(problem.removeprefix("CheckpointLockedError: "))
             if problem not in (None, "checkpoint"):
