@@ -223,7 +223,7 @@ def test_ctrl_c_during_save_leaves_no_objects_and_no_uploads(s3_server, s3_bucke
         real = botocore.client.BaseClient._make_api_call
         def slow(self, operation, params):  # slow parts down so the signal lands mid-upload
             if operation == "UploadPart":  # one write per line: two upload threads must not interleave
-                sys.stdout.write("uploading\n")
+                sys.stdout.write("uploading\\n")
                 sys.stdout.flush()
                 time.sleep(0.2)
             return real(self, operation, params)
