@@ -58,6 +58,10 @@ SAVE_BLOCK_BYTES = _env_int("SAVE_BLOCK_BYTES", 4 * 2**20)
 STAGE_GATHER_BELOW_BYTES = _env_int("STAGE_GATHER_BELOW_BYTES", 2 * 2**20)
 STAGE_GATHER_RUN_BYTES = _env_int("STAGE_GATHER_RUN_BYTES", 64 * 2**20)
 STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
+#: 1: gather small CUDA tensors with one runtime-compiled kernel launch (checkpoint/gather.py); 0: torch.cat.
+STAGE_GATHER_KERNEL = _env_int("STAGE_GATHER_KERNEL", 1)
+#: Device memory the gather kernel's buffer may take at once (at least one run).
+STAGE_GATHER_SCRATCH_BYTES = _env_int("STAGE_GATHER_SCRATCH_BYTES", 256 * 2**20)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)
 #: Distributed launches: longest wait for another rank (a barrier after the slowest rank's write),

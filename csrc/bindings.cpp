@@ -260,27 +260,44 @@ NB_MODULE(_native, m) {
 
     m.def(
         "copy_from_addresses",
-        [](nb::handle dst, const std::vector<std::tuple<std::uintptr_t, std::size_t, std::size_t>> &jobs,
-           int threads) {
+        [](nb::handle dst, nb::handle jobs, int threads) {
             HeldBuffers held;
             Py_buffer &view = held.acquire(dst, true);
             auto len = static_cast<std::size_t>(view.len);
             std::vector<ckpt::CopyJob> copies;
-            copies.reserve(jobs.size());
-            for (const auto &[src, offset, nbytes] : jobs) {
+            auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes) {
                 if (offset > len || nbytes > len - offset)
                     throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
                                            ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
                 if (nbytes && src == 0) throw nb::value_error("source address is null");
-                copies.push_back({reinterpret_cast<const char *>(src), static_cast<char *>(view.buf) + offset, nbytes});
+                copies.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
+                                  static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes)});
+            };
+            if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
+                Py_buffer &table = held.acquire(jobs, false);
+                if (table.itemsize != 8 || table.len % 24 != 0)
+                    throw nb::value_error("a jobs table must hold int64 (address, offset, nbytes) rows");
+                const auto *row = static_cast<const std::int64_t *>(table.buf);
+                std::size_t n = static_cast<std::size_t>(table.len) / 24;
+                copies.reserve(n);
+                for (std::size_t i = 0; i < n; ++i, row += 3) {
+                    if (row[0] < 0 || row[1] < 0 || row[2] < 0) throw nb::value_error("a jobs table row is negative");
+                    add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
+                        static_cast<std::uint64_t>(row[2]));
+                }
+            } else {
+                for (const auto &[src, offset, nbytes] :
+                     nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(jobs))
+                    add(src, offset, nbytes);
             }
             nb::gil_scoped_release release;
             ckpt::parallel_copy(copies, threads);
         },
         "dst"_a, "jobs"_a, "threads"_a = 1,
-        "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. The caller guarantees "
-        "each source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU "
-        "tensor's data_ptr()).");
+        "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence "
+        "of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)). The caller "
+        "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
+        "CPU tensor's data_ptr()).");
 
     m.def(
         "fill_random",

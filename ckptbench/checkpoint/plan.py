@@ -14,9 +14,12 @@ import contextlib
 import gc
 import heapq
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ckptbench.errors import UsageError
 
@@ -62,6 +65,9 @@ class SavePlan:
     shards: tuple[ShardPlan, ...]
     skeleton: Any
     arena_bytes: int
+    #: One row (entry index, arena offset, nbytes) per stored entry (not aliased, not empty), by arena
+    #: offset: what staging copies, without visiting the entries again.
+    placements: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64), compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -83,6 +89,45 @@ class SavePlan:
 
 
 # -- flattening -------------------------------------------------------------------------------
+
+#: How staging copies a tensor (``Sources.routes``); a CUDA device index (>= 0) means a contiguous
+#: tensor on that GPU, copied from its address.
+ROUTE_HOST = -1  # contiguous CPU tensor: the engine copies it from its address
+ROUTE_TORCH = -2  # anything else (non-contiguous views, conjugate or negative bits, other devices): Tensor.copy_
+
+
+class Sources(list):
+    """The state_dict's tensors in entry order, with each one's data address and staging route.
+
+    Recorded while flattening (which visits every tensor anyway), so staging can copy thousands of
+    tensors without touching each one from Python again.
+    """
+
+    def __init__(self, tensors: Iterable[Any] = ()) -> None:
+        super().__init__()
+        self.addresses = array("q")
+        self.routes = array("h")
+        for t in tensors:
+            self.add(t, t.data_ptr(), route_of(t, t.get_device()))
+
+    def add(self, tensor: Any, address: int, route: int) -> None:
+        self.append(tensor)
+        self.addresses.append(address)
+        self.routes.append(route)
+
+    @classmethod
+    def of(cls, tensors: list[Any]) -> Sources:
+        return tensors if isinstance(tensors, Sources) else cls(tensors)
+
+
+def route_of(t: Any, device: int) -> int:
+    """``t``'s staging route; ``device`` is ``t.get_device()``."""
+    if not t.is_contiguous() or t.is_conj() or t.is_neg():
+        return ROUTE_TORCH
+    if t.is_cuda:
+        return device
+    return ROUTE_HOST if t.is_cpu else ROUTE_TORCH
+
 
 
 def _is_tensor(value: Any) -> bool:
@@ -119,7 +164,7 @@ def _encode_value(value: Any, path: str) -> Any:
 
 class _Flattener:
     def __init__(self) -> None:
-        self.tensors: list[Any] = []
+        self.tensors = Sources()
         self.entries: list[TensorEntry] = []
         self._seen: dict[tuple, int] = {}
 
@@ -149,15 +194,16 @@ class _Flattener:
         dtype = t.dtype
         identity = None
         numel = t.numel()
+        device, address = t.get_device(), t.data_ptr()
         if numel > 0:
             # Tied weights: the same first byte, layout and dtype on the same device.
-            identity = (t.get_device(), t.data_ptr(), shape, t.stride(), dtype)
+            identity = (device, address, shape, t.stride(), dtype)
         alias = self._seen.get(identity) if identity is not None else None
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
         self.entries.append(TensorEntry(index, path, name, shape, numel * t.element_size(), alias_of=alias))
-        self.tensors.append(t)
+        self.tensors.add(t, address, route_of(t, device))
         if identity is not None and alias is None:
             self._seen[identity] = index
         return index
@@ -166,7 +212,7 @@ class _Flattener:
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
-def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], list[Any]]:
+def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], Sources]:
     """(skeleton, entries without placement, tensors in entry order)."""
     if not isinstance(state_dict, dict):
         raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__}")
@@ -175,7 +221,7 @@ def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], list[Any]]:
     return skeleton, f.entries, f.tensors
 
 
-def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, list[Any]]:
+def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:
     """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
     if shard_size <= 0:
         raise UsageError(f"shard_size {shard_size} must be positive")
@@ -220,4 +266,13 @@ def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_pre
         TensorEntry(e.index, e.key, e.dtype, e.shape, e.nbytes, *placed.get(e.index, (-1, 0)), alias_of=e.alias_of)
         for e in entries
     )
-    return SavePlan(final, tuple(shards), skeleton, max(arena, BIG_ALIGN))
+    placements = np.zeros((len(placed), 3), np.int64)
+    if placed:
+        index = np.fromiter(placed, np.int64, len(placed))
+        where = np.array(list(placed.values()), np.int64)
+        bases = np.array([s.arena_offset for s in shards], np.int64)
+        placements[:, 0] = index
+        placements[:, 1] = bases[where[:, 0]] + where[:, 1]
+        placements[:, 2] = [final[i].nbytes for i in index.tolist()]
+        placements = placements[np.argsort(placements[:, 1], kind="stable")]
+    return SavePlan(final, tuple(shards), skeleton, max(arena, BIG_ALIGN), placements)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ckptbench import knobs, native
-from ckptbench.checkpoint.plan import SavePlan
+from ckptbench.checkpoint import gather
+from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, SavePlan, Sources
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
 
@@ -109,30 +113,59 @@ def typed_view(flat: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int
 
 
 def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> None:
-    """Copy each stored tensor into its place in the arena; returns when every byte is there."""
+    """Copy each stored tensor into its place in the arena; returns when every byte is there.
+
+    ``tensors`` are ``plan_save``'s sources (a plain list works too, at the cost of visiting each
+    tensor again). Contiguous CPU tensors: one engine call on ``threads`` threads; contiguous CUDA
+    tensors: :func:`stage_from_device` per device; anything else: ``Tensor.copy_`` one by one.
+    """
     arena.ensure(plan.arena_bytes)
-    fast: list[tuple[int, int, int]] = []
-    slow: list[tuple[Any, int, int]] = []
-    for entry, tensor in zip(plan.entries, tensors, strict=True):
-        if entry.alias_of is not None or entry.nbytes == 0:
-            continue
-        offset = plan.arena_offset(entry)
-        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
-            fast.append((tensor.data_ptr(), offset, entry.nbytes))
-        else:
-            slow.append((tensor, offset, entry.nbytes))
-    if fast:
-        # The tensors list keeps every source alive for the duration of the call.
-        native.copy_from_addresses(arena.buffer, fast, threads)
-    if slow:
-        flat = arena.bytes_tensor()
-        on_gpu = [item for item in slow if item[0].is_cuda]
-        for tensor, offset, nbytes in slow:
-            if not tensor.is_cuda:  # non-contiguous, conjugate or negative views on the CPU
-                typed_view(flat, offset, nbytes, tensor.dtype, tuple(tensor.shape)).copy_(
-                    tensor.resolve_conj().resolve_neg())
-        if on_gpu:
-            stage_from_device(on_gpu, flat)
+    sources = Sources.of(tensors)
+    index, offsets, nbytes = plan.placements.T
+    routes = np.frombuffer(sources.routes, np.int16)[index]
+    addresses = np.frombuffer(sources.addresses, np.int64)[index]
+    host = routes == ROUTE_HOST
+    if host.any():
+        # ``sources`` keeps every source alive for the duration of the call.
+        native.copy_from_addresses(arena.buffer, np.column_stack((addresses[host], offsets[host], nbytes[host])),
+                                   threads)
+    if host.all():
+        return
+    flat = arena.bytes_tensor()
+    for device in np.unique(routes[routes >= 0]).tolist():
+        on = routes == device
+        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on]), flat)
+    others = np.flatnonzero(routes == ROUTE_TORCH)
+    if others.size:
+        _copy_by_value([(sources[i], offsets[k], nbytes[k]) for k, i in zip(others.tolist(), index[others].tolist(),
+                                                                             strict=True)], flat)
+
+
+def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
+    """Copy (tensor, arena offset, nbytes) items one by one with ``Tensor.copy_`` (views, other devices)."""
+    import torch
+
+    streams: dict[Any, Any] = {}
+    for tensor, offset, nbytes in items:
+        stream = None
+        if tensor.is_cuda:
+            stream = streams.get(tensor.device)
+            if stream is None:
+                stream = streams[tensor.device] = _side_stream(tensor.device)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)).copy_(
+                tensor.resolve_conj().resolve_neg(), non_blocking=stream is not None)
+    for stream in streams.values():
+        stream.synchronize()
+
+
+def _side_stream(device: Any) -> Any:
+    """A stream on ``device`` that first waits for the work already queued there (the tensors' producers)."""
+    import torch
+
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
 
 
 def as_bytes(tensor: Any) -> Any:
@@ -144,54 +177,97 @@ def as_bytes(tensor: Any) -> Any:
     return tensor.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
 
 
-def stage_from_device(items: list[tuple[Any, int, int]], flat: Any) -> None:
-    """Device-to-host copies of (CUDA) tensors into the (registered) arena ``flat`` on a side stream.
+@dataclass(frozen=True)
+class DeviceCopies:
+    """Contiguous tensors of one device to stage, by arena offset: ``sources[index[k]]`` starts at
+    ``addresses[k]`` and goes to ``offsets[k]`` in the arena, ``nbytes[k]`` long."""
 
-    ``items`` are ``(tensor, arena offset, nbytes)``.
+    sources: list[Any]
+    index: np.ndarray
+    addresses: np.ndarray
+    offsets: np.ndarray
+    nbytes: np.ndarray
+
+    @classmethod
+    def of(cls, items: list[tuple[Any, int, int]]) -> DeviceCopies:
+        """From (tensor, arena offset, nbytes) items (contiguous tensors), in any order."""
+        items = sorted(items, key=lambda item: item[1])
+        column = np.array([[t.data_ptr(), offset, nbytes] for t, offset, nbytes in items], np.int64).reshape(-1, 3)
+        return cls([t for t, _, _ in items], np.arange(len(items)), *column.T)
+
+
+def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes: int) -> list[tuple[int, int]]:
+    """Split tensors sorted by arena offset into runs ``[first, stop)`` gathered as one piece each.
+
+    A run ends where the next tensor starts more than ``max_gap`` bytes after the end of the last one,
+    or where it would reach more than ``run_bytes`` past the run's start (a run is thus at most
+    ``run_bytes`` plus one tensor long).
+    """
+    n = len(offsets)
+    if n == 0:
+        return []
+    ends = offsets + nbytes
+    breaks = np.zeros(n, bool)
+    breaks[0] = True
+    breaks[1:] = offsets[1:] - ends[:-1] > max_gap
+    first = np.flatnonzero(breaks)
+    start_of = offsets[first][np.cumsum(breaks) - 1]  # each tensor's segment start
+    piece = (offsets - start_of) // max(1, run_bytes)
+    breaks[1:] |= piece[1:] != piece[:-1]
+    first = np.flatnonzero(breaks).tolist()
+    return list(zip(first, first[1:] + [n], strict=True))
+
+
+def stage_from_device(copies: DeviceCopies, flat: Any) -> None:
+    """Device-to-host copies of contiguous (CUDA) tensors into the (registered) arena ``flat`` on a side stream.
+
     Big tensors are copied straight into their place. Small ones would each pay a copy's fixed cost
-    (several microseconds), so runs of neighbours in the arena are first gathered on the device into
-    one buffer laid out exactly as in the arena (one ``torch.cat``, padding included) and then moved
-    with a single device-to-host copy.
+    (several microseconds), so runs of neighbours in the arena (:func:`gather_runs`) are first gathered
+    on the device into a buffer laid out exactly as in the arena, padding zeroed, then moved with one
+    device-to-host copy per run. The gather is one kernel launch for thousands of tensors
+    (:mod:`ckptbench.checkpoint.gather`); where it cannot be compiled, one ``torch.cat`` per run.
     """
     import torch
 
-    items = sorted(items, key=lambda item: item[1])
-    device = items[0][0].device
-    stream = None
-    if device.type == "cuda":  # (the same gathering runs on CPU tensors, which is how it is unit-tested)
-        stream = torch.cuda.Stream(device=device)
-        stream.wait_stream(torch.cuda.current_stream(device))  # the tensors' producers come first
-    pad = torch.zeros(knobs.STAGE_GATHER_MAX_GAP_BYTES, dtype=torch.uint8, device=device)
-    run: list[tuple[Any, int, int]] = []
-
-    def flush() -> None:
-        if not run:
-            return
-        start, parts, cursor = run[0][1], [], run[0][1]
-        for tensor, offset, nbytes in run:
-            if offset > cursor:
-                parts.append(pad[:offset - cursor])
-            parts.append(as_bytes(tensor))
-            cursor = offset + nbytes
-        gathered = parts[0] if len(parts) == 1 else torch.cat(parts)
-        flat[start:cursor].copy_(gathered, non_blocking=True)
-        run.clear()
-
+    device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
+    if device is None:
+        return
+    stream = _side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
+    big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
+    small = np.flatnonzero(~big)
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        for item in items:
-            tensor, offset, nbytes = item
-            if nbytes >= knobs.STAGE_GATHER_BELOW_BYTES:
-                flat[offset:offset + nbytes].copy_(as_bytes(tensor), non_blocking=True)
-                continue
-            if run:
-                last_tensor, last_offset, last_nbytes = run[-1]
-                if (offset - last_offset - last_nbytes > knobs.STAGE_GATHER_MAX_GAP_BYTES
-                        or offset + nbytes - run[0][1] > knobs.STAGE_GATHER_RUN_BYTES
-                        or tensor.get_device() != last_tensor.get_device()):
-                    flush()
-            run.append(item)
-        flush()
+        for k in np.flatnonzero(big).tolist():
+            offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
+            flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
+        if small.size:
+            offsets, nbytes = copies.offsets[small], copies.nbytes[small]
+            runs = gather_runs(offsets, nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES, knobs.STAGE_GATHER_RUN_BYTES)
+            kernel = gather.kernel_for(device) if stream is not None else None
+            if kernel is not None:
+                gather.gather_runs_to_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, runs,
+                                           flat)
+            else:
+                sources = [copies.sources[i] for i in copies.index[small].tolist()]
+                _cat_runs(sources, offsets.tolist(), nbytes.tolist(), runs, flat, device)
     # Buffers freed above return to the caching allocator on this stream, so their reuse is ordered
     # after the copies that read them; the caller may change its tensors once this returns.
     if stream is not None:
         stream.synchronize()
+
+
+def _cat_runs(sources: list[Any], offsets: list[int], nbytes: list[int], runs: list[tuple[int, int]], flat: Any,
+              device: Any) -> None:
+    """Gather each run with one ``torch.cat`` (zero padding between tensors) and copy it to the arena."""
+    import torch
+
+    pad = torch.zeros(knobs.STAGE_GATHER_MAX_GAP_BYTES, dtype=torch.uint8, device=device)
+    for first, stop in runs:
+        start = cursor = offsets[first]
+        parts = []
+        for k in range(first, stop):
+            if offsets[k] > cursor:
+                parts.append(pad[:offsets[k] - cursor])
+            parts.append(as_bytes(sources[k]))
+            cursor = offsets[k] + nbytes[k]
+        gathered = parts[0] if len(parts) == 1 else torch.cat(parts)
+        flat[start:cursor].copy_(gathered, non_blocking=True)

@@ -92,3 +92,58 @@ def test_gpu_load_does_not_alias_the_reused_read_buffer(tmp_path: Path):
     assert torch.equal(a["w"], torch.ones(1000, device="cuda"))
     assert torch.equal(b["w"], torch.full((1000,), 2.0, device="cuda"))
     ckpt.close()
+
+
+def _gpu_state(seed: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    raw = torch.randint(-128, 127, (10_000,), dtype=torch.int8, device="cuda", generator=g)
+    return {
+        "many": [torch.randn(int(n), device="cuda", generator=g) for n in torch.randint(1, 20_000, (2000,))],
+        "odd": [raw[i:i + 17 * i + 1] for i in range(1, 40, 3)],  # contiguous, but at odd addresses
+        "bf16": torch.randn(33, 65, device="cuda", generator=g).to(torch.bfloat16),
+        "bool": torch.rand(1001, device="cuda", generator=g) > 0.5,
+        "big": torch.randn(3 * 2**20, device="cuda", generator=g),
+        "view": torch.randn(64, 48, device="cuda", generator=g).t(),
+        "cpu": torch.arange(100),
+    }
+
+
+def _staged(state: dict) -> bytes:
+    from ckptbench.checkpoint.plan import plan_save
+    from ckptbench.checkpoint.stage import Arena, stage
+
+    plan, sources = plan_save(state, shard_size=4 * 2**20, shard_prefix="s")
+    arena = Arena()
+    stage(plan, sources, arena, threads=2)
+    out = bytes(memoryview(arena.buffer)[:plan.arena_bytes])
+    arena.close()
+    return out
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda, "_compile_kernel"), reason="torch has no torch.cuda._compile_kernel")
+@pytest.mark.parametrize("scratch", [256 * 2**20, 4096])
+def test_gather_kernel_stages_the_same_bytes_as_torch_cat(monkeypatch, scratch):
+    from ckptbench import knobs
+    from ckptbench.checkpoint import gather
+
+    assert gather.kernel_for(torch.device("cuda")) is not None  # NVRTC compiled it
+    state = _gpu_state(2)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_SCRATCH_BYTES", scratch)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 256 * 1024)
+    with_kernel = _staged(state)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_KERNEL", 0)
+    with_cat = _staged(state)
+    assert with_kernel == with_cat
+
+
+def test_staging_waits_for_work_queued_on_the_current_stream(tmp_path: Path):
+    """Tensors written by kernels still running when save() is called are saved with their final values."""
+    a = torch.randn(8192, 8192, device="cuda")
+    for _ in range(5):
+        a = a @ a / 8192  # queue milliseconds of work ahead of the fills
+    outs = [torch.empty(1000, device="cuda").fill_(float(i)) for i in range(500)]
+    ckpt = Checkpointer()
+    ckpt.save({"outs": outs}, tmp_path / "c")
+    got = ckpt.load(tmp_path / "c")
+    assert all(torch.equal(t, torch.full((1000,), float(i))) for i, t in enumerate(got["outs"]))
+    ckpt.close()

@@ -257,3 +257,20 @@ def test_copy_from_addresses_is_exact_at_any_alignment_and_size(threads: int):
     for _, offset, size, src_offset in jobs:
         expected[offset:offset + size] = src[src_offset:src_offset + size]
     assert np.array_equal(view, expected)
+
+
+def test_copy_from_addresses_takes_an_int64_table():
+    src = native.AlignedBuffer(4096)
+    native.fill_random(src, 7)
+    dst = bytearray(100)
+    base = src.address
+    table = np.array([[base + 10, 0, 30], [base, 50, 50], [base + 99, 30, 0]], np.int64)
+    native.copy_from_addresses(dst, table, 2)
+    raw = bytes(memoryview(src)[:100])
+    assert dst[:30] == raw[10:40] and dst[50:] == raw[:50] and dst[30:50] == bytes(20)
+    with pytest.raises(IndexError, match="outside the destination"):
+        native.copy_from_addresses(dst, np.array([[base, 90, 20]], np.int64))
+    with pytest.raises(ValueError, match="int64"):
+        native.copy_from_addresses(dst, np.array([[1, 2, 3]], np.int32))
+    with pytest.raises(ValueError, match="negative"):
+        native.copy_from_addresses(dst, np.array([[base, -1, 2]], np.int64))

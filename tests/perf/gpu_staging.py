@@ -7,7 +7,8 @@ For each state_dict shape the benchmark times, alternating the order every round
   memory (``torch.empty(..., pin_memory=True).copy_(..., non_blocking=True)`` = cudaMemcpyAsync),
   the ceiling of a device-to-host copy;
 - ``stage``: ckptbench's staging step (``checkpoint.stage.stage``) into its reused, cudaHostRegister'ed
-  arena (the part of an async save that blocks training);
+  arena (the part of an async save that blocks training), small tensors gathered by one kernel launch;
+- ``stage (torch.cat)``: the same with the kernel switched off (``CKPTBENCH_STAGE_GATHER_KERNEL=0``);
 - ``plan+stage``: the same plus planning (the whole stall of ``save(async_=True)`` minus the wait);
 - ``tensor.cpu()``: the per-tensor copy that ``torch.save`` of GPU tensors does (to pageable memory).
 
@@ -15,8 +16,9 @@ Then the async stall on the ``llama`` state_dict: ``Checkpointer.save(async_=Tru
 ``dcp.async_save`` (FileSystemWriter, 4 threads, sync_files), both to DIR, alternating; stall = time
 until the call returns, total = until durable.
 
-Shapes: ``large`` (16 x 128 MiB), ``small`` (thousands of 4-64 KiB tensors), and ``llama`` (a
-synthetic Llama-3 8B state_dict scaled to SIZE: big matrices plus hundreds of norm vectors).
+Shapes: ``large`` (16 x 128 MiB), ``small`` (thousands of 4-64 KiB tensors), ``tiny`` (20k tensors of
+64 B - 4 KiB, ~42 MB), and ``llama`` (a synthetic Llama-3 8B state_dict scaled to SIZE: big matrices
+plus hundreds of norm vectors).
 
     python tests/perf/gpu_staging.py --size 2GiB --rounds 5 --save results/
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ckptbench import knobs
 from ckptbench.bench.workloads import build_state_dict, make_writer, plan_workload
 from ckptbench.checkpoint.plan import plan_save
 from ckptbench.checkpoint.stage import Arena, stage
@@ -54,9 +57,10 @@ def shapes(total: int) -> dict[str, dict]:
         small[f"s{i}"] = torch.randn(n // 4, device="cuda", generator=g)
         used += n
         i += 1
+    tiny = {f"t{i}": torch.randn(16 * (1 + i % 64), device="cuda", generator=g) for i in range(20_000)}
     llama = {k: v.to("cuda") for k, v in
              build_state_dict(plan_workload(load_model("llama3-8b"), size_bytes=total)).items()}
-    return {"large": large, "small": small, "llama": llama}
+    return {"large": large, "small": small, "tiny": tiny, "llama": llama}
 
 
 def total_bytes(state: dict) -> int:
@@ -83,9 +87,18 @@ def run_case(name: str, state: dict, rounds: int, threads: int) -> dict:
         p, ts = plan_save(state, 256 * 2**20, shard_prefix="s")
         stage(p, ts, arena, threads)
 
+    def stage_with_cat() -> None:
+        knobs.STAGE_GATHER_KERNEL = 0
+        try:
+            stage(plan, tensors, arena, threads)
+        finally:
+            knobs.STAGE_GATHER_KERNEL = 1
+
     contenders = {
         "memcpy": lambda: pinned.copy_(device_flat, non_blocking=True),
         "stage": lambda: stage(plan, tensors, arena, threads),
+        "stage (torch.cat)": stage_with_cat,
+        "plan": lambda: plan_save(state, 256 * 2**20, shard_prefix="s"),
         "plan+stage": do_plan_stage,
         "tensor.cpu()": lambda: [t.cpu() for t in state.values()],
     }

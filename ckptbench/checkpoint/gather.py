@@ -1,0 +1,136 @@
+"""One-launch gathering of many small CUDA tensors into a device buffer laid out like the arena.
+
+A device-to-host copy costs a few microseconds however small it is, and so does every tensor a
+``torch.cat`` is handed from Python: staging 11k tensors of 4-64 KiB one way or the other took ~13x
+longer than one copy of the same bytes. Here a table of (source address, destination offset, nbytes)
+rows goes to the device once and one kernel copies every tensor (a block per row, 16-byte words where
+both ends allow it); then each run of neighbours travels to the host with one copy.
+
+The kernel is compiled at run time with NVRTC (``torch.cuda._compile_kernel``, which ships with CUDA
+builds of PyTorch), once per process and device, so the package builds and runs without a CUDA
+toolchain. Where that is unavailable (an older torch, no NVRTC, ``CKPTBENCH_STAGE_GATHER_KERNEL=0``)
+:func:`kernel_for` returns None and staging falls back to ``torch.cat``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from ckptbench import knobs
+
+log = logging.getLogger(__name__)
+
+KERNEL_NAME = "ckptbench_gather"
+KERNEL_SOURCE = r"""
+struct alignas(16) Words { unsigned long long lo, hi; };
+
+// rows: n x (source address, destination offset, nbytes); one block copies one row at a time.
+extern "C" __global__ void ckptbench_gather(const long long* rows, int n, unsigned char* dst) {
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(rows[3 * i]);
+        unsigned char* out = dst + rows[3 * i + 1];
+        const long long nbytes = rows[3 * i + 2];
+        long long done = 0;
+        if (((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(out)) & 15) == 0) {
+            const long long words = nbytes >> 4;
+            const Words* s = reinterpret_cast<const Words*>(src);
+            Words* d = reinterpret_cast<Words*>(out);
+            for (long long j = threadIdx.x; j < words; j += blockDim.x) d[j] = s[j];
+            done = words << 4;
+        }
+        for (long long j = done + threadIdx.x; j < nbytes; j += blockDim.x) out[j] = src[j];
+    }
+}
+"""
+THREADS_PER_BLOCK = 256
+MAX_BLOCKS = 4096
+
+_kernels: dict[int, Any] = {}
+_lock = threading.Lock()
+
+
+def kernel_for(device: Any) -> Any | None:
+    """The compiled gather kernel for CUDA ``device`` (compiled on first use), or None where unavailable."""
+    if not knobs.STAGE_GATHER_KERNEL:
+        return None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        if index not in _kernels:
+            _kernels[index] = _compile(index)
+        return _kernels[index]
+
+
+def _compile(index: int) -> Any | None:
+    import torch
+
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is None:
+        log.info("torch %s has no torch.cuda._compile_kernel: small tensors are gathered with torch.cat",
+                 torch.__version__)
+        return None
+    try:
+        with torch.cuda.device(index):
+            kernel = compile_kernel(KERNEL_SOURCE, KERNEL_NAME)
+    except Exception as exc:  # NVRTC missing or failing: the torch.cat path still works
+        log.warning("could not compile the GPU gather kernel (%s); small tensors are gathered with torch.cat", exc)
+        return None
+    log.info("GPU gather kernel compiled for cuda:%d", index)
+    return kernel
+
+
+def gather_runs_to_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
+                        nbytes: np.ndarray, runs: list[tuple[int, int]], flat: Any) -> None:
+    """Gather tensors (``addresses``, sorted by arena ``offsets``) run by run and queue each run's
+    device-to-host copy into ``flat`` on ``stream`` (current). Device scratch is bounded by
+    ``knobs.STAGE_GATHER_SCRATCH_BYTES`` (at least one run); the caller synchronises ``stream``."""
+
+    run_first = np.array([first for first, _ in runs], np.int64)
+    run_stop = np.array([stop for _, stop in runs], np.int64)
+    run_start = offsets[run_first]
+    run_span = offsets[run_stop - 1] + nbytes[run_stop - 1] - run_start
+    batch: list[int] = []
+    scratch_bytes = 0
+    for r, span in enumerate(run_span.tolist()):
+        if batch and scratch_bytes + span > knobs.STAGE_GATHER_SCRATCH_BYTES:
+            _gather_batch(kernel, device, stream, addresses, offsets, nbytes, run_first, run_stop, run_start,
+                          run_span, batch, flat)
+            batch, scratch_bytes = [], 0
+        batch.append(r)
+        scratch_bytes += _align(span)
+    _gather_batch(kernel, device, stream, addresses, offsets, nbytes, run_first, run_stop, run_start, run_span,
+                  batch, flat)
+
+
+def _align(nbytes: int, to: int = 256) -> int:
+    return -(-nbytes // to) * to
+
+
+def _gather_batch(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
+                  nbytes: np.ndarray, run_first: np.ndarray, run_stop: np.ndarray, run_start: np.ndarray,
+                  run_span: np.ndarray, batch: list[int], flat: Any) -> None:
+    import torch
+
+    spans = run_span[batch]
+    bases = np.zeros(len(batch), np.int64)
+    bases[1:] = np.cumsum([_align(span) for span in spans.tolist()])[:-1]
+    pieces, rows = [], []
+    for r, base in zip(batch, bases.tolist(), strict=True):
+        first, stop = int(run_first[r]), int(run_stop[r])
+        pieces.append((base, int(run_start[r]), int(run_span[r])))
+        rows.append(np.column_stack((addresses[first:stop], offsets[first:stop] - run_start[r] + base,
+                                     nbytes[first:stop])))
+    table = np.ascontiguousarray(np.concatenate(rows))
+    scratch = torch.zeros(int(bases[-1] + spans[-1]), dtype=torch.uint8, device=device)  # padding stays zero
+    table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        kernel(grid=(min(len(table), MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1),
+               args=[table_on_device, len(table), scratch], stream=stream)
+    for base, start, span in pieces:
+        flat[start:start + span].copy_(scratch[base:base + span], non_blocking=True)
