@@ -60,6 +60,9 @@ STAGE_GATHER_RUN_BYTES = _env_int("STAGE_GATHER_RUN_BYTES", 64 * 2**20)
 STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
 #: 1: gather small CUDA tensors with one runtime-compiled kernel launch (checkpoint/gather.py); 0: torch.cat.
 STAGE_GATHER_KERNEL = _env_int("STAGE_GATHER_KERNEL", 1)
+#: 1: the gather kernel writes small tensors straight into the registered (mapped) host arena; 0: it
+#: gathers them into a device buffer, then one device-to-host copy per run.
+STAGE_GATHER_DIRECT = _env_int("STAGE_GATHER_DIRECT", 0)
 #: Device memory the gather kernel's buffer may take at once (at least one run).
 STAGE_GATHER_SCRATCH_BYTES = _env_int("STAGE_GATHER_SCRATCH_BYTES", 256 * 2**20)
 #: Seconds between progress updates while a native call runs.

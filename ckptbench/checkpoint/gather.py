@@ -108,6 +108,20 @@ def gather_runs_to_host(kernel: Any, device: Any, stream: Any, addresses: np.nda
                   batch, flat)
 
 
+def gather_into_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
+                     nbytes: np.ndarray, flat: Any) -> None:
+    """Queue one kernel on ``stream`` (current) that copies every tensor straight to its offset in
+    ``flat``, registered (mapped) host memory: the device writes across the bus itself, no scratch
+    buffer and no separate device-to-host copies. The caller synchronises ``stream``."""
+    import torch
+
+    table = np.ascontiguousarray(np.column_stack((addresses, offsets, nbytes)))
+    table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
+    with torch.cuda.device(device):
+        kernel(grid=(min(len(table), MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1),
+               args=[table_on_device, len(table), flat], stream=stream)
+
+
 def _align(nbytes: int, to: int = 256) -> int:
     return -(-nbytes // to) * to
 

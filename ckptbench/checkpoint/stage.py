@@ -50,6 +50,11 @@ class Arena:
         self._bytes_view: Any = None
 
     @property
+    def mapped(self) -> bool:
+        """Registered with CUDA, so kernels can write into it (at the same address: unified addressing)."""
+        return self._registered
+
+    @property
     def nbytes(self) -> int:
         return len(self.buffer) if self.buffer is not None else 0
 
@@ -74,7 +79,8 @@ class Arena:
 
         if not torch.cuda.is_available():
             return
-        err = torch.cuda.cudart().cudaHostRegister(self.buffer.address, len(self.buffer), 0)
+        # Portable | Mapped: pinned for every device, and addressable by kernels at the same address (UVA).
+        err = torch.cuda.cudart().cudaHostRegister(self.buffer.address, len(self.buffer), 3)
         self._registered = int(err) == 0
         log.info("arena pinned with cudaHostRegister: %s", self._registered)
 
@@ -120,8 +126,14 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     tensors: :func:`stage_from_device` per device; anything else: ``Tensor.copy_`` one by one.
     """
     arena.ensure(plan.arena_bytes)
-    sources = Sources.of(tensors)
     index, offsets, nbytes = plan.placements.T
+    copy_into_arena(Sources.of(tensors), index, offsets, nbytes, arena, threads)
+
+
+def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
+                    threads: int) -> None:
+    """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k;
+    returns when every byte is there. The arena must already be large enough."""
     routes = np.frombuffer(sources.routes, np.int16)[index]
     addresses = np.frombuffer(sources.addresses, np.int64)[index]
     host = routes == ROUTE_HOST
@@ -134,7 +146,8 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     flat = arena.bytes_tensor()
     for device in np.unique(routes[routes >= 0]).tolist():
         on = routes == device
-        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on]), flat)
+        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on]), flat,
+                          mapped=arena.mapped)
     others = np.flatnonzero(routes == ROUTE_TORCH)
     if others.size:
         _copy_by_value([(sources[i], offsets[k], nbytes[k]) for k, i in zip(others.tolist(), index[others].tolist(),
@@ -151,7 +164,7 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
         if tensor.is_cuda:
             stream = streams.get(tensor.device)
             if stream is None:
-                stream = streams[tensor.device] = _side_stream(tensor.device)
+                stream = streams[tensor.device] = side_stream(tensor.device)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)).copy_(
                 tensor.resolve_conj().resolve_neg(), non_blocking=stream is not None)
@@ -159,12 +172,20 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
         stream.synchronize()
 
 
-def _side_stream(device: Any) -> Any:
-    """A stream on ``device`` that first waits for the work already queued there (the tensors' producers)."""
+_streams: dict[int, Any] = {}
+
+
+def side_stream(device: Any) -> Any:
+    """This process's staging stream on CUDA ``device``, made to wait for the work already queued on the
+    current stream there (the tensors' producers). One stream per device for the whole process, so
+    the caching allocator reuses the gather buffers of earlier saves (its blocks belong to a stream)."""
     import torch
 
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _streams.get(index)
+    if stream is None:
+        stream = _streams.setdefault(index, torch.cuda.Stream(device=index))
+    stream.wait_stream(torch.cuda.current_stream(index))
     return stream
 
 
@@ -218,7 +239,7 @@ def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes
     return list(zip(first, first[1:] + [n], strict=True))
 
 
-def stage_from_device(copies: DeviceCopies, flat: Any) -> None:
+def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False) -> None:
     """Device-to-host copies of contiguous (CUDA) tensors into the (registered) arena ``flat`` on a side stream.
 
     Big tensors are copied straight into their place. Small ones would each pay a copy's fixed cost
@@ -226,13 +247,15 @@ def stage_from_device(copies: DeviceCopies, flat: Any) -> None:
     on the device into a buffer laid out exactly as in the arena, padding zeroed, then moved with one
     device-to-host copy per run. The gather is one kernel launch for thousands of tensors
     (:mod:`ckptbench.checkpoint.gather`); where it cannot be compiled, one ``torch.cat`` per run.
+    With ``mapped`` (``flat`` is registered host memory the GPU can address) and
+    ``knobs.STAGE_GATHER_DIRECT``, the kernel writes the small tensors straight into ``flat`` instead.
     """
     import torch
 
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
         return
-    stream = _side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
+    stream = side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
     big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
     small = np.flatnonzero(~big)
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -243,7 +266,9 @@ def stage_from_device(copies: DeviceCopies, flat: Any) -> None:
             offsets, nbytes = copies.offsets[small], copies.nbytes[small]
             runs = gather_runs(offsets, nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES, knobs.STAGE_GATHER_RUN_BYTES)
             kernel = gather.kernel_for(device) if stream is not None else None
-            if kernel is not None:
+            if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
+                gather.gather_into_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, flat)
+            elif kernel is not None:
                 gather.gather_runs_to_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, runs,
                                            flat)
             else:

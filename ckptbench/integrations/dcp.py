@@ -46,7 +46,6 @@ subclass torch's DCP classes and are created on first access (their logic lives 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import errno
@@ -70,8 +69,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from ckptbench import knobs, native
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
-from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN
-from ckptbench.checkpoint.stage import Arena, dtype_of, typed_view
+from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN, Sources
+from ckptbench.checkpoint.stage import Arena, copy_into_arena, dtype_of, typed_view
 from ckptbench.errors import InsufficientSpaceError, MissingDependencyError, StorageIOError, TargetError, UsageError
 from ckptbench.storage.store import Store, open_store
 from ckptbench.units import format_size
@@ -227,43 +226,18 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _copy_into(arena: Arena, placements: Sequence[tuple[torch.Tensor, int]], threads: int) -> None:
-    """Copy each tensor's bytes (row-major) to its arena offset; returns when every byte is there.
-
-    Contiguous CPU tensors go through the engine on ``threads`` threads without the GIL; everything
-    else (views, GPU tensors) through ``Tensor.copy_`` into a typed view, GPU copies on a side stream
-    that first waits for the work already queued on the tensor's device.
-    """
+    """Copy each tensor's bytes (row-major) to its arena offset; returns when every byte is there
+    (``checkpoint.stage.copy_into_arena``: the engine for CPU tensors, one gather for small GPU ones)."""
+    import numpy as np
     import torch
 
-    fast: list[tuple[int, int, int]] = []
-    slow: list[tuple[torch.Tensor, int, int]] = []
-    for tensor, offset in placements:
-        nbytes = _nbytes(tensor)
-        if nbytes == 0:
-            continue
-        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
-            fast.append((tensor.data_ptr(), offset, nbytes))
-        else:
-            slow.append((tensor, offset, nbytes))
-    if fast:
-        # ``placements`` keeps every source alive for the duration of the call.
-        native.copy_from_addresses(arena.buffer, fast, threads)
-    if not slow:
-        return
-    flat = arena.bytes_tensor()
-    streams: dict[torch.device, Any] = {}
+    sources = Sources(tensor for tensor, _ in placements)
+    offsets = np.fromiter((offset for _, offset in placements), np.int64, len(placements))
+    nbytes = np.fromiter((_nbytes(tensor) for tensor, _ in placements), np.int64, len(placements))
+    order = np.argsort(offsets, kind="stable")
+    keep = order[nbytes[order] > 0]
     with torch.no_grad():
-        for tensor, offset, nbytes in slow:
-            on_cuda = tensor.device.type == "cuda"
-            if on_cuda and tensor.device not in streams:
-                stream = torch.cuda.Stream(device=tensor.device)
-                stream.wait_stream(torch.cuda.current_stream(tensor.device))
-                streams[tensor.device] = stream
-            with torch.cuda.stream(streams[tensor.device]) if on_cuda else contextlib.nullcontext():
-                dst = typed_view(flat, offset, nbytes, tensor.dtype, tuple(tensor.shape))
-                dst.copy_(tensor.resolve_conj().resolve_neg(), non_blocking=on_cuda)
-    for stream in streams.values():
-        stream.synchronize()
+        copy_into_arena(sources, keep, offsets[keep], nbytes[keep], arena, threads)
 
 
 # -- staging (AsyncStager) --------------------------------------------------------------------

@@ -8,7 +8,10 @@ For each state_dict shape the benchmark times, alternating the order every round
   the ceiling of a device-to-host copy;
 - ``stage``: ckptbench's staging step (``checkpoint.stage.stage``) into its reused, cudaHostRegister'ed
   arena (the part of an async save that blocks training), small tensors gathered by one kernel launch;
+- ``stage (direct)``: the same with the kernel writing straight into the mapped arena
+  (``CKPTBENCH_STAGE_GATHER_DIRECT=1``);
 - ``stage (torch.cat)``: the same with the kernel switched off (``CKPTBENCH_STAGE_GATHER_KERNEL=0``);
+- ``plan``: planning alone (flattening the state_dict and laying it out);
 - ``plan+stage``: the same plus planning (the whole stall of ``save(async_=True)`` minus the wait);
 - ``tensor.cpu()``: the per-tensor copy that ``torch.save`` of GPU tensors does (to pageable memory).
 
@@ -75,7 +78,7 @@ def time_it(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_case(name: str, state: dict, rounds: int, threads: int) -> dict:
+def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = False) -> dict:
     nbytes = total_bytes(state)
     device_flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -87,17 +90,21 @@ def run_case(name: str, state: dict, rounds: int, threads: int) -> dict:
         p, ts = plan_save(state, 256 * 2**20, shard_prefix="s")
         stage(p, ts, arena, threads)
 
-    def stage_with_cat() -> None:
-        knobs.STAGE_GATHER_KERNEL = 0
-        try:
-            stage(plan, tensors, arena, threads)
-        finally:
-            knobs.STAGE_GATHER_KERNEL = 1
+    def stage_with(knob: str, value: int):
+        def run() -> None:
+            before = getattr(knobs, knob)
+            setattr(knobs, knob, value)
+            try:
+                stage(plan, tensors, arena, threads)
+            finally:
+                setattr(knobs, knob, before)
+        return run
 
     contenders = {
         "memcpy": lambda: pinned.copy_(device_flat, non_blocking=True),
         "stage": lambda: stage(plan, tensors, arena, threads),
-        "stage (torch.cat)": stage_with_cat,
+        "stage (direct)": stage_with("STAGE_GATHER_DIRECT", 1),
+        "stage (torch.cat)": stage_with("STAGE_GATHER_KERNEL", 0),
         "plan": lambda: plan_save(state, 256 * 2**20, shard_prefix="s"),
         "plan+stage": do_plan_stage,
         "tensor.cpu()": lambda: [t.cpu() for t in state.values()],
@@ -114,6 +121,16 @@ def run_case(name: str, state: dict, rounds: int, threads: int) -> dict:
             off = plan.arena_offset(entry)
             if not torch.equal(flat[off:off + entry.nbytes], tensor.reshape(-1).view(torch.uint8).cpu()):
                 raise SystemExit(f"{name}: staged bytes of {entry.key} differ from the GPU tensor")
+    if profile:
+        import cProfile
+        import pstats
+
+        for key in ("stage", "plan"):
+            prof = cProfile.Profile()
+            prof.runcall(contenders[key])
+            torch.cuda.synchronize()
+            print(f"-- profile of {key} ({name})")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(8)
     arena.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
@@ -164,6 +181,7 @@ def main() -> int:
     ap.add_argument("--save", type=Path, help="directory for gpu-staging.json")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the async saves go")
     ap.add_argument("--async-rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="print where staging and planning spend CPU time")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -172,7 +190,7 @@ def main() -> int:
     results = {}
     states = shapes(size)
     for name, state in states.items():
-        results[name] = res = run_case(name, state, args.rounds, args.threads)
+        results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name == "tiny")
         print(f"{name:6s} {res['tensors']:6d} tensors {format_size(res['bytes']):>10s}  " + "  ".join(
             f"{k} {res['gbps'][k]:6.1f} GB/s ({res['ratio_vs_memcpy'][k]:.2f}x)" for k in res["gbps"]), flush=True)
     if args.async_rounds:
