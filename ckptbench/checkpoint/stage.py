@@ -132,8 +132,9 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
                     threads: int) -> None:
-    """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k;
-    returns when every byte is there. The arena must already be large enough."""
+    """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
+    (rows sorted by offset, non-empty, not overlapping); returns when every byte is there. The arena
+    must already be large enough."""
     routes = np.frombuffer(sources.routes, np.int16)[index]
     addresses = np.frombuffer(sources.addresses, np.int64)[index]
     host = routes == ROUTE_HOST
@@ -145,8 +146,8 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
         return
     flat = arena.bytes_tensor()
     for device in np.unique(routes[routes >= 0]).tolist():
-        on = routes == device
-        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on]), flat,
+        on = np.flatnonzero(routes == device)
+        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on], on), flat,
                           mapped=arena.mapped)
     others = np.flatnonzero(routes == ROUTE_TORCH)
     if others.size:
@@ -201,28 +202,33 @@ def as_bytes(tensor: Any) -> Any:
 @dataclass(frozen=True)
 class DeviceCopies:
     """Contiguous tensors of one device to stage, by arena offset: ``sources[index[k]]`` starts at
-    ``addresses[k]`` and goes to ``offsets[k]`` in the arena, ``nbytes[k]`` long."""
+    ``addresses[k]`` and goes to ``offsets[k]`` in the arena, ``nbytes[k]`` long. ``positions[k]`` is
+    its place among *all* the tensors staged into the arena, by offset: a gathered run may only span
+    neighbours, or its zero padding would overwrite a tensor staged another way (a CPU tensor, say)."""
 
     sources: list[Any]
     index: np.ndarray
     addresses: np.ndarray
     offsets: np.ndarray
     nbytes: np.ndarray
+    positions: np.ndarray
 
     @classmethod
     def of(cls, items: list[tuple[Any, int, int]]) -> DeviceCopies:
-        """From (tensor, arena offset, nbytes) items (contiguous tensors), in any order."""
+        """From (tensor, arena offset, nbytes) items (contiguous tensors, the arena's only ones), in any order."""
         items = sorted(items, key=lambda item: item[1])
         column = np.array([[t.data_ptr(), offset, nbytes] for t, offset, nbytes in items], np.int64).reshape(-1, 3)
-        return cls([t for t, _, _ in items], np.arange(len(items)), *column.T)
+        return cls([t for t, _, _ in items], np.arange(len(items)), *column.T, np.arange(len(items)))
 
 
-def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes: int) -> list[tuple[int, int]]:
+def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes: int,
+                positions: np.ndarray | None = None) -> list[tuple[int, int]]:
     """Split tensors sorted by arena offset into runs ``[first, stop)`` gathered as one piece each.
 
     A run ends where the next tensor starts more than ``max_gap`` bytes after the end of the last one,
-    or where it would reach more than ``run_bytes`` past the run's start (a run is thus at most
-    ``run_bytes`` plus one tensor long).
+    where another tensor lies between them (``positions``, each tensor's place among all the arena's,
+    not consecutive), or where it would reach more than ``run_bytes`` past the run's start (a run is
+    thus at most ``run_bytes`` plus one tensor long).
     """
     n = len(offsets)
     if n == 0:
@@ -231,6 +237,8 @@ def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes
     breaks = np.zeros(n, bool)
     breaks[0] = True
     breaks[1:] = offsets[1:] - ends[:-1] > max_gap
+    if positions is not None:
+        breaks[1:] |= np.diff(positions) != 1
     first = np.flatnonzero(breaks)
     start_of = offsets[first][np.cumsum(breaks) - 1]  # each tensor's segment start
     piece = (offsets - start_of) // max(1, run_bytes)
@@ -264,7 +272,8 @@ def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False) -> 
             flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
         if small.size:
             offsets, nbytes = copies.offsets[small], copies.nbytes[small]
-            runs = gather_runs(offsets, nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES, knobs.STAGE_GATHER_RUN_BYTES)
+            runs = gather_runs(offsets, nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES, knobs.STAGE_GATHER_RUN_BYTES,
+                               copies.positions[small])
             kernel = gather.kernel_for(device) if stream is not None else None
             if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
                 gather.gather_into_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, flat)

@@ -102,6 +102,34 @@ def test_staging_from_a_plain_list_matches_staging_from_sources():
 def test_gather_runs(offsets, nbytes, max_gap, run_bytes, expected):
     got = gather_runs(np.array(offsets, np.int64), np.array(nbytes, np.int64), max_gap, run_bytes)
     assert got == expected
+    positions = np.arange(len(offsets))
+    assert gather_runs(np.array(offsets, np.int64), np.array(nbytes, np.int64), max_gap, run_bytes, positions) == got
+
+
+def test_gather_runs_never_span_a_tensor_staged_another_way():
+    offsets, nbytes = np.array([0, 128, 192], np.int64), np.array([64, 64, 64], np.int64)
+    assert gather_runs(offsets, nbytes, 4096, 10**6, np.array([0, 2, 3])) == [(0, 1), (1, 3)]
+
+
+@pytest.mark.parametrize("fake_kernel", [False, True])
+def test_device_staging_keeps_the_bytes_of_a_tensor_between_its_runs(monkeypatch, fake_kernel):
+    """A CPU tensor placed between two small GPU tensors is staged first, by the engine; the GPU run's
+    zero padding must not overwrite it (it did: the run spanned the gap)."""
+    a, foreign, c = torch.full((16,), 1.0), torch.full((16,), 2.0), torch.full((16,), 3.0)
+    arena = Arena()
+    arena.ensure(4096)
+    flat = arena.bytes_tensor()
+    flat[64:128].copy_(foreign.view(torch.uint8))
+    copies = DeviceCopies([a, foreign, c], np.array([0, 2]), np.array([a.data_ptr(), c.data_ptr()], np.int64),
+                          np.array([0, 128], np.int64), np.array([64, 64], np.int64), np.array([0, 2]))
+    if fake_kernel:  # the kernel path's runs and table, with the CPU stand-in for the kernel
+        runs = gather_runs(copies.offsets, copies.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
+                           knobs.STAGE_GATHER_RUN_BYTES, copies.positions)
+        gather.gather_runs_to_host(_fake_kernel, torch.device("cpu"), None, copies.addresses, copies.offsets,
+                                   copies.nbytes, runs, flat)
+    else:
+        stage_from_device(copies, flat)
+    assert torch.equal(flat[:192].view(torch.float32), torch.cat([a, foreign, c]))
 
 
 def _fake_kernel(grid, block, args, stream=None):

@@ -129,8 +129,14 @@ def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = 
             prof = cProfile.Profile()
             prof.runcall(contenders[key])
             torch.cuda.synchronize()
-            print(f"-- profile of {key} ({name})")
+            print(f"-- Python profile of {key} ({name})")
             pstats.Stats(prof).sort_stats("tottime").print_stats(8)
+        for key in ("stage", "stage (direct)"):
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as prof:
+                time_it(contenders[key])
+            print(f"-- CUDA calls and kernels of {key} ({name})")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
     arena.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
@@ -190,7 +196,7 @@ def main() -> int:
     results = {}
     states = shapes(size)
     for name, state in states.items():
-        results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name == "tiny")
+        results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name in ("small", "tiny"))
         print(f"{name:6s} {res['tensors']:6d} tensors {format_size(res['bytes']):>10s}  " + "  ".join(
             f"{k} {res['gbps'][k]:6.1f} GB/s ({res['ratio_vs_memcpy'][k]:.2f}x)" for k in res["gbps"]), flush=True)
     if args.async_rounds:
