@@ -11,13 +11,14 @@ strides) are stored once and loaded as one tensor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import heapq
 import math
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -59,19 +60,29 @@ class ShardPlan:
 @dataclass(frozen=True)
 class SavePlan:
     """Where every tensor goes. ``skeleton`` is the state_dict's structure with tensors replaced by
-    ``{"__tensor__": index}`` (JSON-ready); ``arena_bytes`` is the staging memory the plan needs."""
+    ``{"__tensor__": index}`` (JSON-ready); ``arena_bytes`` is the staging memory the plan needs;
+    ``entries`` (one per tensor, placed) are built on first use, off an async save's stall."""
 
-    entries: tuple[TensorEntry, ...]
     shards: tuple[ShardPlan, ...]
     skeleton: Any
     arena_bytes: int
     #: One row (entry index, arena offset, nbytes) per stored entry (not aliased, not empty), by arena
     #: offset: what staging copies, without visiting the entries again.
     placements: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64), compare=False, repr=False)
+    #: (index, key, dtype, shape, nbytes, alias_of) per tensor and (shard, offset) per stored index.
+    rows: tuple[list[_Row], dict[int, tuple[int, int]]] = field(default_factory=lambda: ([], {}), compare=False,
+                                                                repr=False)
+
+    @functools.cached_property
+    def entries(self) -> tuple[TensorEntry, ...]:
+        rows, placed = self.rows
+        unplaced = (-1, 0)
+        return tuple(TensorEntry(index, key, dtype, shape, nbytes, *placed.get(index, unplaced), alias_of=alias)
+                     for index, key, dtype, shape, nbytes, alias in rows)
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries if e.alias_of is None)
+        return int(self.placements[:, 2].sum())
 
     def arena_offset(self, entry: TensorEntry) -> int:
         return self.shards[entry.shard].arena_offset + entry.offset
@@ -165,7 +176,7 @@ def _encode_value(value: Any, path: str) -> Any:
 class _Flattener:
     def __init__(self) -> None:
         self.tensors = Sources()
-        self.entries: list[TensorEntry] = []
+        self.entries: list[_Row] = []
         self._seen: dict[tuple, int] = {}
 
     def visit(self, value: Any, path: str) -> Any:
@@ -180,39 +191,54 @@ class _Flattener:
         return {"__value__": _encode_value(value, path or "<root>")}
 
     def _tensor(self, t: Any, path: str) -> int:
-        import torch  # only reached with a tensor in hand
-
         # Runs once per tensor of the state_dict, inside an async save's stall: keep it lean.
-        if t.layout != torch.strided:
-            raise UsageError(f"{path}: {t.layout} tensors are not supported", hint="convert with .to_dense() first")
-        if t.is_quantized:
-            raise UsageError(f"{path}: quantized tensors are not supported", hint="dequantize first")
-        if t.is_meta:
-            raise UsageError(f"{path}: meta tensors hold no data and cannot be saved")
+        if t.layout is not _strided() or t.is_quantized or t.is_meta:
+            _refuse(t, path)
         index = len(self.entries)
         shape = tuple(t.shape)
         dtype = t.dtype
-        identity = None
         numel = t.numel()
         device, address = t.get_device(), t.data_ptr()
+        alias = None
         if numel > 0:
             # Tied weights: the same first byte, layout and dtype on the same device.
             identity = (device, address, shape, t.stride(), dtype)
-        alias = self._seen.get(identity) if identity is not None else None
+            alias = self._seen.setdefault(identity, index)
+            if alias == index:
+                alias = None
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-        self.entries.append(TensorEntry(index, path, name, shape, numel * t.element_size(), alias_of=alias))
-        self.tensors.add(t, address, route_of(t, device))
-        if identity is not None and alias is None:
-            self._seen[identity] = index
+        self.entries.append((index, path, name, shape, numel * t.element_size(), alias))
+        tensors = self.tensors
+        tensors.append(t)
+        tensors.addresses.append(address)
+        tensors.routes.append(route_of(t, device))
         return index
 
 
+def _refuse(t: Any, path: str) -> NoReturn:
+    if t.is_quantized:
+        raise UsageError(f"{path}: quantized tensors are not supported", hint="dequantize first")
+    if t.is_meta:
+        raise UsageError(f"{path}: meta tensors hold no data and cannot be saved")
+    raise UsageError(f"{path}: {t.layout} tensors are not supported", hint="convert with .to_dense() first")
+
+
+@functools.cache
+def _strided() -> Any:
+    import torch  # only reached with a tensor in hand
+
+    return torch.strided
+
+
 _DTYPE_NAMES: dict[Any, str] = {}
+#: A tensor entry before placement: (index, key, dtype, shape, nbytes, alias_of). Plain tuples while
+#: flattening: each TensorEntry is built once, placed (a frozen dataclass costs ~1.6 us to build).
+_Row = tuple[int, str, str, tuple[int, ...], int, "int | None"]
 
 
-def flatten(state_dict: Any) -> tuple[Any, list[TensorEntry], Sources]:
+def flatten(state_dict: Any) -> tuple[Any, list[_Row], Sources]:
     """(skeleton, entries without placement, tensors in entry order)."""
     if not isinstance(state_dict, dict):
         raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__}")
@@ -243,18 +269,19 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_prefix: str = "shard") -> SavePlan:
+def layout(entries: list[_Row], skeleton: Any, shard_size: int, shard_prefix: str = "shard") -> SavePlan:
     """Place unaliased, non-empty entries into balanced shards of about ``shard_size`` bytes."""
-    stored = [e for e in entries if e.alias_of is None and e.nbytes > 0]
-    total = sum(e.nbytes for e in stored)
+    stored = [(nbytes, index) for index, _, _, _, nbytes, alias in entries if alias is None and nbytes > 0]
+    total = sum(nbytes for nbytes, _ in stored)
     nshards = max(1, min(len(stored), math.ceil(total / shard_size))) if stored else 0
     heap = [(0, s) for s in range(nshards)]  # (bytes so far, shard): the emptiest shard on top
     placed: dict[int, tuple[int, int]] = {}
-    for e in sorted(stored, key=lambda e: (-e.nbytes, e.index)):
+    stored.sort(key=lambda row: (-row[0], row[1]))
+    for nbytes, index in stored:
         used, shard = heapq.heappop(heap)
-        offset = _align(used, BIG_ALIGN if e.nbytes >= BIG_TENSOR_BYTES else SMALL_ALIGN)
-        placed[e.index] = (shard, offset)
-        heapq.heappush(heap, (offset + e.nbytes, shard))
+        offset = _align(used, BIG_ALIGN if nbytes >= BIG_TENSOR_BYTES else SMALL_ALIGN)
+        placed[index] = (shard, offset)
+        heapq.heappush(heap, (offset + nbytes, shard))
     fill = [0] * nshards
     for used, shard in heap:
         fill[shard] = used
@@ -262,10 +289,6 @@ def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_pre
     for s in range(nshards):
         shards.append(ShardPlan(s, f"{shard_prefix}-{s:05d}.bin", fill[s], arena))
         arena = _align(arena + fill[s], BIG_ALIGN)
-    final = tuple(
-        TensorEntry(e.index, e.key, e.dtype, e.shape, e.nbytes, *placed.get(e.index, (-1, 0)), alias_of=e.alias_of)
-        for e in entries
-    )
     placements = np.zeros((len(placed), 3), np.int64)
     if placed:
         index = np.fromiter(placed, np.int64, len(placed))
@@ -273,6 +296,6 @@ def layout(entries: list[TensorEntry], skeleton: Any, shard_size: int, shard_pre
         bases = np.array([s.arena_offset for s in shards], np.int64)
         placements[:, 0] = index
         placements[:, 1] = bases[where[:, 0]] + where[:, 1]
-        placements[:, 2] = [final[i].nbytes for i in index.tolist()]
+        placements[:, 2] = [entries[i][4] for i in index.tolist()]
         placements = placements[np.argsort(placements[:, 1], kind="stable")]
-    return SavePlan(final, tuple(shards), skeleton, max(arena, BIG_ALIGN), placements)
+    return SavePlan(tuple(shards), skeleton, max(arena, BIG_ALIGN), placements, (entries, placed))
