@@ -137,13 +137,21 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     must already be large enough."""
     routes = np.frombuffer(sources.routes, np.int16)[index]
     addresses = np.frombuffer(sources.addresses, np.int64)[index]
+    if len(routes) == 0:
+        return
+    lowest, highest = int(routes.min()), int(routes.max())
+    if lowest == highest and lowest != ROUTE_TORCH:  # the common case: every tensor on the CPU, or on one GPU
+        if lowest == ROUTE_HOST:
+            # ``sources`` keeps every source alive for the duration of the call.
+            native.copy_from_addresses(arena.buffer, np.column_stack((addresses, offsets, nbytes)), threads)
+        else:
+            stage_from_device(DeviceCopies(sources, index, addresses, offsets, nbytes, np.arange(len(index))),
+                              arena.bytes_tensor(), mapped=arena.mapped)
+        return
     host = routes == ROUTE_HOST
     if host.any():
-        # ``sources`` keeps every source alive for the duration of the call.
         native.copy_from_addresses(arena.buffer, np.column_stack((addresses[host], offsets[host], nbytes[host])),
                                    threads)
-    if host.all():
-        return
     flat = arena.bytes_tensor()
     for device in np.unique(routes[routes >= 0]).tolist():
         on = np.flatnonzero(routes == device)
@@ -213,6 +221,11 @@ class DeviceCopies:
     nbytes: np.ndarray
     positions: np.ndarray
 
+    def where(self, mask: np.ndarray) -> DeviceCopies:
+        """The copies that ``mask`` selects."""
+        return DeviceCopies(self.sources, self.index[mask], self.addresses[mask], self.offsets[mask],
+                            self.nbytes[mask], self.positions[mask])
+
     @classmethod
     def of(cls, items: list[tuple[Any, int, int]]) -> DeviceCopies:
         """From (tensor, arena offset, nbytes) items (contiguous tensors, the arena's only ones), in any order."""
@@ -265,24 +278,24 @@ def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False) -> 
         return
     stream = side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
     big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
-    small = np.flatnonzero(~big)
+    small = copies.where(~big) if big.any() else copies
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         for k in np.flatnonzero(big).tolist():
             offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
             flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
-        if small.size:
-            offsets, nbytes = copies.offsets[small], copies.nbytes[small]
-            runs = gather_runs(offsets, nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES, knobs.STAGE_GATHER_RUN_BYTES,
-                               copies.positions[small])
+        if len(small.index):
             kernel = gather.kernel_for(device) if stream is not None else None
             if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
-                gather.gather_into_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, flat)
-            elif kernel is not None:
-                gather.gather_runs_to_host(kernel, device, stream, copies.addresses[small], offsets, nbytes, runs,
-                                           flat)
+                gather.gather_into_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes, flat)
             else:
-                sources = [copies.sources[i] for i in copies.index[small].tolist()]
-                _cat_runs(sources, offsets.tolist(), nbytes.tolist(), runs, flat, device)
+                runs = gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
+                                   knobs.STAGE_GATHER_RUN_BYTES, small.positions)
+                if kernel is not None:
+                    gather.gather_runs_to_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes,
+                                               runs, flat)
+                else:
+                    _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
+                              small.nbytes.tolist(), runs, flat, device)
     # Buffers freed above return to the caching allocator on this stream, so their reuse is ordered
     # after the copies that read them; the caller may change its tensors once this returns.
     if stream is not None:

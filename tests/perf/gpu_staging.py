@@ -47,23 +47,31 @@ from ckptbench.checkpoint.stage import Arena, stage
 from ckptbench.model.presets import load_model
 from ckptbench.units import format_size, parse_size
 
+CASES = ("large", "small", "tiny", "llama")
 
-def shapes(total: int) -> dict[str, dict]:
+
+def shapes(total: int, cases: tuple[str, ...] = CASES) -> dict[str, dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
+    out: dict[str, dict] = {}
     big = 128 * 2**20
-    large = {f"w{i}": torch.randn(big // 2, device="cuda", generator=g).to(torch.bfloat16)
-             for i in range(max(1, total // big))}
+    if "large" in cases:
+        out["large"] = {f"w{i}": torch.randn(big // 2, device="cuda", generator=g).to(torch.bfloat16)
+                        for i in range(max(1, total // big))}
     sizes = [4096, 8192, 16384, 65536]
-    small, used, i = {}, 0, 0
-    while used < total // 8:  # thousands of small tensors (an eighth of SIZE keeps the count ~10k at 2 GiB)
-        n = sizes[i % len(sizes)]
-        small[f"s{i}"] = torch.randn(n // 4, device="cuda", generator=g)
-        used += n
-        i += 1
-    tiny = {f"t{i}": torch.randn(16 * (1 + i % 64), device="cuda", generator=g) for i in range(20_000)}
-    llama = {k: v.to("cuda") for k, v in
-             build_state_dict(plan_workload(load_model("llama3-8b"), size_bytes=total)).items()}
-    return {"large": large, "small": small, "tiny": tiny, "llama": llama}
+    if "small" in cases:
+        small, used, i = {}, 0, 0
+        while used < total // 8:  # thousands of small tensors (an eighth of SIZE keeps the count ~10k at 2 GiB)
+            n = sizes[i % len(sizes)]
+            small[f"s{i}"] = torch.randn(n // 4, device="cuda", generator=g)
+            used += n
+            i += 1
+        out["small"] = small
+    if "tiny" in cases:
+        out["tiny"] = {f"t{i}": torch.randn(16 * (1 + i % 64), device="cuda", generator=g) for i in range(20_000)}
+    if "llama" in cases:
+        out["llama"] = {k: v.to("cuda") for k, v in
+                        build_state_dict(plan_workload(load_model("llama3-8b"), size_bytes=total)).items()}
+    return out
 
 
 def total_bytes(state: dict) -> int:
@@ -187,6 +195,7 @@ def main() -> int:
     ap.add_argument("--save", type=Path, help="directory for gpu-staging.json")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the async saves go")
     ap.add_argument("--async-rounds", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"which state_dicts, of {','.join(CASES)}")
     ap.add_argument("--profile", action="store_true", help="print where staging and planning spend CPU time")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -194,12 +203,12 @@ def main() -> int:
         return 2
     size = parse_size(args.size)
     results = {}
-    states = shapes(size)
+    states = shapes(size, tuple(args.cases.split(",")))
     for name, state in states.items():
         results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name in ("small", "tiny"))
         print(f"{name:6s} {res['tensors']:6d} tensors {format_size(res['bytes']):>10s}  " + "  ".join(
             f"{k} {res['gbps'][k]:6.1f} GB/s ({res['ratio_vs_memcpy'][k]:.2f}x)" for k in res["gbps"]), flush=True)
-    if args.async_rounds:
+    if args.async_rounds and "llama" in states:
         results["async_llama"] = a = async_stall(states["llama"], args.async_rounds, args.dir)
         print("async llama: " + "  ".join(f"{k} stall {a['median_stall_s'][k] * 1e3:.1f} ms total "
                                           f"{a['median_total_s'][k]:.2f} s" for k in a["median_stall_s"])
