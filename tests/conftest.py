@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,12 @@ from ckptbench.cli import main
 # installed ckptbench, not the source tree the tests run from (no compiled engine there under CI's
 # non-editable install): Python 3.11's safe-path mode keeps the working directory off sys.path.
 os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+# A shell runs a background job (`.ci/run &`, nohup) with SIGINT ignored, and children inherit an ignored
+# signal: the tests that press Ctrl-C on a child would then wait for nothing. Give children the
+# disposition a program started from a terminal has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Cli:

@@ -47,6 +47,7 @@ extern "C" __global__ void ckptbench_gather(const long long* rows, int n, unsign
     }
 }
 """
+MIN_TORCH = (2, 11)
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096
 
@@ -71,9 +72,11 @@ def _compile(index: int) -> Any | None:
     import torch
 
     compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-    if compile_kernel is None:
-        log.info("torch %s has no torch.cuda._compile_kernel: small tensors are gathered with torch.cat",
-                 torch.__version__)
+    if compile_kernel is None or _release(torch.__version__) < MIN_TORCH:
+        # Earlier releases' launcher did not pass its stream to cuLaunchKernel (the gather must run on
+        # the staging stream, ordered with the copies around it); 2.11 is the oldest run on a GPU here.
+        log.info("torch %s: small tensors are gathered with torch.cat (the gather kernel needs torch >= %s)",
+                 torch.__version__, ".".join(map(str, MIN_TORCH)))
         return None
     try:
         with torch.cuda.device(index):
@@ -83,6 +86,19 @@ def _compile(index: int) -> Any | None:
         return None
     log.info("GPU gather kernel compiled for cuda:%d", index)
     return kernel
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as '2.11.0+cu130'."""
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def launch(kernel: Any, table: Any, rows: int, dst: Any, stream: Any) -> None:
+    """Queue the kernel on ``stream``: copy ``rows`` (address, offset, nbytes) rows of the device
+    tensor ``table`` into ``dst`` (a CUDA tensor, or registered host memory) at each offset."""
+    kernel(grid=(min(rows, MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1), args=[table, rows, dst],
+           stream=stream)
 
 
 def gather_runs_to_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
@@ -118,8 +134,7 @@ def gather_into_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarra
     table = np.ascontiguousarray(np.column_stack((addresses, offsets, nbytes)))
     table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
     with torch.cuda.device(device):
-        kernel(grid=(min(len(table), MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1),
-               args=[table_on_device, len(table), flat], stream=stream)
+        launch(kernel, table_on_device, len(table), flat, stream)
 
 
 def _align(nbytes: int, to: int = 256) -> int:
@@ -144,7 +159,6 @@ def _gather_batch(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, 
     scratch = torch.zeros(int(bases[-1] + spans[-1]), dtype=torch.uint8, device=device)  # padding stays zero
     table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        kernel(grid=(min(len(table), MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1),
-               args=[table_on_device, len(table), scratch], stream=stream)
+        launch(kernel, table_on_device, len(table), scratch, stream)
     for base, start, span in pieces:
         flat[start:start + span].copy_(scratch[base:base + span], non_blocking=True)

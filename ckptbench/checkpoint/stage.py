@@ -279,27 +279,30 @@ def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False) -> 
     stream = side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
     big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
     small = copies.where(~big) if big.any() else copies
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        for k in np.flatnonzero(big).tolist():
-            offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
-            flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
-        if len(small.index):
-            kernel = gather.kernel_for(device) if stream is not None else None
-            if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
-                gather.gather_into_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes, flat)
-            else:
-                runs = gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
-                                   knobs.STAGE_GATHER_RUN_BYTES, small.positions)
-                if kernel is not None:
-                    gather.gather_runs_to_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes,
-                                               runs, flat)
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for k in np.flatnonzero(big).tolist():
+                offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
+                flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
+            if len(small.index):
+                kernel = gather.kernel_for(device) if stream is not None else None
+                if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
+                    gather.gather_into_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes, flat)
                 else:
-                    _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
-                              small.nbytes.tolist(), runs, flat, device)
-    # Buffers freed above return to the caching allocator on this stream, so their reuse is ordered
-    # after the copies that read them; the caller may change its tensors once this returns.
-    if stream is not None:
-        stream.synchronize()
+                    runs = gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
+                                       knobs.STAGE_GATHER_RUN_BYTES, small.positions)
+                    if kernel is not None:
+                        gather.gather_runs_to_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes,
+                                                   runs, flat)
+                    else:
+                        _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
+                                  small.nbytes.tolist(), runs, flat, device)
+    finally:
+        # Also after an error: nothing may still be copying into the arena (or from the tensors) once this
+        # returns. Buffers freed above return to the caching allocator on this stream, so their reuse is
+        # ordered after the copies that read them; the caller may change its tensors once this returns.
+        if stream is not None:
+            stream.synchronize()
 
 
 def _cat_runs(sources: list[Any], offsets: list[int], nbytes: list[int], runs: list[tuple[int, int]], flat: Any,

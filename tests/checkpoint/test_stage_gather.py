@@ -141,6 +141,11 @@ def _fake_kernel(grid, block, args, stream=None):
         ctypes.memmove(dst.data_ptr() + offset, address, nbytes)
 
 
+def test_torch_release_parsing():
+    assert gather._release("2.11.0+cu130") == (2, 11) and gather._release("2.9.1") == (2, 9)
+    assert gather._release("2.13.0a0+git123") == (2, 13) and gather._release("3") == (3, 0)
+
+
 @pytest.mark.parametrize("scratch", [2**30, 1, 700])
 def test_kernel_table_and_batches_match_direct_copies(monkeypatch, scratch):
     """The rows handed to the kernel and the scratch batching, checked with a CPU stand-in for the kernel."""
