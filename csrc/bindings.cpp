@@ -37,10 +37,10 @@ struct HeldBuffers {
         for (auto &v : views) PyBuffer_Release(&v);
     }
     HeldBuffers() { views.reserve(4); }
-    Py_buffer &acquire(nb::handle obj, bool writable) {
+    Py_buffer &acquire(nb::handle obj, bool writable, int extra_flags = 0) {
         views.emplace_back();
         Py_buffer &view = views.back();
-        int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+        int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0) | extra_flags;
         if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
             views.pop_back();
             throw nb::python_error();
@@ -274,9 +274,13 @@ NB_MODULE(_native, m) {
                                   static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes)});
             };
             if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
-                Py_buffer &table = held.acquire(jobs, false);
-                if (table.itemsize != 8 || table.len % 24 != 0)
-                    throw nb::value_error("a jobs table must hold int64 (address, offset, nbytes) rows");
+                Py_buffer &table = held.acquire(jobs, false, PyBUF_FORMAT);
+                std::string format = table.format ? table.format : "B";
+                if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
+                    format.erase(0, 1);  // native or little-endian (x86-64, aarch64 are little-endian)
+                if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 || table.shape[1] != 3)
+                    throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3): "
+                                          "(address, offset, nbytes) rows");
                 const auto *row = static_cast<const std::int64_t *>(table.buf);
                 std::size_t n = static_cast<std::size_t>(table.len) / 24;
                 copies.reserve(n);

@@ -118,8 +118,9 @@ class Sources(list):
         super().__init__()
         self.addresses = array("q")
         self.routes = array("h")
-        for t in tensors:
-            self.add(t, t.data_ptr(), route_of(t, t.get_device()))
+        for t in tensors:  # (tensors copied by value may have no storage to point at: no data_ptr())
+            route = route_of(t, t.get_device())
+            self.add(t, t.data_ptr() if route != ROUTE_TORCH else 0, route)
 
     def add(self, tensor: Any, address: int, route: int) -> None:
         self.append(tensor)

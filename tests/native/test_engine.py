@@ -270,7 +270,9 @@ def test_copy_from_addresses_takes_an_int64_table():
     assert dst[:30] == raw[10:40] and dst[50:] == raw[:50] and dst[30:50] == bytes(20)
     with pytest.raises(IndexError, match="outside the destination"):
         native.copy_from_addresses(dst, np.array([[base, 90, 20]], np.int64))
-    with pytest.raises(ValueError, match="int64"):
-        native.copy_from_addresses(dst, np.array([[1, 2, 3]], np.int32))
+    for bad in (np.array([[1, 2, 3]], np.int32), np.array([[1.0, 2.0, 3.0]]), np.array([[1, 2, 3]], np.uint64),
+                np.array([[1, 2, 3]], ">i8"), np.zeros((3, 2), np.int64), np.zeros(6, np.int64)):
+        with pytest.raises(ValueError, match="int64"):
+            native.copy_from_addresses(dst, bad)
     with pytest.raises(ValueError, match="negative"):
         native.copy_from_addresses(dst, np.array([[base, -1, 2]], np.int64))
