@@ -51,7 +51,7 @@ from ckptbench.bench.workloads import (
     verify_state_dict,
 )
 from ckptbench.checkpoint.stage import available_memory_bytes
-from ckptbench.errors import UsageError
+from ckptbench.errors import CkptbenchError, StorageIOError, UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local import LocalDirectory
 from ckptbench.storage.objects import ObjectScratch, ObjectTarget
@@ -420,14 +420,15 @@ def _sync_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, s
                 label: str, rss: PeakRss, progress: Progress, nbytes: int) -> None:
     directory = places.location(name)
     progress.phase(f"{w.name}: save {label}")
-    with rss.measure() as peak:
+    with rss.measure() as peak, writer_failures(w, "save", directory):
         save_s = w.save(state_dict, directory)
     progress.end_step(nbytes)
     s.files, s.disk_bytes = places.files(directory)
     s.details = w.details()
     places.make_cold(directory)
     progress.phase(f"{w.name}: load {label} (cold)")
-    load_s, loaded = w.load(directory)
+    with writer_failures(w, "load", directory):
+        load_s, loaded = w.load(directory)
     progress.end_step(nbytes)
     if loaded is not None:
         progress.phase(f"{w.name}: verifying")
@@ -445,19 +446,45 @@ def _sync_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, s
 def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path | str,
                 probe: ComputeProbe | None = None) -> tuple[float, float, list[float]]:
     """(stall_s, persist_s, probe step times while persisting) of one async save."""
-    start = time.perf_counter()
-    pending = w.save_async(state_dict, directory)
-    staged = time.perf_counter()
-    try:
-        steps = probe.run_while(lambda: not pending.done()) if probe is not None else []
-        pending.wait()
-    except BaseException:
-        # Ctrl-C or a failure: let the background save finish before the scratch directory is
-        # removed, so it cannot write (or recreate directories) there afterwards.
-        with contextlib.suppress(Exception):
+    with writer_failures(w, "async save", directory):
+        start = time.perf_counter()
+        pending = w.save_async(state_dict, directory)
+        staged = time.perf_counter()
+        try:
+            steps = probe.run_while(lambda: not pending.done()) if probe is not None else []
             pending.wait()
-        raise
+        except BaseException:
+            # Ctrl-C or a failure: let the background save finish before the scratch directory is
+            # removed, so it cannot write (or recreate directories) there afterwards.
+            with contextlib.suppress(Exception):
+                pending.wait()
+            raise
     return staged - start, time.perf_counter() - staged, steps
+
+
+@contextlib.contextmanager
+def writer_failures(w: Writer, action: str, where: Path | str) -> Iterator[None]:
+    """A competitor's failure (an OSError, torch's stream errors, dcp's CheckpointException) as one
+    StorageIOError naming the writer and what it did; the original stays chained (``-v`` shows it,
+    and a full disk is still recognised from it)."""
+    try:
+        yield
+    except (CkptbenchError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # dcp's CheckpointException is a BaseException
+        if isinstance(w, CkptbenchWriter):  # ours says what failed itself; anything else is a bug: show it
+            raise
+        raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(exc)}") from exc
+
+
+def _first_failure(exc: BaseException) -> str:
+    """One line for ``exc``: for dcp's CheckpointException, the first rank's own error."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) and first and isinstance(first[0], BaseException) else exc
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, a: _AsyncSamples, measured: bool,
@@ -468,7 +495,8 @@ def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, 
     progress.end_step(nbytes)
     if measured and not a.verified:
         progress.phase(f"{w.name}: verifying the async save")
-        _, loaded = w.load(directory)
+        with writer_failures(w, "load", directory):
+            _, loaded = w.load(directory)
         verify_state_dict(state_dict, loaded, f"{w.name} (async)")  # type: ignore[arg-type]
         a.verified = True
         del loaded

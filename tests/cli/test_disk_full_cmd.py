@@ -116,3 +116,37 @@ def test_an_io_error_on_a_disk_with_room_is_one_line_too_and_not_called_a_full_d
     assert result.stderr.strip().splitlines() == [
         "ckptbench: error: 1 thr x 4 MiB: write 1/1 failed: [Errno 5] Input/output error"]
     assert os.listdir(tmp_path) == []
+
+
+def test_a_competitor_writer_that_fails_is_one_line_naming_it(cli, tmp_path: Path, monkeypatch):
+    from ckptbench.bench import workloads
+
+    def failing(self, state_dict, directory):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/3: file write failed\nmore C++ context")
+
+    monkeypatch.setattr(workloads.TorchWriter, "_save", failing)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "ckptbench,torch")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error: torch: save at "), lines
+    assert "RuntimeError: [enforce fail at inline_container.cc:664] . PytorchStreamWriter failed" in lines[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failing_dcp_rank_is_named_by_its_own_error(cli, tmp_path: Path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def failing(*args, **kwargs):
+        raise CheckpointException("save", {0: (PermissionError(13, "Permission denied"), None)})
+
+    monkeypatch.setattr(dcp, "save", failing)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "dcp")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error: dcp: save at "), lines
+    assert lines[0].endswith(" failed: PermissionError: [Errno 13] Permission denied")
+    assert os.listdir(tmp_path) == []
