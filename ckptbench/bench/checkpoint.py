@@ -25,6 +25,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import shutil
 import statistics
 import threading
@@ -48,6 +49,7 @@ from ckptbench.bench.workloads import (
     build_state_dict,
     make_writer,
     plan_workload,
+    to_device,
     verify_state_dict,
 )
 from ckptbench.checkpoint.stage import available_memory_bytes
@@ -99,9 +101,13 @@ class CheckpointBenchSpec:
     warmup: int = 1
     threads: int | None = None
     memory_saves: int = MEMORY_SAVES
+    #: Where the state_dict lives while it is saved, and where loads put it: cpu, cuda or cuda:N.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         check_run(self.scale, self.size_bytes, self.repeat, self.warmup, self.threads)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise UsageError(f"device {self.device!r} must be cpu, cuda or cuda:N")
         unknown = [w for w in self.writers if w not in WRITERS]
         if not self.writers or unknown:
             raise UsageError(f"unknown writer {unknown[0] if unknown else ''!r}", hint=f"known: {', '.join(WRITERS)}")
@@ -300,6 +306,33 @@ class _AsyncSamples:
     verified: bool = False
 
 
+#: GPU memory a --device cuda run needs, in checkpoints: the state_dict and one loaded copy, plus slack.
+DEVICE_COPIES = 2.2
+
+
+def check_device(device: str, nbytes: int) -> None:
+    """UsageError unless ``device`` exists here and has room for the run's copies of the checkpoint."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device} needs a CUDA GPU, and torch sees none here "
+                         f"(torch {torch.__version__}, torch.cuda.is_available() is False)",
+                         hint="drop --device to save a CPU state_dict")
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    free, _ = torch.cuda.mem_get_info(index)
+    need = int(DEVICE_COPIES * nbytes)
+    if need > free:
+        raise UsageError(f"the run keeps about {DEVICE_COPIES:g} copies of the {format_size(nbytes)} checkpoint on "
+                         f"cuda:{index} ({format_size(need)}) but only {format_size(free)} of its memory is free",
+                         hint="lower --scale or --size")
+
+
 def run_checkpoint_bench(
     spec: CheckpointBenchSpec,
     target: LocalDirectory | ObjectTarget,
@@ -322,6 +355,7 @@ def run_checkpoint_bench(
             f"the run keeps about {MEMORY_COPIES:g} copies of the {format_size(nbytes)} checkpoint in memory "
             f"({format_size(required_memory_bytes(workload))}) but only {format_size(available)} is available",
             hint="lower --scale or --size")
+    check_device(spec.device, nbytes)
     on_objects = isinstance(target, ObjectTarget)
     if on_objects:
         local_only = [w for w in spec.writers if w not in OBJECT_WRITERS]
@@ -335,7 +369,8 @@ def run_checkpoint_bench(
     try:
         for name in spec.writers:
             writers.append(make_writer(name, threads=spec.threads,
-                                       storage_options=target.storage_options if on_objects else None))
+                                       storage_options=target.storage_options if on_objects else None,
+                                       device=spec.device))
         return _run(spec, target, workload, writers, progress)
     finally:
         for w in writers:
@@ -352,7 +387,7 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
 
     progress.phase(f"building the state_dict ({format_size(nbytes)}, {len(workload.tensors)} tensors)")
     log.info("workload %s", workload.describe())
-    state_dict = build_state_dict(workload)
+    state_dict = to_device(build_state_dict(workload), spec.device)
     for w in writers:
         w.prepare(state_dict)
     memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)

@@ -281,18 +281,27 @@ def verify_state_dict(source: dict[str, Any], loaded: dict[str, Any], writer: st
         if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
             raise StorageIOError(f"{writer}: {key!r} loaded as {got.dtype} {tuple(got.shape)}, "
                                  f"saved as {want.dtype} {tuple(want.shape)}")
+        if got.device != want.device:
+            raise StorageIOError(f"{writer}: {key!r} loaded to {got.device}, saved from {want.device}")
         if not torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
             raise StorageIOError(f"{writer}: {key!r} loaded with different bytes than were saved")
 
 
 def fault_in(state_dict: dict[str, Any]) -> None:
-    """Touch one byte of every page of every tensor, so a lazily mapped load (mmap) is really in memory."""
+    """Touch one byte of every page of every CPU tensor, so a lazily mapped load (mmap) is really in
+    memory; wait for the copies still running into GPU tensors."""
     import torch
 
+    devices = set()
     for tensor in state_dict.values():
+        if tensor.is_cuda:
+            devices.add(tensor.device)
+            continue
         flat = tensor.reshape(-1).view(torch.uint8)
         if flat.numel():
             flat[::4096].sum()
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -328,6 +337,8 @@ class Writer:
     name = ""
     durable = ""
     load_how = ""
+    #: Where loads put the tensors ("cpu", "cuda", "cuda:N"): the device the saved state_dict lives on.
+    device = "cpu"
     supports_async = False
     async_how = ""
     #: Bytes one save moves when they are not the state_dict's (the fio reference); 0 otherwise.
@@ -388,7 +399,7 @@ class CkptbenchWriter(Writer):
         self._last = self._ckpt.save(state_dict, directory, storage_options=self.storage_options)
 
     def _load(self, directory: Path) -> dict[str, Any]:
-        return self._ckpt.load(directory, storage_options=self.storage_options)
+        return self._ckpt.load(directory, device=self.device, storage_options=self.storage_options)
 
     def save_async(self, state_dict: dict[str, Any], directory: Path) -> PendingSave:
         handle = self._ckpt.save(state_dict, directory, async_=True, storage_options=self.storage_options)
@@ -427,7 +438,7 @@ class TorchWriter(Writer):
     def _load(self, directory: Path) -> dict[str, Any]:
         import torch
 
-        return torch.load(directory / self.FILE, map_location="cpu", weights_only=True)
+        return torch.load(directory / self.FILE, map_location=self.device, weights_only=True)
 
 
 class DcpWriter(Writer):
@@ -477,7 +488,7 @@ class DcpWriter(Writer):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemReader
 
-        state_dict = {k: torch.empty(shape, dtype=dtype) for k, shape, dtype in self._template}
+        state_dict = {k: torch.empty(shape, dtype=dtype, device=self.device) for k, shape, dtype in self._template}
         dcp.load(state_dict, storage_reader=FileSystemReader(directory), no_dist=True)
         return state_dict
 
@@ -506,7 +517,7 @@ class SafetensorsWriter(Writer):
     def _load(self, directory: Path) -> dict[str, Any]:
         from safetensors.torch import load_file
 
-        return load_file(directory / self.FILE)
+        return load_file(directory / self.FILE, device=self.device)
 
 
 class FioReference(Writer):
@@ -615,22 +626,39 @@ OBJECT_WRITERS = ("ckptbench",)
 
 
 def make_writer(name: str, *, threads: int | None = None, block_size: int | None = None,
-                storage_options: dict[str, Any] | None = None) -> Writer:
+                storage_options: dict[str, Any] | None = None, device: str = "cpu") -> Writer:
     """The adapter for writer ``name`` (one of :data:`WRITERS`); MissingDependencyError if it cannot run here.
-    ``storage_options`` reach writers that save to object storage (ckptbench)."""
+    ``storage_options`` reach writers that save to object storage (ckptbench); loads go to ``device``."""
     from ckptbench import knobs
 
+    writer: Writer
     if name == "ckptbench":
-        return CkptbenchWriter(threads, storage_options)
-    if name == "torch":
-        return TorchWriter()
-    if name == "dcp":
-        return DcpWriter()
-    if name == "safetensors":
-        return SafetensorsWriter()
-    if name == "fio":
-        return FioReference(threads or knobs.SAVE_THREADS, block_size or knobs.SAVE_BLOCK_BYTES)
-    raise UsageError(f"unknown writer {name!r}", hint=f"known: {', '.join(WRITERS)}")
+        writer = CkptbenchWriter(threads, storage_options)
+    elif name == "torch":
+        writer = TorchWriter()
+    elif name == "dcp":
+        writer = DcpWriter()
+    elif name == "safetensors":
+        writer = SafetensorsWriter()
+    elif name == "fio":
+        writer = FioReference(threads or knobs.SAVE_THREADS, block_size or knobs.SAVE_BLOCK_BYTES)
+    else:
+        raise UsageError(f"unknown writer {name!r}", hint=f"known: {', '.join(WRITERS)}")
+    writer.device = device
+    return writer
+
+
+def to_device(state_dict: dict[str, Any], device: str) -> dict[str, Any]:
+    """``state_dict`` moved to ``device`` one tensor at a time (each CPU copy freed as it goes)."""
+    if device == "cpu":
+        return state_dict
+    import torch
+
+    moved = {}
+    for key in list(state_dict):
+        moved[key] = state_dict.pop(key).to(device)
+    torch.cuda.synchronize(device)
+    return moved
 
 
 def state_dict_bytes(state_dict: dict[str, Any]) -> int:

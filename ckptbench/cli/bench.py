@@ -27,7 +27,7 @@ WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
 FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",
            "direct": "--direct/--buffered", "fsync": "--fsync/--no-fsync", "read": "--read/--no-read",
            "metadata": "--metadata"}
-CHECKPOINT_ONLY = {"model": "--model", "scale": "--scale", "writers": "--writers"}
+CHECKPOINT_ONLY = {"model": "--model", "scale": "--scale", "writers": "--writers", "device": "--device"}
 #: Options of the object-storage sweep only.
 OBJECT_ONLY = {"object_size": "--object-size", "concurrency": "--concurrency", "part_size": "--part-size"}
 DEFAULT_OBJECT_SIZE = "64MiB"
@@ -96,6 +96,9 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
               help="Checkpoint workload: writers compared in one process, alternating: "
                    f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference)  [default: ckptbench; on object "
                    "storage only ckptbench].")
+@click.option("--device", default=None, metavar="cpu|cuda|cuda:N",
+              help="Checkpoint workload: where the state_dict lives while it is saved, and where loads put it. "
+                   "cuda measures what training does: device-to-host staging, then the writes  [default: cpu].")
 @click.option("--object-size", type=params.SIZE_LIST, default=None,
               help=f"s3:// sweep: object sizes; a comma list sweeps them  [default: {DEFAULT_OBJECT_SIZE}].")
 @click.option("--concurrency", type=params.INT_LIST, default=None,
@@ -125,7 +128,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
           storage_option: tuple[str, ...], force: bool, dp: int | None, tp: int | None, pp: int | None,
-          zero: str | None) -> None:
+          zero: str | None, device: str | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -147,6 +150,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench /mnt/nvme --output results/
       ckptbench bench /mnt/nvme --workload checkpoint --model llama3-8b --scale 0.05
       ckptbench bench /mnt/nvme --workload checkpoint --size 4GiB --writers ckptbench,torch,dcp,safetensors
+      ckptbench bench /mnt/nvme --workload checkpoint --scale 0.1 --device cuda --writers ckptbench,dcp
       ckptbench bench s3://bucket/tmp --endpoint-url http://rgw:7480 --object-size 64MiB,256MiB --concurrency 8,32
       ckptbench bench s3://bucket/tmp --workload checkpoint --scale 0.02
       torchrun --nproc-per-node 8 -m ckptbench bench /mnt/lustre --model llama3-70b --scale 0.05 --tp 8
@@ -184,9 +188,9 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         if "workload" in given and workload != "checkpoint":
             raise UsageError("under a distributed launch bench measures the checkpoint workload",
                              hint="drop --workload fs (the filesystem sweep runs in one process)")
-        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY)))
+        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device"}))
         if misplaced:
-            flag = {**FS_ONLY, **OBJECT_ONLY}[misplaced[0]]
+            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
                            as_json=as_json, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
@@ -199,7 +203,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
             raise UsageError(f"{OBJECT_ONLY[misplaced[0]]} applies to the s3:// object sweep (--workload fs) only")
         _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, as_json=as_json,
                           plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers,
-                          storage_options=options, force=force)
+                          storage_options=options, force=force, device=device or "cpu")
         return
     misplaced = sorted(given & set(CHECKPOINT_ONLY))
     if misplaced:
@@ -367,7 +371,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
 def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[int], repeat: int, warmup: int,
                       as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
                       scale: float | None, writers: list[str] | None, storage_options: dict[str, str],
-                      force: bool = False) -> None:
+                      force: bool = False, device: str = "cpu") -> None:
     """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan, run_checkpoint_bench
     from ckptbench.storage import resolve_target
@@ -383,7 +387,7 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
         model=DEFAULT_MODEL if model is None else model, scale=scale,
         size_bytes=None if scale is not None else size,
         writers=tuple(writers or ("ckptbench",)), repeat=repeat, warmup=warmup,
-        threads=threads[0] if "threads" in given else None,
+        threads=threads[0] if "threads" in given else None, device=device,
     )
     storage = resolve_target(target, storage_options, force=force)
     workload = plan(spec)
@@ -414,6 +418,7 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
         f"[bold]{document['target']}[/]  {document['environment']['target']['filesystem']}  ·  "
         f"{workload['model']} x{workload['scale']:.3g}: {shape['layers']} blocks, hidden {shape['hidden']}, "
         f"{format_size(workload['total_bytes'])} in {workload['tensors']} tensors ({by_dtype})  ·  "
+        f"state_dict on {spec.get('device', 'cpu')}  ·  "
         f"{spec['repeat']} runs (+{spec['warmup']} warm-up), writers alternating  ·  "
         f"cold loads: {document['cache_drop']['method']}  ·  memcpy {format_rate(document['memcpy_gbps'] * 1e9)}"
     )

@@ -426,6 +426,7 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
     by_dtype = ", ".join(f"{d} {n / workload['total_bytes']:.0%}" for d, n in workload["bytes_by_dtype"].items() if n)
     lines = [f"{workload['model']} x{workload['scale']:.3g}: {shape['layers']} blocks, hidden {shape['hidden']}, "
              f"{format_size(workload['total_bytes'])} in {workload['tensors']} tensors ({by_dtype}) · "
+             f"state_dict on {spec.get('device', 'cpu')} · "
              f"{spec['repeat']} runs (+{spec['warmup']} warm-up), writers alternating · "
              f"memcpy {document['memcpy_gbps']:.1f} GB/s",
              f"cold loads: {document['cache_drop'].get('how') or document['cache_drop']['method']} · "

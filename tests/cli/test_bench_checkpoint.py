@@ -99,6 +99,9 @@ def test_default_writer_is_ckptbench_and_threads_are_passed(cli, tmp_path: Path)
         (["--writers", "ckptbench,torch"], "--writers applies to --workload checkpoint only"),
         (["--scale", "0.1"], "--scale applies to --workload checkpoint only"),
         (["--model", "llama3-8b"], "--model applies to --workload checkpoint only"),
+        (["--device", "cpu"], "--device applies to --workload checkpoint only"),
+        (["--workload", "checkpoint", "--device", "tpu"], "must be cpu, cuda or cuda:N"),
+        (["--workload", "checkpoint", "--device", "cuda:x"], "must be cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: Path, args, needle):
@@ -110,6 +113,23 @@ def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: Path, args,
     assert len(lines) == 1 and lines[0].startswith("ckptbench: error:"), result.stderr
     assert needle in lines[0]
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_is_one_line_before_anything_runs(cli, tmp_path: Path):
+    result = cli("bench", str(tmp_path), *QUICK, "--size", "4MiB", "--device", "cuda")
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda needs a CUDA GPU" in lines[0], lines
+    assert "torch.cuda.is_available() is False" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_device_is_recorded_and_shown(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), *QUICK, "--size", "4MiB", "--device", "cpu")
+    assert doc["spec"]["device"] == "cpu"
+    result = cli("bench", str(tmp_path), *QUICK, "--size", "4MiB")
+    assert result.exit_code == 0 and "state_dict on cpu" in result.stdout
 
 
 def test_missing_target_is_exit_2(cli, tmp_path: Path):

@@ -169,3 +169,15 @@ def test_dcp_writer_stages_gpu_tensors(tmp_path: Path):
     dcp.load(loaded, storage_reader=Reader(tmp_path / "c"))
     assert all(torch.equal(loaded[k], expected[k]) for k in expected)
     writer.close()
+
+
+def test_checkpoint_bench_with_the_state_dict_on_the_gpu(cli, tmp_path: Path):
+    """`bench --workload checkpoint --device cuda`: every writer saves GPU tensors and loads them back
+    onto the GPU, verified bit-exact."""
+    doc = cli.json("bench", str(tmp_path), "--workload", "checkpoint", "--size", "32MiB", "--repeat", "1",
+                   "--warmup", "0", "--device", "cuda", "--writers", "ckptbench,torch,dcp")
+    assert doc["spec"]["device"] == "cuda"
+    assert all(r["verified"] for r in doc["results"]) and {r["writer"] for r in doc["results"]} == {
+        "ckptbench", "torch", "dcp"}
+    assert all(a["verified"] for a in doc["async"])
+    assert list(tmp_path.iterdir()) == []

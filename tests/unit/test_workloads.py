@@ -118,6 +118,9 @@ def test_verify_names_what_differs(small):
     copy[key] = sd[key].float()
     with pytest.raises(StorageIOError, match="loaded as torch.float32"):
         verify_state_dict(sd, copy, "w")
+    copy[key] = torch.empty_like(sd[key], device="meta")
+    with pytest.raises(StorageIOError, match="loaded to meta, saved from cpu"):
+        verify_state_dict(sd, copy, "w")
     del copy[key]
     with pytest.raises(StorageIOError, match="keys differ"):
         verify_state_dict(sd, copy, "w")
