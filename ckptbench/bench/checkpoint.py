@@ -47,6 +47,7 @@ from ckptbench.bench.workloads import (
     ComputeProbe,
     Writer,
     build_state_dict,
+    check_device,
     make_writer,
     plan_workload,
     to_device,
@@ -304,33 +305,6 @@ class _AsyncSamples:
     steps: list[int] = field(default_factory=list)
     persist_with_probe_s: list[float] = field(default_factory=list)
     verified: bool = False
-
-
-#: GPU memory a --device cuda run needs, in checkpoints: the state_dict and one loaded copy, plus slack.
-DEVICE_COPIES = 2.2
-
-
-def check_device(device: str, nbytes: int) -> None:
-    """UsageError unless ``device`` exists here and has room for the run's copies of the checkpoint."""
-    if device == "cpu":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError(f"--device {device} needs a CUDA GPU, and torch sees none here "
-                         f"(torch {torch.__version__}, torch.cuda.is_available() is False)",
-                         hint="drop --device to save a CPU state_dict")
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    if index >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
-                         f"cuda:{torch.cuda.device_count() - 1}")
-    free, _ = torch.cuda.mem_get_info(index)
-    need = int(DEVICE_COPIES * nbytes)
-    if need > free:
-        raise UsageError(f"the run keeps about {DEVICE_COPIES:g} copies of the {format_size(nbytes)} checkpoint on "
-                         f"cuda:{index} ({format_size(need)}) but only {format_size(free)} of its memory is free",
-                         hint="lower --scale or --size")
 
 
 def run_checkpoint_bench(
