@@ -94,34 +94,22 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-def launch(kernel: Any, table: Any, rows: int, dst: Any, stream: Any) -> None:
-    """Queue the kernel on ``stream``: copy ``rows`` (address, offset, nbytes) rows of the device
-    tensor ``table`` into ``dst`` (a CUDA tensor, or registered host memory) at each offset."""
-    kernel(grid=(min(rows, MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1), args=[table, rows, dst],
-           stream=stream)
-
-
 def gather_runs_to_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
                         nbytes: np.ndarray, runs: list[tuple[int, int]], flat: Any) -> None:
     """Gather tensors (``addresses``, sorted by arena ``offsets``) run by run and queue each run's
     device-to-host copy into ``flat`` on ``stream`` (current). Device scratch is bounded by
     ``knobs.STAGE_GATHER_SCRATCH_BYTES`` (at least one run); the caller synchronises ``stream``."""
-
-    run_first = np.array([first for first, _ in runs], np.int64)
-    run_stop = np.array([stop for _, stop in runs], np.int64)
-    run_start = offsets[run_first]
-    run_span = offsets[run_stop - 1] + nbytes[run_stop - 1] - run_start
-    batch: list[int] = []
+    ends = offsets + nbytes
+    batch: list[tuple[int, int, int]] = []
     scratch_bytes = 0
-    for r, span in enumerate(run_span.tolist()):
-        if batch and scratch_bytes + span > knobs.STAGE_GATHER_SCRATCH_BYTES:
-            _gather_batch(kernel, device, stream, addresses, offsets, nbytes, run_first, run_stop, run_start,
-                          run_span, batch, flat)
+    for first, stop in runs:
+        span = int(ends[stop - 1] - offsets[first])
+        if batch and scratch_bytes + _align(span) > knobs.STAGE_GATHER_SCRATCH_BYTES:
+            _gather_batch(kernel, device, stream, addresses, offsets, nbytes, batch, flat)
             batch, scratch_bytes = [], 0
-        batch.append(r)
+        batch.append((first, stop, span))
         scratch_bytes += _align(span)
-    _gather_batch(kernel, device, stream, addresses, offsets, nbytes, run_first, run_stop, run_start, run_span,
-                  batch, flat)
+    _gather_batch(kernel, device, stream, addresses, offsets, nbytes, batch, flat)
 
 
 def gather_into_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
@@ -129,36 +117,38 @@ def gather_into_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarra
     """Queue one kernel on ``stream`` (current) that copies every tensor straight to its offset in
     ``flat``, registered (mapped) host memory: the device writes across the bus itself, no scratch
     buffer and no separate device-to-host copies. The caller synchronises ``stream``."""
+    _launch(kernel, device, stream, np.column_stack((addresses, offsets, nbytes)), flat)
+
+
+def _gather_batch(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
+                  nbytes: np.ndarray, batch: list[tuple[int, int, int]], flat: Any) -> None:
+    """Gather the runs ``batch`` ((first, stop, span) each) into one zeroed scratch buffer, then queue
+    one device-to-host copy per run."""
     import torch
 
-    table = np.ascontiguousarray(np.column_stack((addresses, offsets, nbytes)))
-    table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
-    with torch.cuda.device(device):
-        launch(kernel, table_on_device, len(table), flat, stream)
+    rows, pieces, base = [], [], 0
+    for first, stop, span in batch:
+        start = int(offsets[first])
+        rows.append(np.column_stack((addresses[first:stop], offsets[first:stop] - start + base, nbytes[first:stop])))
+        pieces.append((base, start, span))
+        base += _align(span)
+    scratch = torch.zeros(base, dtype=torch.uint8, device=device)  # the padding between tensors stays zero
+    _launch(kernel, device, stream, np.concatenate(rows), scratch)
+    for base, start, span in pieces:
+        flat[start:start + span].copy_(scratch[base:base + span], non_blocking=True)
+
+
+def _launch(kernel: Any, device: Any, stream: Any, table: np.ndarray, dst: Any) -> None:
+    """Upload ``table`` ((address, offset, nbytes) rows) and queue the kernel on ``stream``: each row
+    copied to ``dst`` (a device tensor, or registered host memory) at its offset."""
+    import torch
+
+    rows = len(table)
+    on_device = torch.from_numpy(np.ascontiguousarray(table, np.int64)).to(device, non_blocking=True)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        kernel(grid=(min(rows, MAX_BLOCKS), 1, 1), block=(THREADS_PER_BLOCK, 1, 1), args=[on_device, rows, dst],
+               stream=stream)
 
 
 def _align(nbytes: int, to: int = 256) -> int:
     return -(-nbytes // to) * to
-
-
-def _gather_batch(kernel: Any, device: Any, stream: Any, addresses: np.ndarray, offsets: np.ndarray,
-                  nbytes: np.ndarray, run_first: np.ndarray, run_stop: np.ndarray, run_start: np.ndarray,
-                  run_span: np.ndarray, batch: list[int], flat: Any) -> None:
-    import torch
-
-    spans = run_span[batch]
-    bases = np.zeros(len(batch), np.int64)
-    bases[1:] = np.cumsum([_align(span) for span in spans.tolist()])[:-1]
-    pieces, rows = [], []
-    for r, base in zip(batch, bases.tolist(), strict=True):
-        first, stop = int(run_first[r]), int(run_stop[r])
-        pieces.append((base, int(run_start[r]), int(run_span[r])))
-        rows.append(np.column_stack((addresses[first:stop], offsets[first:stop] - run_start[r] + base,
-                                     nbytes[first:stop])))
-    table = np.ascontiguousarray(np.concatenate(rows))
-    scratch = torch.zeros(int(bases[-1] + spans[-1]), dtype=torch.uint8, device=device)  # padding stays zero
-    table_on_device = torch.from_numpy(table).to(device, non_blocking=True)
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        launch(kernel, table_on_device, len(table), scratch, stream)
-    for base, start, span in pieces:
-        flat[start:start + span].copy_(scratch[base:base + span], non_blocking=True)

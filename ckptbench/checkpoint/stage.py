@@ -168,17 +168,19 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
     import torch
 
     streams: dict[Any, Any] = {}
-    for tensor, offset, nbytes in items:
-        stream = None
-        if tensor.is_cuda:
-            stream = streams.get(tensor.device)
-            if stream is None:
-                stream = streams[tensor.device] = side_stream(tensor.device)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)).copy_(
-                tensor.resolve_conj().resolve_neg(), non_blocking=stream is not None)
-    for stream in streams.values():
-        stream.synchronize()
+    try:
+        for tensor, offset, nbytes in items:
+            stream = None
+            if tensor.is_cuda:
+                stream = streams.get(tensor.device)
+                if stream is None:
+                    stream = streams[tensor.device] = side_stream(tensor.device)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)).copy_(
+                    tensor.resolve_conj().resolve_neg(), non_blocking=stream is not None)
+    finally:  # also after an error: nothing may still be copying into the arena once this returns
+        for stream in streams.values():
+            stream.synchronize()
 
 
 _streams: dict[int, Any] = {}
