@@ -47,5 +47,10 @@ class StorageIOError(CkptbenchError):
     """An I/O operation failed at run time (after validation passed)."""
 
 
+class OutcomeUnknownError(StorageIOError):
+    """A write failed without an answer: a request reached the store (or may have), but its response
+    never came back, so it may have been stored all the same, now or a little later."""
+
+
 class CheckFailed(CkptbenchError):
     """A pre-flight check failed; the command ran correctly but the verdict is FAIL."""

@@ -35,7 +35,7 @@ from ckptbench.checkpoint.distributed import RankFailedError, World, current_wor
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
 from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
-from ckptbench.errors import InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
 from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
@@ -49,6 +49,17 @@ class CheckpointExistsError(UsageError):
     def at(cls, url: str) -> CheckpointExistsError:
         return cls(f"{url} already holds a checkpoint",
                    hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
+
+
+#: Seconds between re-reads of the manifest after a write whose answer was lost (it may land late).
+COMMIT_RECHECK_S = (0.1, 0.3, 0.6, 1.0)
+
+
+def _current_manifest(store: Store) -> dict | None:
+    try:
+        return mf.read_manifest(store)
+    except mf.NotACheckpointError:
+        return None
 
 
 class CommitOutcomeUnknown(StorageIOError):
@@ -474,16 +485,23 @@ class Checkpointer:
         """Write the manifest; if that fails, remove this save's shards unless the manifest did land.
 
         A failed PUT may still have been stored (the answer was lost), so the manifest is read back:
-        ours -> the commit happened; another save's, or none -> our shards are orphans, removed; not
-        readable -> left for the next save's sweep (removing them could break a committed checkpoint).
+        ours -> the commit happened; another save's, or none -> our shards are orphans, removed. Two
+        cases keep them for the next save's sweep, since removing them could break a checkpoint that
+        commits after all: the manifest cannot be read back, or the store says the write's outcome is
+        unknown (OutcomeUnknownError: a request whose answer was lost may still be applied after the
+        read-back; it is read again for a while first).
         """
         try:
             mf.commit(store, manifest)
         except BaseException as failure:
+            unknown = isinstance(failure, OutcomeUnknownError)
             try:
-                current: dict | None = mf.read_manifest(store)
-            except mf.NotACheckpointError:
-                current = None
+                for wait_s in (0.0, *(COMMIT_RECHECK_S if unknown else ())):
+                    time.sleep(wait_s)
+                    current = _current_manifest(store)
+                    if current is not None and current.get("save_id") == manifest["save_id"]:
+                        log.info("%s: the manifest landed although its write failed (%s)", store.url, failure)
+                        return
             except Exception:  # noqa: BLE001 - unreachable: leave the shards to the next sweep, report the commit
                 if isinstance(failure, Exception):
                     raise CommitOutcomeUnknown(
@@ -491,8 +509,11 @@ class Checkpointer:
                         "checkpoint may or may not be committed; its shards are kept",
                         hint="load it to find out; the next save removes what is not committed") from failure
                 raise failure from None
-            if current is not None and current.get("save_id") == manifest["save_id"]:
-                return
+            if unknown:
+                raise CommitOutcomeUnknown(
+                    f"committing {store.url} failed ({failure}) and the manifest has not appeared since: the "
+                    "checkpoint may still commit; its shards are kept",
+                    hint="load it to find out; the next save removes what is not committed") from failure
             store.remove(shards)
             raise
 

@@ -37,6 +37,7 @@ from typing import Any
 from ckptbench.errors import (
     CkptbenchError,
     MissingDependencyError,
+    OutcomeUnknownError,
     StorageIOError,
     TargetError,
     UsageError,
@@ -326,7 +327,24 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     except (ValueError, BotoCoreError) as exc:
         where = f" from {endpoint_source}" if endpoint else ""
         raise UsageError(f"cannot use S3 endpoint {endpoint!r}{where}: {exc}") from None
+    for client in (data, control):  # first: the retry handler that answers the event would hide it
+        client.meta.events.register_first("needs-retry.s3.PutObject", _note_put_attempt)
     return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source)
+
+
+#: Per thread: whether an attempt of the PutObject in progress may have reached the server unanswered.
+_put_attempts = threading.local()
+
+
+def _note_put_attempt(caught_exception: BaseException | None = None, **_: Any) -> None:
+    """botocore's ``needs-retry`` event, on the calling thread for each attempt of a PutObject: note an
+    attempt that failed after it may have been sent (a connection closed or a read timed out, not a
+    connection that never opened). Returns None, so the retry decision stays botocore's."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    if caught_exception is not None and not isinstance(caught_exception, (EndpointConnectionError,
+                                                                          ConnectTimeoutError)):
+        _put_attempts.unanswered = True
 
 
 class S3Store:
@@ -633,8 +651,18 @@ class S3Store:
                 raise
 
     def put_atomic(self, name: str, data: bytes) -> None:
-        """One PutObject: S3 makes it visible whole or not at all, durably, when it answers."""
-        self._call(self._data, "writing", name, "put_object", Key=self._key(name), Body=bytes(data))
+        """One PutObject: S3 makes it visible whole or not at all, durably, when it answers.
+
+        OutcomeUnknownError when an attempt may have reached the server but its answer was lost (the
+        object may then appear, even after this returns); other errors mean nothing was stored."""
+        _put_attempts.unanswered = False
+        try:
+            self._call(self._data, "writing", name, "put_object", Key=self._key(name), Body=bytes(data))
+        except StorageIOError as exc:
+            if getattr(_put_attempts, "unanswered", False):
+                raise OutcomeUnknownError(f"{exc.args[0]} (an attempt's answer was lost: it may have been stored)",
+                                          hint=exc.hint) from exc
+            raise
 
     def get(self, name: str) -> bytes:
         return self.get_tagged(name)[0]

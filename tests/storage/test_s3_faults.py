@@ -304,3 +304,24 @@ def test_uploads_orphaned_by_an_outage_are_aborted_by_the_next_save(s3_server, s
 def test_outage_error_names_the_checkpoint(s3_server, s3_bucket, proxy):
     _, _, _, text = fail_by_outage(s3_server, s3_bucket, proxy)
     assert f"s3://{s3_bucket}/ckpt" in text
+
+
+def test_a_put_whose_answer_is_lost_is_an_unknown_outcome_and_a_refused_one_is_not(s3_server, s3_bucket, proxy):
+    """The store tells the two apart, attempt by attempt: the commit may only remove a save's shards
+    after a write the server refused (or never received)."""
+    from ckptbench.errors import OutcomeUnknownError, StorageIOError
+    from ckptbench.storage.store import open_store
+
+    store = open_store(f"s3://{s3_bucket}/probe", through(proxy, s3_server, max_attempts=2))
+    proxy.reset(None, after_bytes=2**30, kind="PutObject", path="lost.json")
+    with pytest.raises(OutcomeUnknownError, match="may have been stored"):
+        store.put_atomic("lost.json", b"{}")
+    proxy.fail(None, status=503, kind="PutObject", path="refused.json")
+    with pytest.raises(StorageIOError) as info:
+        store.put_atomic("refused.json", b"{}")
+    assert not isinstance(info.value, OutcomeUnknownError) and "SlowDown" in str(info.value)
+    proxy.reset(1, after_bytes=2**30, kind="PutObject", path="retried.json")  # lost once, then refused
+    proxy.fail(None, status=503, kind="PutObject", path="retried.json")
+    with pytest.raises(OutcomeUnknownError):
+        store.put_atomic("retried.json", b"{}")
+    store.put_atomic("fine.json", b"{}")  # and the next write starts afresh
