@@ -6,6 +6,7 @@ a flag's string, or a ``--config`` TOML value of any type (number, boolean, arra
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -192,9 +193,14 @@ def check_output_file(value: Any, *, allow_dash: bool = False) -> Path:
         return Path(text)
     try:
         os.close(os.open(text, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        # Created since the stat: another process checks the same name (every rank of a torchrun
+        # launch validates its options) and is about to remove its probe. The name can be created.
+        return Path(text)
     except OSError as exc:
         raise UsageError(f"{shown_path(text)} cannot be written ({exc.strerror})") from None
-    os.unlink(text)
+    with contextlib.suppress(FileNotFoundError):  # (removed by such a process already)
+        os.unlink(text)
     return Path(text)
 
 
