@@ -7,11 +7,11 @@ the call between blocks instead of waiting for a multi-gigabyte write to finish.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ckptbench import knobs
+from ckptbench.interrupts import QuietThread
 
 try:
     from ckptbench._native import (
@@ -77,7 +77,7 @@ def run_interruptible(
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
             outcome["error"] = exc
 
-    worker = threading.Thread(target=target, name="ckptbench-io", daemon=True)
+    worker = QuietThread(target=target, name="ckptbench-io", daemon=True)
     worker.start()
     try:
         while worker.is_alive():

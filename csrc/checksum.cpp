@@ -1,4 +1,5 @@
 #include "checksum.hpp"
+#include "threads.hpp"
 
 #include <algorithm>
 #include <array>
@@ -97,7 +98,10 @@ void parallel_for(std::size_t items, int threads, Body body) {
         }
     };
     std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t) pool.emplace_back(run);
+    {
+        AsyncSignalsBlocked quiet;  // see threads.hpp
+        for (int t = 1; t < n; ++t) pool.emplace_back(run);
+    }
     run();
     for (auto &t : pool) t.join();
     if (error) std::rethrow_exception(error);

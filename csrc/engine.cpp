@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "threads.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -124,7 +125,10 @@ struct WorkerPool {
         };
         std::vector<std::thread> threads;
         threads.reserve(nthreads - 1);
-        for (int t = 1; t < nthreads; ++t) threads.emplace_back(body, t);
+        {
+            AsyncSignalsBlocked quiet;  // the workers inherit the mask; this thread gets its own back
+            for (int t = 1; t < nthreads; ++t) threads.emplace_back(body, t);
+        }
         body(0);
         for (auto &t : threads) t.join();
         if (error) std::rethrow_exception(error);

@@ -55,6 +55,7 @@ from ckptbench.bench.workloads import (
 )
 from ckptbench.checkpoint.stage import available_memory_bytes
 from ckptbench.errors import CkptbenchError, StorageIOError, UsageError
+from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local import LocalDirectory
 from ckptbench.storage.objects import ObjectScratch, ObjectTarget
@@ -199,7 +200,7 @@ class PeakRss:
                 while not stop.wait(self.SAMPLE_S):
                     samples.append(_status_bytes("VmRSS"))
 
-            sampler = threading.Thread(target=sample, name="ckptbench-rss", daemon=True)
+            sampler = QuietThread(target=sample, name="ckptbench-rss", daemon=True)
             sampler.start()
         try:
             yield out

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -36,6 +36,7 @@ from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_s
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
 from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
+from ckptbench.interrupts import QuietThread, Workers
 from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
@@ -256,7 +257,7 @@ class Checkpointer:
 
         self._in_flight = future
         lock.finish_before_exit(future)
-        threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
+        QuietThread(target=run, name="ckptbench-persist", daemon=True).start()
         return SaveHandle(future)
 
     def _save_distributed(self, world: World, state_dict: Any, path: str | os.PathLike, store: Store,
@@ -328,7 +329,7 @@ class Checkpointer:
 
         self._in_flight = future
         lock.finish_before_exit(future)  # every rank: an exit waits for its persist, or the commit never comes
-        threading.Thread(target=run, name="ckptbench-persist", daemon=True).start()
+        QuietThread(target=run, name="ckptbench-persist", daemon=True).start()
         return SaveHandle(future)
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
@@ -422,7 +423,7 @@ class Checkpointer:
             def checksum() -> None:
                 crcs.extend(native.crc32c_ranges(arena, [(o, n) for _, o, n in ranges], max(1, self.threads // 2)))
 
-            crc_thread = threading.Thread(target=checksum, name="ckptbench-crc")
+            crc_thread = QuietThread(target=checksum, name="ckptbench-crc")
             crc_thread.start()
         try:
             report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
@@ -657,19 +658,14 @@ class Checkpointer:
 
         per_group = max(1, self.threads)  # stores that read whole files in parallel keep every thread busy
         groups = [range(i, min(i + per_group, len(files))) for i in range(0, len(files), per_group)]
-        with ThreadPoolExecutor(1, thread_name_prefix="ckptbench-verify") as verifier:
-            pending = []
-            try:
-                for n, group in enumerate(groups):
-                    store.read_files(files[group.start:group.stop], threads=self.threads,
-                                     block_size=self.block_size, direct=self.direct)
-                    if n == len(groups) - 1:
-                        reads_done.set()
-                    pending.append(verifier.submit(check, group))
-            except BaseException:
-                verifier.shutdown(wait=True, cancel_futures=True)
-                raise
-            mismatches = [m for future in pending for m in future.result()]
+        with Workers(1, "ckptbench-verify") as verifier:
+            for n, group in enumerate(groups):
+                store.read_files(files[group.start:group.stop], threads=self.threads,
+                                 block_size=self.block_size, direct=self.direct)
+                if n == len(groups) - 1:
+                    reads_done.set()
+                verifier.submit(check, group)
+            mismatches = [m for found in verifier.join() for m in found]
         if mismatches:
             first, got = min(mismatches, key=lambda m: m[0].order)
             raise mf.CorruptCheckpointError(
@@ -749,7 +745,7 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
             except OSError:
                 return
 
-    helper = threading.Thread(target=fault_in, name="ckptbench-fault-ahead", daemon=True)
+    helper = QuietThread(target=fault_in, name="ckptbench-fault-ahead", daemon=True)
     if sys.platform == "linux":
         helper.start()
     try:
@@ -865,7 +861,7 @@ def _abandon(world: World, key: str, exc: BaseException) -> None:
             world.publish(f"{key}/outcome", {"failed": f"rank 0 failed: {message}"})
             # The others still send their parts (and some megabytes of tensor lists): collect them in
             # the background, so the rendezvous store does not keep them for the rest of the job.
-            threading.Thread(target=_drain, args=(world, key, message), name="ckptbench-drain", daemon=True).start()
+            QuietThread(target=_drain, args=(world, key, message), name="ckptbench-drain", daemon=True).start()
         else:
             world.gather_to_first(key, failed=message)
 

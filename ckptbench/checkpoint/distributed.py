@@ -44,6 +44,7 @@ from typing import Any
 
 from ckptbench import knobs
 from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.interrupts import QuietThread
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class World:
         self._group = group
         self._owns_group = owns_group
         self._closed = threading.Event()
-        self._heartbeat = threading.Thread(target=self._beat, name="ckptbench-heartbeat", daemon=True)
+        self._heartbeat = QuietThread(target=self._beat, name="ckptbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
     def __repr__(self) -> str:
@@ -353,7 +354,7 @@ class World:
             finally:
                 done.set()
 
-        threading.Thread(target=wait, name="ckptbench-store-wait", daemon=True).start()
+        QuietThread(target=wait, name="ckptbench-store-wait", daemon=True).start()
         watch = _Watch(self, what, timeout_s)
         try:
             while not done.wait(0.5):

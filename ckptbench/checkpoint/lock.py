@@ -74,8 +74,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ckptbench import knobs
+from ckptbench import interrupts, knobs
 from ckptbench.errors import CkptbenchError, StorageIOError
+from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import LocalStore, Store
 
 log = logging.getLogger(__name__)
@@ -317,7 +318,7 @@ class _Lease(SaveLock):
             raise CheckpointLockedError(f"{self.url}: the save lock changed hands 5 times while this save tried "
                                         "to take it", hint="another process is saving here; save to another path")
         _live_tokens.add(self._me.token)
-        self._heartbeat = threading.Thread(target=self._renew_periodically, name="ckptbench-lease", daemon=True)
+        self._heartbeat = QuietThread(target=self._renew_periodically, name="ckptbench-lease", daemon=True)
         self._heartbeat.start()
         return self
 
@@ -466,16 +467,22 @@ def _finish_saves_in_flight() -> None:
     thread's forced exit)."""
     with _in_flight_lock:
         pending = list(_in_flight.items())
-    for future, lock in pending:
-        if future.done():
-            continue
-        log.warning("ckptbench: finishing the async save to %s before exit (Ctrl-C again to abandon it)", lock.url)
-        try:
-            failure = future.exception()
-        except (KeyboardInterrupt, SystemExit) as interrupt:
-            _abandon(pending, interrupt)
-        if failure is not None:
-            log.warning("ckptbench: the async save to %s failed: %s", lock.url, failure)
+    if all(future.done() for future, _ in pending):
+        return
+    # A second Ctrl-C is recorded by the handler and acted on here, never raised inside the wait (see
+    # ckptbench.interrupts); a third one changes nothing: the abandon is under way.
+    with interrupts.Deferred(insist=False) as signals:
+        for future, lock in pending:
+            if future.done():
+                continue
+            log.warning("ckptbench: finishing the async save to %s before exit (Ctrl-C again to abandon it)",
+                        lock.url)
+            while not future.done() and signals.interrupt is None:
+                time.sleep(interrupts.POLL_S)
+            if signals.interrupt is not None:
+                _abandon(pending, signals.interrupt)
+            if future.exception() is not None:
+                log.warning("ckptbench: the async save to %s failed: %s", lock.url, future.exception())
 
 
 def _abandon(pending: list[tuple[Future, SaveLock]], interrupt: BaseException) -> NoReturn:

@@ -72,6 +72,7 @@ from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpoint
 from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN, Sources
 from ckptbench.checkpoint.stage import Arena, copy_into_arena, dtype_of, typed_view
 from ckptbench.errors import InsufficientSpaceError, MissingDependencyError, StorageIOError, TargetError, UsageError
+from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import Store, open_store
 from ckptbench.units import format_size
 
@@ -640,7 +641,7 @@ class _Writer:
                     for (index, _, _), value in zip(ranges, values, strict=True):
                         crcs.setdefault(index, []).append(value)
 
-            crc_thread = threading.Thread(target=checksum, name="ckptbench-dcp-crc")
+            crc_thread = QuietThread(target=checksum, name="ckptbench-dcp-crc")
             crc_thread.start()
         t1 = time.perf_counter()
         try:

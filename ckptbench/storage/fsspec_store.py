@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptbench.errors import MissingDependencyError, StorageIOError, TargetError
+from ckptbench.interrupts import Workers
 from ckptbench.storage.store import WriteReport
 
 log = logging.getLogger(__name__)
@@ -108,15 +108,10 @@ class FsspecStore:
     def _parallel(fn: Any, files: list[tuple[str, memoryview]], threads: int) -> None:
         if not files:
             return
-        with ThreadPoolExecutor(max(1, min(threads, len(files))), thread_name_prefix="ckptbench-fsspec") as pool:
-            futures = [pool.submit(fn, name, view.cast("B") if view.format != "B" else view)
-                       for name, view in files]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        with Workers(min(threads, len(files)), "ckptbench-fsspec") as pool:
+            for name, view in files:
+                pool.submit(fn, name, view.cast("B") if view.format != "B" else view)
+            pool.join()
 
     def put_atomic(self, name: str, data: bytes) -> None:
         self.fs.pipe_file(self._path(name), bytes(data))

@@ -30,7 +30,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -42,6 +41,7 @@ from ckptbench.errors import (
     TargetError,
     UsageError,
 )
+from ckptbench.interrupts import Workers
 from ckptbench.storage.store import WriteReport
 from ckptbench.units import format_size, parse_size
 
@@ -485,7 +485,6 @@ class S3Store:
         uploads: list[_Upload] = []
         done_keys: list[str] = []
         done_lock = threading.Lock()
-        futures: list[Future] = []
 
         def put_whole(key: str, name: str, view: memoryview) -> None:
             if stop.is_set():
@@ -523,31 +522,26 @@ class S3Store:
                 stop.set()
                 raise
 
-        pool = ThreadPoolExecutor(self.concurrency(threads), thread_name_prefix="ckptbench-s3")
         try:
-            for name, view in files:
-                view = view.cast("B") if view.format != "B" else view
-                key, part = self._key(name), self.part_bytes_for(len(view))
-                if len(view) <= part:
-                    futures.append(pool.submit(guarded, put_whole, key, name, view))
-                    continue
-                created = self._call(self._data, "starting the upload of", name, "create_multipart_upload", Key=key)
-                upload = _Upload(key, view, part, created["UploadId"], [None] * math.ceil(len(view) / part))
-                uploads.append(upload)
-                futures.extend(pool.submit(guarded, put_part, upload, name, i) for i in range(upload.parts))
-                if stop.is_set():
-                    break  # fail fast: no new uploads once one failed
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in finished:
-                future.result()
-            for future in futures:
-                future.result()
+            with Workers(self.concurrency(threads), "ckptbench-s3", on_failure=stop.set) as pool:
+                for name, view in files:
+                    view = view.cast("B") if view.format != "B" else view
+                    key, part = self._key(name), self.part_bytes_for(len(view))
+                    if len(view) <= part:
+                        pool.submit(guarded, put_whole, key, name, view)
+                        continue
+                    created = self._call(self._data, "starting the upload of", name, "create_multipart_upload",
+                                         Key=key)
+                    upload = _Upload(key, view, part, created["UploadId"], [None] * math.ceil(len(view) / part))
+                    uploads.append(upload)
+                    for i in range(upload.parts):
+                        pool.submit(guarded, put_part, upload, name, i)
+                    if stop.is_set():
+                        break  # fail fast: no new uploads once one failed
+                pool.join()
         except BaseException:
-            stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
             self._discard(uploads, done_keys)
             raise
-        pool.shutdown(wait=True)
         return report
 
     def _moved(self, nbytes: int, started: float) -> None:
@@ -640,15 +634,10 @@ class S3Store:
                 raise StorageIOError(f"{self._where(name)} ended at byte {start + filled}, expected {end + 1}")
             self._moved(filled, started)
 
-        with ThreadPoolExecutor(self.concurrency(threads), thread_name_prefix="ckptbench-s3") as pool:
-            futures = [pool.submit(get_range, *job) for job in jobs]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                stop.set()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        with Workers(self.concurrency(threads), "ckptbench-s3", on_failure=stop.set) as pool:
+            for job in jobs:
+                pool.submit(get_range, *job)
+            pool.join()
 
     def put_atomic(self, name: str, data: bytes) -> None:
         """One PutObject: S3 makes it visible whole or not at all, durably, when it answers.

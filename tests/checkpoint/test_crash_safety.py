@@ -251,6 +251,15 @@ SIGNALLED = textwrap.dedent("""
     path, how, pause_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
     if how == "sigterm-exit":  # an application that turns SIGTERM into a normal exit
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if how == "sigint-slow-log":  # the next Ctrl-C lands right after the "finishing" line, before any wait
+        from ckptbench.checkpoint import lock
+        warning = lock.log.warning
+
+        def slow_warning(*args, **kwargs):
+            warning(*args, **kwargs)
+            time.sleep(1.0)
+
+        lock.log.warning = slow_warning
     if pause_s:
         original = LocalStore.write_files
 
@@ -307,11 +316,12 @@ def test_an_interrupt_during_an_async_save_completes_it_before_exit(tmp_path: Pa
     assert files_of_the_committed_checkpoint_only(path)  # swept, and the lock released
 
 
-def test_a_second_ctrl_c_abandons_the_async_save_and_the_previous_checkpoint_stays(tmp_path: Path):
+@pytest.mark.parametrize("how", ["sigint", "sigint-slow-log"])
+def test_a_second_ctrl_c_abandons_the_async_save_and_the_previous_checkpoint_stays(tmp_path: Path, how):
     path = tmp_path / "c"
     version_1(path)
     before = {p.name for p in path.iterdir()}
-    proc = start_signalled(path, "sigint", pause_s=30.0)
+    proc = start_signalled(path, how, pause_s=30.0)
     assert proc.stdout.readline().strip() == "written"  # the shards are durable; the commit waits 30 s
     proc.send_signal(signal.SIGINT)
     for line in proc.stderr:

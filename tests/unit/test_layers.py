@@ -11,7 +11,7 @@ from pathlib import Path
 import ckptbench
 
 PACKAGE_DIR = Path(ckptbench.__file__).parent
-LEAVES = {"errors", "units", "knobs"}
+LEAVES = {"errors", "units", "knobs", "interrupts"}
 # Which internal top-level parts each part may import (besides leaves and itself).
 ALLOWED = {
     "config": set(),

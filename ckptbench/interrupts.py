@@ -1,0 +1,164 @@
+"""Ctrl-C where the code can take it: deferred signal exceptions and a worker pool that honours them.
+
+Python raises a signal handler's exception (Ctrl-C's KeyboardInterrupt, an application's
+``sys.exit`` on SIGTERM) in the main thread at whatever bytecode runs next. While that thread
+coordinates worker threads (submitting to a pool, waiting on futures, inside a
+``threading.Condition``) the next bytecode can lie between taking a lock and the ``try`` that gives
+it back. A worker then blocks on that lock forever, and the cleanup that joins the worker hangs. CI
+caught a Ctrl-C during an S3 upload hanging this way, and a second Ctrl-C during the exit's wait for
+an async save escaping its handler with "cannot release un-acquired lock".
+
+:class:`Deferred` catches such an exception inside the handler and records it; the code raises it
+where it chooses (:meth:`Deferred.check`), so cleanup starts from a consistent state. A signal
+whose handler does not raise (an application's own handler) behaves as before, and signals at
+SIG_DFL or SIG_IGN keep their action. :class:`Workers` is a thread pool that waits in short polls
+and checks between them: Ctrl-C stops it within ``POLL_S``, cancelling what has not started and
+waiting for what has.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+POLL_S = 0.05
+# Blocked in every thread ckptbench starts, as csrc/threads.hpp does for the engine's workers.
+ASYNC_SIGNALS = frozenset(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
+                                                             "SIGUSR2", "SIGALRM") if hasattr(signal, name))
+
+_active: Deferred | None = None  # the outermost Deferred of the main thread; nested ones share it
+
+
+def quiet(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ASYNC_SIGNALS blocked on the calling thread, so threads it starts keep them
+    blocked (a new thread inherits the mask); a signal arriving meanwhile waits and comes after.
+
+    Why: the kernel hands a signal sent to the process to any thread that does not block it, and a
+    thread busy in syscalls (a persist writing shards) often takes it first. Python runs handlers on
+    the main thread only and does not wake it when another thread took the signal: an application
+    whose main thread sleeps or waits would not see its Ctrl-C (CI caught a SIGTERM lost this way)."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        return fn(*args)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ASYNC_SIGNALS)
+    try:
+        return fn(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class QuietThread(threading.Thread):
+    """A ``threading.Thread`` that never takes the application's signals (see :func:`quiet`)."""
+
+    def start(self) -> None:
+        quiet(super().start)
+
+
+class Deferred:
+    """``with Deferred() as signals:`` ... ``signals.check()`` at safe points.
+
+    ``insist``: a second signal while one is recorded raises at once, as without this class (a user
+    pressing Ctrl-C again over a slow cleanup). With ``insist=False`` every later one is only recorded.
+    Handlers take no lock (a handler runs on the main thread, which may hold that very lock), so code
+    that waits must poll :attr:`interrupt`. Off the main thread nothing is installed (Python runs
+    handlers on the main thread only) and nothing is ever recorded. Nested on the main thread, the
+    inner one shares the outer one's record (a signal is checked by whichever code looks first)."""
+
+    def __init__(self, *, insist: bool = True) -> None:
+        self.insist = insist
+        self._interrupt: BaseException | None = None
+        self._previous: dict[int, Any] = {}
+        self._owner: Deferred = self  # the instance whose handlers are installed
+
+    @property
+    def interrupt(self) -> BaseException | None:
+        """The recorded signal exception (not cleared)."""
+        return self._owner._interrupt
+
+    def __enter__(self) -> Deferred:
+        global _active
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        if _active is not None:
+            self._owner = _active
+            return self
+        for name in SIGNALS:
+            signum = getattr(signal, name, None)
+            handler = signal.getsignal(signum) if signum is not None else None
+            if callable(handler):
+                self._previous[signum] = handler
+                signal.signal(signum, self._handle)
+        _active = self
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        try:
+            self._previous[signum](signum, frame)
+        except BaseException as exc:
+            if self._interrupt is None:
+                self._interrupt = exc
+            elif self.insist:
+                raise
+
+    def check(self) -> None:
+        """Raise the recorded signal exception, if any (and forget it)."""
+        owner = self._owner
+        interrupt, owner._interrupt = owner._interrupt, None
+        if interrupt is not None:
+            raise interrupt
+
+    def __exit__(self, *exc: object) -> None:
+        global _active
+        if _active is self:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            _active = None
+        self._owner = self
+
+
+class Workers:
+    """A pool of ``threads`` workers for the main thread to fan work out to, Ctrl-C safe.
+
+    ``submit`` queues ``fn(*args)``; ``join`` waits for everything submitted and raises the first
+    failure (or a deferred signal exception). Leaving the ``with`` block by an exception (also one
+    from ``join``) calls ``on_failure`` (a flag the jobs check, say), cancels what has not started and
+    waits for what has, then lets the exception go on."""
+
+    def __init__(self, threads: int, name: str, *, on_failure: Callable[[], None] | None = None) -> None:
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix=name)
+        self._futures: list[Future] = []
+        self._on_failure = on_failure
+        self._signals = Deferred()
+
+    def __enter__(self) -> Workers:
+        self._signals.__enter__()
+        return self
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        self._signals.check()
+        future = quiet(self._pool.submit, fn, *args)  # it may start a worker
+        self._futures.append(future)
+        return future
+
+    def join(self) -> list[Any]:
+        """Every submitted job's result, in submission order, once all are done."""
+        pending = set(self._futures)
+        while pending:
+            self._signals.check()
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()
+        self._signals.check()
+        return [future.result() for future in self._futures]
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        try:
+            if kind is not None and self._on_failure is not None:
+                self._on_failure()
+            self._pool.shutdown(wait=True, cancel_futures=kind is not None)
+        finally:
+            self._signals.__exit__()

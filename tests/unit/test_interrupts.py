@@ -1,0 +1,232 @@
+"""Deferred signal exceptions and the Ctrl-C safe worker pool (ckptbench.interrupts)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptbench import interrupts
+from ckptbench.interrupts import Deferred, Workers
+
+
+def ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.01)  # the handler runs at the next bytecode of the main thread
+
+
+def test_a_deferred_ctrl_c_is_raised_where_the_code_checks():
+    with Deferred() as signals:
+        ctrl_c()
+        assert isinstance(signals.interrupt, KeyboardInterrupt)
+        with pytest.raises(KeyboardInterrupt):
+            signals.check()
+        signals.check()  # raised once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_raises_at_once_unless_told_not_to():
+    with pytest.raises(KeyboardInterrupt), Deferred():
+        ctrl_c()
+        ctrl_c()
+        pytest.fail("the second Ctrl-C did not raise")
+    with Deferred(insist=False) as signals:
+        ctrl_c()
+        ctrl_c()
+        first = signals.interrupt
+        assert isinstance(first, KeyboardInterrupt)
+
+
+def test_a_handler_that_does_not_raise_keeps_working_and_ignored_signals_stay_ignored():
+    seen = []
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with Deferred() as signals:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.01)
+            assert seen == [signal.SIGTERM] and signals.interrupt is None
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGHUP, previous_hup)
+
+
+def test_an_application_sys_exit_on_sigterm_is_deferred_with_its_code():
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        with Deferred() as signals:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            with pytest.raises(SystemExit) as info:
+                signals.check()
+            assert info.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_nested_deferred_share_one_record_and_the_outer_restores_the_handlers():
+    with Deferred() as outer:
+        with Deferred() as inner:
+            ctrl_c()
+        assert signal.getsignal(signal.SIGINT) != signal.default_int_handler  # still the outer's
+        with pytest.raises(KeyboardInterrupt):
+            outer.check()
+        inner.check()  # already taken by the outer
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_off_the_main_thread_nothing_is_installed():
+    handlers = []
+
+    def run() -> None:
+        with Deferred() as signals:
+            handlers.append(signal.getsignal(signal.SIGINT))
+            signals.check()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert handlers == [signal.default_int_handler]
+
+
+def test_workers_return_results_in_order_and_raise_the_first_failure():
+    with Workers(3, "test-workers") as pool:
+        for i in range(10):
+            pool.submit(lambda i: i * i, i)
+        assert pool.join() == [i * i for i in range(10)]
+
+    failed = []
+    with pytest.raises(ValueError, match="job 2"), Workers(2, "test-workers", on_failure=lambda: failed.append(1)) as pool:
+        for i in range(4):
+            pool.submit(lambda i: (_ for _ in ()).throw(ValueError(f"job {i}")) if i == 2 else i, i)
+        pool.join()
+    assert failed == [1]
+
+
+def test_ctrl_c_while_workers_run_cancels_the_queue_and_waits_for_the_running():
+    started, finished = [], []
+    stop = threading.Event()
+
+    def job(i: int) -> None:
+        started.append(i)
+        stop.wait(5)
+        finished.append(i)
+
+    with pytest.raises(KeyboardInterrupt), Workers(2, "test-workers", on_failure=stop.set) as pool:
+        for i in range(20):
+            pool.submit(job, i)
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        pool.join()
+    assert sorted(started) == sorted(finished) and len(started) < 20  # queued jobs never ran
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-workers")]
+
+
+# A Ctrl-C landing inside concurrent.futures.wait() while it holds some futures' locks: raised there,
+# it leaves them held, a worker's set_result blocks on one forever and the cleanup's join hangs (how an
+# S3 save hung in CI). The signal is sent from inside that window, so the race is certain.
+LOCKS_HELD = textwrap.dedent("""
+    import concurrent.futures._base as base, os, signal, time
+    from ckptbench.interrupts import Workers
+    real_enter = base._AcquireFutures.__enter__
+    def enter(self):
+        futures = sorted(self.futures, key=id)
+        futures[0]._condition.acquire()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs at the next bytecode: here, with one lock held
+        for future in futures[1:]:
+            future._condition.acquire()
+    base._AcquireFutures.__enter__ = enter
+    def job():
+        time.sleep(0.3)
+    try:
+        with Workers(2, "w") as pool:
+            for _ in range(4):
+                pool.submit(job)
+            pool.join()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def test_ctrl_c_inside_a_wait_holding_future_locks_does_not_hang():
+    proc = subprocess.run([sys.executable, "-c", LOCKS_HELD], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "interrupted", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+
+
+
+def blocked_now() -> set[int]:
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def test_threads_ckptbench_starts_never_take_the_applications_signals(tmp_path, monkeypatch):
+    import torch
+
+    import ckptbench
+    from ckptbench.storage.store import LocalStore
+
+    masks = {}
+    write_files = LocalStore.write_files
+
+    def recording(self, *args, **kwargs):
+        masks["persist"] = blocked_now()
+        return write_files(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "write_files", recording)
+    ckptbench.save({"w": torch.ones(1000)}, tmp_path / "c", async_=True).result()
+    with Workers(2, "test-workers") as pool:
+        masks["workers"] = pool.submit(blocked_now).result()
+    assert signal.SIGINT in masks["persist"] and signal.SIGTERM in masks["persist"]
+    assert masks["workers"] >= interrupts.ASYNC_SIGNALS
+    assert signal.SIGINT not in blocked_now()  # the main thread got its mask back
+
+
+def test_the_engines_worker_threads_never_take_the_applications_signals():
+    """Threads the C++ engine spawns (here from the main thread) block the signals; /proc shows each
+    thread's mask."""
+    import numpy as np
+
+    from ckptbench import native
+
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        pytest.skip("needs /proc")
+    before = {p.name for p in tasks.iterdir()}
+    seen: dict[str, int] = {}
+    done = threading.Event()
+
+    def scan() -> None:
+        me = str(threading.get_native_id())
+        while not done.is_set():
+            for task in tasks.iterdir():
+                if task.name in before or task.name == me or task.name in seen:
+                    continue
+                with contextlib.suppress(OSError):
+                    status = (task / "status").read_text()
+                    seen[task.name] = int(next(line.split()[1] for line in status.splitlines()
+                                               if line.startswith("SigBlk:")), 16)
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    buffer = np.zeros(64 * 2**20, dtype=np.uint8)
+    try:
+        deadline = time.monotonic() + 20
+        while len(seen) < 3 and time.monotonic() < deadline:
+            native.crc32c_ranges(buffer, [(i * 2**20, 2**20) for i in range(64)], 4)
+    finally:
+        done.set()
+        scanner.join()
+    assert len(seen) >= 3, "the engine's workers were never seen"
+    for tid, mask in seen.items():
+        assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1)), (tid, hex(mask))
+    assert signal.SIGINT not in blocked_now()
