@@ -114,7 +114,8 @@ class Deferred:
         global _active
         if _active is self:
             for signum, handler in self._previous.items():
-                signal.signal(signum, handler)
+                if signal.getsignal(signum) == self._handle:  # else a handler replaced itself (CLI: SIG_IGN)
+                    signal.signal(signum, handler)
             _active = None
         self._owner = self
 

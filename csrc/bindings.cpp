@@ -265,41 +265,48 @@ NB_MODULE(_native, m) {
             Py_buffer &view = held.acquire(dst, true);
             auto len = static_cast<std::size_t>(view.len);
             std::vector<ckpt::CopyJob> copies;
-            auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes) {
-                if (offset > len || nbytes > len - offset)
+            auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes, std::uint64_t zero_after) {
+                if (offset > len || nbytes > len - offset || zero_after > len - offset - nbytes)
                     throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
+                                           (zero_after ? " + " + std::to_string(zero_after) + " zeros" : std::string()) +
                                            ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
                 if (nbytes && src == 0) throw nb::value_error("source address is null");
                 copies.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
-                                  static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes)});
+                                  static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes),
+                                  static_cast<std::size_t>(zero_after)});
             };
             if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
                 Py_buffer &table = held.acquire(jobs, false, PyBUF_FORMAT);
                 std::string format = table.format ? table.format : "B";
                 if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
                     format.erase(0, 1);  // native or little-endian (x86-64, aarch64 are little-endian)
-                if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 || table.shape[1] != 3)
-                    throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3): "
-                                          "(address, offset, nbytes) rows");
+                if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 ||
+                    (table.shape[1] != 3 && table.shape[1] != 4))
+                    throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3) or (n, 4): "
+                                          "(address, offset, nbytes[, zeros after]) rows");
+                const auto width = static_cast<std::size_t>(table.shape[1]);
                 const auto *row = static_cast<const std::int64_t *>(table.buf);
-                std::size_t n = static_cast<std::size_t>(table.len) / 24;
+                std::size_t n = static_cast<std::size_t>(table.len) / (8 * width);
                 copies.reserve(n);
-                for (std::size_t i = 0; i < n; ++i, row += 3) {
-                    if (row[0] < 0 || row[1] < 0 || row[2] < 0) throw nb::value_error("a jobs table row is negative");
+                for (std::size_t i = 0; i < n; ++i, row += width) {
+                    std::int64_t zeros = width == 4 ? row[3] : 0;
+                    if (row[0] < 0 || row[1] < 0 || row[2] < 0 || zeros < 0)
+                        throw nb::value_error("a jobs table row is negative");
                     add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
-                        static_cast<std::uint64_t>(row[2]));
+                        static_cast<std::uint64_t>(row[2]), static_cast<std::uint64_t>(zeros));
                 }
             } else {
                 for (const auto &[src, offset, nbytes] :
                      nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(jobs))
-                    add(src, offset, nbytes);
+                    add(src, offset, nbytes, 0);
             }
             nb::gil_scoped_release release;
             ckpt::parallel_copy(copies, threads);
         },
         "dst"_a, "jobs"_a, "threads"_a = 1,
         "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence "
-        "of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)). The caller "
+        "of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)); a fourth "
+        "column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller "
         "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
         "CPU tensor's data_ptr()).");
 

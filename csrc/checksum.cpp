@@ -165,15 +165,39 @@ void copy_piece(char *dst, const char *src, std::size_t n) {
 }  // namespace
 
 void parallel_copy(const std::vector<CopyJob> &jobs, int threads) {
-    // Split large copies into 8 MiB pieces so one huge tensor still uses every thread.
-    constexpr std::size_t kPiece = 8u << 20;
+    // Split large copies into 8 MiB pieces so one huge tensor still uses every thread, and hand the
+    // threads batches of neighbouring small pieces (up to 1 MiB or 256 of them): one claim per piece
+    // cost more than the copy itself for thousands of tiny tensors.
+    constexpr std::size_t kPiece = 8u << 20, kBatchBytes = 1u << 20, kBatchPieces = 256;
     std::vector<CopyJob> pieces;
     pieces.reserve(jobs.size());
     for (const auto &j : jobs) {
         for (std::size_t off = 0; off < j.nbytes; off += kPiece)
             pieces.push_back({j.src + off, j.dst + off, std::min(kPiece, j.nbytes - off)});
+        if (j.zero_after) {
+            if (j.nbytes && pieces.back().dst + pieces.back().nbytes == j.dst + j.nbytes)
+                pieces.back().zero_after = j.zero_after;
+            else
+                pieces.push_back({nullptr, j.dst + j.nbytes, 0, j.zero_after});
+        }
     }
-    parallel_for(pieces.size(), threads, [&](std::size_t i) { copy_piece(pieces[i].dst, pieces[i].src, pieces[i].nbytes); });
+    std::vector<std::size_t> starts{0};
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+        bytes += pieces[i].nbytes + pieces[i].zero_after;
+        if (bytes >= kBatchBytes || i + 1 - starts.back() >= kBatchPieces) {
+            starts.push_back(i + 1);
+            bytes = 0;
+        }
+    }
+    if (starts.back() != pieces.size()) starts.push_back(pieces.size());
+    parallel_for(starts.size() - 1, threads, [&](std::size_t b) {
+        for (std::size_t i = starts[b]; i < starts[b + 1]; ++i) {
+            const CopyJob &p = pieces[i];
+            if (p.nbytes) copy_piece(p.dst, p.src, p.nbytes);
+            if (p.zero_after) std::memset(p.dst + p.nbytes, 0, p.zero_after);
+        }
+    });
 }
 
 }  // namespace ckpt

@@ -23,6 +23,7 @@ struct CopyJob {
     const char *src;
     char *dst;
     std::size_t nbytes;
+    std::size_t zero_after = 0;  // then zero this many bytes from dst + nbytes (padding after a tensor)
 };
 void parallel_copy(const std::vector<CopyJob> &jobs, int threads);
 

@@ -679,6 +679,12 @@ class Checkpointer:
         self._arena.close()
         self._read_buffer.close()
 
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class _Check(NamedTuple):
     """One checksummed range of the read buffer: whose it is, where, and the CRC-32C the manifest holds."""

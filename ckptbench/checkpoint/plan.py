@@ -80,6 +80,19 @@ class SavePlan:
         return tuple(TensorEntry(index, key, dtype, shape, nbytes, *placed.get(index, unplaced), alias_of=alias)
                      for index, key, dtype, shape, nbytes, alias in rows)
 
+    @functools.cached_property
+    def padding(self) -> np.ndarray:
+        """Per placements row: how many bytes after that tensor, up to the next one of its shard, go into
+        the shard file but belong to no tensor (alignment, each shorter than BIG_ALIGN). Staging zeroes
+        them, or a reused arena would write a previous save's bytes into the files."""
+        offsets, nbytes = self.placements[:, 1], self.placements[:, 2]
+        after = np.zeros(len(offsets), np.int64)
+        if len(offsets) > 1:
+            bases = np.array([s.arena_offset for s in self.shards], np.int64)
+            shard = np.searchsorted(bases, offsets, side="right") - 1
+            after[:-1] = np.where(shard[1:] == shard[:-1], offsets[1:] - (offsets[:-1] + nbytes[:-1]), 0)
+        return after
+
     @property
     def total_bytes(self) -> int:
         return int(self.placements[:, 2].sum())

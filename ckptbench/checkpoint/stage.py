@@ -127,31 +127,36 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     """
     arena.ensure(plan.arena_bytes)
     index, offsets, nbytes = plan.placements.T
-    copy_into_arena(Sources.of(tensors), index, offsets, nbytes, arena, threads)
+    copy_into_arena(Sources.of(tensors), index, offsets, nbytes, arena, threads, zero_after=plan.padding)
 
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
-                    threads: int) -> None:
+                    threads: int, zero_after: np.ndarray | None = None) -> None:
     """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
     (rows sorted by offset, non-empty, not overlapping); returns when every byte is there. The arena
-    must already be large enough."""
+    must already be large enough. ``zero_after[k]``: zero that many bytes after copy k (the padding
+    of shard files, up to the next copy)."""
     routes = np.frombuffer(sources.routes, np.int16)[index]
     addresses = np.frombuffer(sources.addresses, np.int64)[index]
     if len(routes) == 0:
         return
     lowest, highest = int(routes.min()), int(routes.max())
-    if lowest == highest and lowest != ROUTE_TORCH:  # the common case: every tensor on the CPU, or on one GPU
-        if lowest == ROUTE_HOST:
-            # ``sources`` keeps every source alive for the duration of the call.
-            native.copy_from_addresses(arena.buffer, np.column_stack((addresses, offsets, nbytes)), threads)
-        else:
-            stage_from_device(DeviceCopies(sources, index, addresses, offsets, nbytes, np.arange(len(index))),
-                              arena.bytes_tensor(), mapped=arena.mapped)
+    # First the CPU tensors and the zeros, in one engine call (a gathered GPU run that writes zeros into
+    # the padding too comes after, not alongside). ``sources`` keeps every source alive meanwhile.
+    host = slice(None) if lowest == highest == ROUTE_HOST else np.flatnonzero(routes == ROUTE_HOST)
+    if zero_after is None:
+        rows = np.column_stack((addresses[host], offsets[host], nbytes[host]))
+    else:
+        rows = np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host]))
+        if not isinstance(host, slice):  # the padding after tensors staged otherwise: zeros only
+            padded = np.flatnonzero((routes != ROUTE_HOST) & (zero_after > 0))
+            none = np.zeros(len(padded), np.int64)
+            rows = np.vstack((rows, np.column_stack((none, offsets[padded] + nbytes[padded], none,
+                                                     zero_after[padded]))))
+    if len(rows):
+        native.copy_from_addresses(arena.buffer, rows, threads)
+    if lowest == highest == ROUTE_HOST:
         return
-    host = routes == ROUTE_HOST
-    if host.any():
-        native.copy_from_addresses(arena.buffer, np.column_stack((addresses[host], offsets[host], nbytes[host])),
-                                   threads)
     flat = arena.bytes_tensor()
     for device in np.unique(routes[routes >= 0]).tolist():
         on = np.flatnonzero(routes == device)

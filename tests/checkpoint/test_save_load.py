@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -128,6 +129,36 @@ def test_plan_balances_shards_and_aligns_big_tensors():
     for s in plan.shards:
         spans = sorted((e.offset, e.offset + e.nbytes) for e in plan.entries if e.shard == s.index)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_plan_padding_is_exactly_the_bytes_of_the_shard_files_no_tensor_covers():
+    sd = {f"w{i}": torch.empty(37 * (i + 1) + (70_000 if i % 5 == 0 else 0), dtype=torch.uint8) for i in range(40)}
+    plan, _ = plan_save(sd, shard_size=100 * 1024)
+    assert len(plan.shards) > 1
+    covered = np.zeros(plan.arena_bytes, np.int8)
+    assert len(plan.padding) == len(plan.placements) and plan.padding.max() < 4096 and plan.padding.any()
+    for (_, offset, nbytes), after in zip(plan.placements.tolist(), plan.padding.tolist(), strict=True):
+        covered[offset:offset + nbytes + after] += 1
+    for shard in plan.shards:  # every byte of every file once, nothing between the files
+        assert (covered[shard.arena_offset:shard.arena_offset + shard.nbytes] == 1).all()
+        covered[shard.arena_offset:shard.arena_offset + shard.nbytes] = 0
+    assert not covered.any()
+
+
+def shard_bytes(path: Path) -> list[bytes]:
+    manifest = json.loads((path / "manifest.json").read_text())
+    return [(path / shard["name"]).read_bytes() for shard in manifest["shards"]]
+
+
+def test_shard_files_do_not_depend_on_what_the_arena_held_before(tmp_path: Path):
+    """A reused arena's previous contents must not reach the padding of the next save's files (stale
+    bytes of another model in a checkpoint, and the same state saving to different files)."""
+    small = {f"b{i}": torch.full((i % 7 + 1,), float(i)) for i in range(300)}
+    with Checkpointer() as checkpointer:
+        checkpointer.save({"noise": torch.randint(-2**31, 2**31 - 1, (2**18,), dtype=torch.int32)}, tmp_path / "a")
+        checkpointer.save(small, tmp_path / "reused")
+    ckptbench.save(small, tmp_path / "fresh")
+    assert shard_bytes(tmp_path / "reused") == shard_bytes(tmp_path / "fresh")
 
 
 def test_async_save_returns_after_staging(tmp_path: Path):

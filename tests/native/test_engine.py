@@ -271,8 +271,40 @@ def test_copy_from_addresses_takes_an_int64_table():
     with pytest.raises(IndexError, match="outside the destination"):
         native.copy_from_addresses(dst, np.array([[base, 90, 20]], np.int64))
     for bad in (np.array([[1, 2, 3]], np.int32), np.array([[1.0, 2.0, 3.0]]), np.array([[1, 2, 3]], np.uint64),
-                np.array([[1, 2, 3]], ">i8"), np.zeros((3, 2), np.int64), np.zeros(6, np.int64)):
+                np.array([[1, 2, 3]], ">i8"), np.zeros((3, 2), np.int64), np.zeros((3, 5), np.int64), np.zeros(6, np.int64)):
         with pytest.raises(ValueError, match="int64"):
             native.copy_from_addresses(dst, bad)
     with pytest.raises(ValueError, match="negative"):
         native.copy_from_addresses(dst, np.array([[base, -1, 2]], np.int64))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_copy_from_addresses_zeroes_after_each_copy_when_asked(threads: int):
+    """A fourth column zeroes that many bytes right after the copy (also with no copy at all, address 0),
+    across the 8 MiB pieces of a large copy and among thousands of tiny ones batched together."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(1, 256, size=12 * 2**20, dtype=np.uint8)  # no zero bytes
+    dst = native.AlignedBuffer(32 * 2**20)
+    view = np.frombuffer(dst, dtype=np.uint8)
+    view[:] = 0xAB
+    rows, cursor = [], 0
+    for i in range(3000):
+        size, zeros = int(rng.integers(1, 200)), int(rng.integers(0, 64))
+        rows.append((src.ctypes.data + i, cursor, size, zeros))
+        cursor += size + zeros + int(rng.integers(0, 3))
+    rows.append((src.ctypes.data, cursor, 9 * 2**20 + 5, 4095))
+    cursor += 9 * 2**20 + 5 + 4095 + 1
+    rows.append((0, cursor, 0, 100))
+    cursor += 100
+    assert cursor < len(view)
+    native.copy_from_addresses(dst, np.array(rows, np.int64), threads)
+    expected = np.full(len(view), 0xAB, dtype=np.uint8)
+    for address, offset, size, zeros in rows:
+        start = address - src.ctypes.data if address else 0
+        expected[offset:offset + size] = src[start:start + size]
+        expected[offset + size:offset + size + zeros] = 0
+    assert np.array_equal(view, expected)
+    with pytest.raises(IndexError, match="zeros"):
+        native.copy_from_addresses(bytearray(100), np.array([[0, 90, 0, 20]], np.int64))
+    with pytest.raises(ValueError, match="negative"):
+        native.copy_from_addresses(bytearray(100), np.array([[0, 0, 0, -1]], np.int64))

@@ -74,6 +74,25 @@ def test_an_application_sys_exit_on_sigterm_is_deferred_with_its_code():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_handler_that_replaces_itself_keeps_its_replacement():
+    """The CLI's SIGTERM handler switches SIGTERM to SIG_IGN before raising (a second one must not cut
+    the cleanup short): leaving the block must not put the raising handler back."""
+
+    def once(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, once)
+    try:
+        with pytest.raises(SystemExit), Deferred() as signals:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            signals.check()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_nested_deferred_share_one_record_and_the_outer_restores_the_handlers():
     with Deferred() as outer:
         with Deferred() as inner:
