@@ -226,19 +226,34 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _copy_into(arena: Arena, placements: Sequence[tuple[torch.Tensor, int]], threads: int) -> None:
-    """Copy each tensor's bytes (row-major) to its arena offset; returns when every byte is there
-    (``checkpoint.stage.copy_into_arena``: the engine for CPU tensors, one gather for small GPU ones)."""
+def _copy_into(arena: Arena, placements: Sequence[tuple[torch.Tensor, int, int]], threads: int) -> None:
+    """Copy each tensor's bytes (row-major) to its arena offset and zero the bytes after it up to the
+    third value (the next item of its file: padding, which would otherwise carry what the reused arena
+    held before); returns when every byte is there (``checkpoint.stage.copy_into_arena``: the engine
+    for CPU tensors, one gather for small GPU ones)."""
     import numpy as np
     import torch
 
-    sources = Sources(tensor for tensor, _ in placements)
-    offsets = np.fromiter((offset for _, offset in placements), np.int64, len(placements))
-    nbytes = np.fromiter((_nbytes(tensor) for tensor, _ in placements), np.int64, len(placements))
+    sources = Sources(tensor for tensor, _, _ in placements)
+    offsets = np.fromiter((offset for _, offset, _ in placements), np.int64, len(placements))
+    until = np.fromiter((until for _, _, until in placements), np.int64, len(placements))
+    nbytes = np.fromiter((_nbytes(tensor) for tensor, _, _ in placements), np.int64, len(placements))
     order = np.argsort(offsets, kind="stable")
     keep = order[nbytes[order] > 0]
     with torch.no_grad():
-        copy_into_arena(sources, keep, offsets[keep], nbytes[keep], arena, threads)
+        copy_into_arena(sources, keep, offsets[keep], nbytes[keep], arena, threads,
+                        zero_after=until[keep] - offsets[keep] - nbytes[keep])
+
+
+def _next_starts(extents: Sequence[tuple[int, int]], end: int) -> list[int]:
+    """For (offset, nbytes) extents in offset order: where the next non-empty one starts (``end`` after
+    the last), i.e. up to where the bytes after each are padding."""
+    out, following = [], end
+    for offset, nbytes in reversed(extents):
+        out.append(following)
+        if nbytes:
+            following = offset
+    return out[::-1]
 
 
 # -- staging (AsyncStager) --------------------------------------------------------------------
@@ -611,7 +626,10 @@ class _Writer:
         if copy_bytes:
             self._arena.ensure(copy_bytes)
             copies = [p for copy_file in copy_files for p in copy_file.items]
-            _copy_into(self._arena, [(tensors[p.index], p.offset) for p in copies if p.index in tensors], self.threads)
+            _copy_into(self._arena, [(tensors[p.index], p.offset, until) for f in copy_files
+                                     for p, until in zip(f.items, _next_starts([(p.offset, p.nbytes) for p in f.items],
+                                                                               f.end), strict=True)
+                                     if p.index in tensors], self.threads)
             arena_view = memoryview(self._arena.buffer)
             for p in copies:
                 if p.index in blobs:
@@ -749,7 +767,9 @@ class _Writer:
                 self._staging = _Staging()
             staging = self._staging
             staging.arena.ensure(max(cursor, _PAGE))
-            _copy_into(staging.arena, list(zip(sources, offsets, strict=True)), self.threads)
+            # Files are runs of this arena: the bytes between tensors are padding.
+            until = _next_starts([(offset, _nbytes(t)) for t, offset in zip(sources, offsets, strict=True)], cursor)
+            _copy_into(staging.arena, list(zip(sources, offsets, until, strict=True)), self.threads)
             staging.busy = True
         flat = staging.arena.bytes_tensor()
         views = (typed_view(flat, offset, _nbytes(t), t.dtype, tuple(t.shape))
