@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -43,8 +44,9 @@ def quiet(fn: Callable[..., Any], *args: Any) -> Any:
     whose main thread sleeps or waits would not see its Ctrl-C (CI caught a SIGTERM lost this way)."""
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
         return fn(*args)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ASYNC_SIGNALS)
-    try:
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # read first: a pending handler may raise
+    try:                                                      # inside the call that blocks
+        signal.pthread_sigmask(signal.SIG_BLOCK, ASYNC_SIGNALS)
         return fn(*args)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -60,15 +62,17 @@ class QuietThread(threading.Thread):
 class Deferred:
     """``with Deferred() as signals:`` ... ``signals.check()`` at safe points.
 
-    ``insist``: a second signal while one is recorded raises at once, as without this class (a user
-    pressing Ctrl-C again over a slow cleanup). With ``insist=False`` every later one is only recorded.
-    Handlers take no lock (a handler runs on the main thread, which may hold that very lock), so code
-    that waits must poll :attr:`interrupt`. Off the main thread nothing is installed (Python runs
-    handlers on the main thread only) and nothing is ever recorded. Nested on the main thread, the
-    inner one shares the outer one's record (a signal is checked by whichever code looks first)."""
+    The first signal exception is recorded; later ones while it is recorded are dropped (it is the
+    same request: stop). Leaving the block is a safe point too: a recorded exception not yet checked
+    is raised there, after the handlers are back. Handlers take no lock (a handler runs on the main
+    thread, which may hold that very lock), so code that waits polls :attr:`interrupt`. Off the main
+    thread nothing is installed (Python runs handlers on the main thread only) and nothing is ever
+    recorded. Nested on the main thread, the inner one shares the outer one's record.
 
-    def __init__(self, *, insist: bool = True) -> None:
-        self.insist = insist
+    ``signal.signal`` runs handlers of signals already pending, so installing and restoring are
+    written to survive a handler raising in the middle: nothing is left wrapped, nothing is lost."""
+
+    def __init__(self) -> None:
         self._interrupt: BaseException | None = None
         self._previous: dict[int, Any] = {}
         self._owner: Deferred = self  # the instance whose handlers are installed
@@ -85,13 +89,17 @@ class Deferred:
         if _active is not None:
             self._owner = _active
             return self
-        for name in SIGNALS:
-            signum = getattr(signal, name, None)
-            handler = signal.getsignal(signum) if signum is not None else None
-            if callable(handler):
-                self._previous[signum] = handler
-                signal.signal(signum, self._handle)
         _active = self
+        try:
+            for name in SIGNALS:
+                signum = getattr(signal, name, None)
+                handler = signal.getsignal(signum) if signum is not None else None
+                if callable(handler):
+                    self._previous[signum] = handler
+                    signal.signal(signum, self._handle)
+        except BaseException:
+            self._restore()
+            raise
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -100,8 +108,6 @@ class Deferred:
         except BaseException as exc:
             if self._interrupt is None:
                 self._interrupt = exc
-            elif self.insist:
-                raise
 
     def check(self) -> None:
         """Raise the recorded signal exception, if any (and forget it)."""
@@ -110,23 +116,51 @@ class Deferred:
         if interrupt is not None:
             raise interrupt
 
-    def __exit__(self, *exc: object) -> None:
+    def _restore(self) -> BaseException | None:
+        """Put every handler back that is still ours; a pending signal's handler that raises meanwhile is
+        returned, after the rest are back."""
         global _active
-        if _active is self:
-            for signum, handler in self._previous.items():
-                if signal.getsignal(signum) == self._handle:  # else a handler replaced itself (CLI: SIG_IGN)
+        raised = None
+        for signum, handler in self._previous.items():
+            while signal.getsignal(signum) == self._handle:  # else it replaced itself (CLI: SIG_IGN)
+                try:
                     signal.signal(signum, handler)
+                except BaseException as exc:  # noqa: BLE001 - raised below, once every handler is back
+                    raised = raised or exc
+        self._previous.clear()
+        if _active is self:
             _active = None
-        self._owner = self
+        return raised
+
+    def __exit__(self, *exc: object) -> None:
+        owner, self._owner = self._owner, self
+        raised = self._restore() if owner is self else None
+        interrupt, owner._interrupt = owner._interrupt, None
+        if raised is not None or interrupt is not None:
+            raise raised if raised is not None else interrupt
+
+
+def result_of(future: Future, timeout: float | None = None) -> Any:
+    """``future.result(timeout)`` for the main thread: a Ctrl-C is taken between polls, never inside
+    the wait (where it can leave the future's lock released twice or held)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with Deferred() as signals:
+        while not future.done():
+            signals.check()
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                break
+            wait([future], timeout=left)
+    return future.result(timeout=0)
 
 
 class Workers:
     """A pool of ``threads`` workers for the main thread to fan work out to, Ctrl-C safe.
 
     ``submit`` queues ``fn(*args)``; ``join`` waits for everything submitted and raises the first
-    failure (or a deferred signal exception). Leaving the ``with`` block by an exception (also one
-    from ``join``) calls ``on_failure`` (a flag the jobs check, say), cancels what has not started and
-    waits for what has, then lets the exception go on."""
+    failure (or a deferred signal exception); leaving the block joins too. Leaving by an exception
+    calls ``on_failure`` (a flag the jobs check, say), cancels what has not started and waits for
+    what has (a Ctrl-C meanwhile comes after), then lets the exception go on."""
 
     def __init__(self, threads: int, name: str, *, on_failure: Callable[[], None] | None = None) -> None:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix=name)
@@ -157,9 +191,18 @@ class Workers:
         return [future.result() for future in self._futures]
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        failed = kind is not None
         try:
-            if kind is not None and self._on_failure is not None:
-                self._on_failure()
-            self._pool.shutdown(wait=True, cancel_futures=kind is not None)
+            if not failed:
+                try:
+                    self.join()
+                except BaseException:
+                    failed = True
+                    raise
         finally:
-            self._signals.__exit__()
+            try:
+                if failed and self._on_failure is not None:
+                    self._on_failure()
+                self._pool.shutdown(wait=True, cancel_futures=failed)
+            finally:
+                self._signals.__exit__()

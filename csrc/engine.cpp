@@ -25,6 +25,16 @@ namespace ckpt {
 
 namespace {
 
+// A syscall interrupted by a signal handler (EINTR: Python installs its handlers without SA_RESTART,
+// and the engine's own workers block signals, so they land on the calling thread) is retried.
+template <typename Call>
+int retry_eintr(Call call) {
+    int rc;
+    do rc = call();
+    while (rc == -1 && errno == EINTR);
+    return rc;
+}
+
 constexpr std::size_t kDirectAlign = 4096;
 
 enum class Kind { Write, Read };
@@ -47,14 +57,14 @@ void close_fd(int &fd) noexcept {
 
 void sync_fd(int fd, SyncMode mode, const std::string &path) {
     if (mode == SyncMode::None) return;
-    int rc = mode == SyncMode::Fsync ? ::fsync(fd) : ::fdatasync(fd);
+    int rc = retry_eintr([&] { return mode == SyncMode::Fsync ? ::fsync(fd) : ::fdatasync(fd); });
     if (rc != 0) throw IoError(errno, mode == SyncMode::Fsync ? "fsync" : "fdatasync", path);
 }
 
 void sync_directory(const std::string &dir) {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = retry_eintr([&] { return ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
     if (fd < 0) throw IoError(errno, "open", dir);
-    if (::fsync(fd) != 0) {
+    if (retry_eintr([&] { return ::fsync(fd); }) != 0) {
         int err = errno;
         ::close(fd);
         // Some filesystems (FUSE, tmpfs variants) do not implement fsync on directories.
@@ -180,7 +190,7 @@ struct Chunk {
 
 // O_DIRECT support for reading an existing file: open it with O_DIRECT and read one aligned block.
 std::pair<bool, std::string> probe_direct_read(const std::string &path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    int fd = retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC); });
     if (fd < 0) {
         int err = errno;
         if (err == EINVAL) return {false, "open(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
@@ -265,10 +275,10 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
 
     if (kind == Kind::Read && opts.drop_cache) {
         for (auto &f : files) {
-            int fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC);
+            int fd = retry_eintr([&] { return ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC); });
             if (fd < 0) throw IoError(errno, "open", f->path);
             // Dirty pages survive DONTNEED: write them back first so the read below is cold.
-            ::fdatasync(fd);
+            retry_eintr([&] { return ::fdatasync(fd); });
             ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
             ::close(fd);
         }
@@ -279,11 +289,11 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT) : O_RDONLY) | O_CLOEXEC;
     for (auto &f : files) {
         if (f->wants_direct) {
-            f->fd_direct = ::open(f->path.c_str(), base_flags | O_DIRECT, 0644);
+            f->fd_direct = retry_eintr([&] { return ::open(f->path.c_str(), base_flags | O_DIRECT, 0644); });
             if (f->fd_direct < 0) throw IoError(errno, "open", f->path);
         }
         if (f->wants_buffered || !f->wants_direct) {
-            f->fd_buffered = ::open(f->path.c_str(), base_flags, 0644);
+            f->fd_buffered = retry_eintr([&] { return ::open(f->path.c_str(), base_flags, 0644); });
             if (f->fd_buffered < 0) throw IoError(errno, "open", f->path);
         }
     }
@@ -370,7 +380,7 @@ std::pair<bool, std::string> probe_direct(const std::string &directory) {
     std::string probe = directory + "/.ckptbench-direct-probe-" + std::to_string(::getpid()) + "-" +
                         std::to_string(counter.fetch_add(1));
     std::pair<bool, std::string> verdict{true, ""};
-    int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
+    int fd = retry_eintr([&] { return ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600); });
     if (fd < 0) {
         int err = errno;
         if (err != EINVAL) throw IoError(err, "open", probe);
@@ -415,7 +425,7 @@ IoResult metadata_bench(const std::string &directory, std::size_t files, std::si
     pool.run(threads, files, control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
         std::string path = directory + "/md-" + std::to_string(i);
         return timed(lat, control, file_size, [&] {
-            int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+            int fd = retry_eintr([&] { return ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644); });
             if (fd < 0) throw IoError(errno, "open", path);
             try {
                 transfer(Kind::Write, fd, payload.data(), file_size, 0, path);

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from ckptbench import __version__, knobs, native
+from ckptbench import __version__, interrupts, knobs, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
@@ -124,7 +124,7 @@ class SaveHandle:
         return self._future.done()
 
     def result(self, timeout: float | None = None) -> SaveResult:
-        return self._future.result(timeout)
+        return interrupts.result_of(self._future, timeout)
 
 
 def _require_free(store: Store, nbytes: int) -> None:
@@ -406,7 +406,7 @@ class Checkpointer:
     def _wait_in_flight(self) -> None:
         if self._in_flight is not None:
             with contextlib.suppress(Exception):  # that save's caller sees its own error
-                self._in_flight.result()
+                interrupts.result_of(self._in_flight)
             self._in_flight = None
 
     def _write_section(self, plan: SavePlan, store: Store) -> tuple[WriteReport, dict[str, Any]]:

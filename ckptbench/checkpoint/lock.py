@@ -465,13 +465,12 @@ def _finish_saves_in_flight() -> None:
     with the SystemExit's code, skipping the rest of the interpreter's shutdown. Finalizing under a
     persist thread that is inside the engine would abort the process (its C++ frames unwound by the
     thread's forced exit)."""
-    with _in_flight_lock:
-        pending = list(_in_flight.items())
-    if all(future.done() for future, _ in pending):
-        return
     # A second Ctrl-C is recorded by the handler and acted on here, never raised inside the wait (see
-    # ckptbench.interrupts); a third one changes nothing: the abandon is under way.
-    with interrupts.Deferred(insist=False) as signals:
+    # ckptbench.interrupts); a third one changes nothing: the abandon is under way. One that comes
+    # after every save finished is dropped: the process is exiting anyway.
+    with contextlib.suppress(KeyboardInterrupt, SystemExit), interrupts.Deferred() as signals:
+        with _in_flight_lock:
+            pending = list(_in_flight.items())
         for future, lock in pending:
             if future.done():
                 continue

@@ -625,15 +625,17 @@ class _Writer:
                 hint="free space or save elsewhere")
         if copy_bytes:
             self._arena.ensure(copy_bytes)
-            copies = [p for copy_file in copy_files for p in copy_file.items]
-            _copy_into(self._arena, [(tensors[p.index], p.offset, until) for f in copy_files
-                                     for p, until in zip(f.items, _next_starts([(p.offset, p.nbytes) for p in f.items],
-                                                                               f.end), strict=True)
-                                     if p.index in tensors], self.threads)
+            # Each item with where the next one of its file starts: the bytes between are zeroed.
+            copies = [(p, until) for f in copy_files
+                      for p, until in zip(f.items, _next_starts([(p.offset, p.nbytes) for p in f.items], f.end),
+                                          strict=True)]
+            _copy_into(self._arena, [(tensors[p.index], p.offset, until) for p, until in copies if p.index in tensors],
+                       self.threads)
             arena_view = memoryview(self._arena.buffer)
-            for p in copies:
+            for p, until in copies:
                 if p.index in blobs:
                     arena_view[p.offset:p.offset + p.nbytes] = blobs[p.index]
+                    arena_view[p.offset + p.nbytes:until] = bytes(until - p.offset - p.nbytes)
         buffers = [self._arena.buffer if copy_bytes else None, staging.arena.buffer if staging is not None else None]
         names = [f"{prefix}{n}.{self._tag}.distcp" for n in range(len(files))]
         writes = [(name, memoryview(buffers[f.source])[f.start:f.end])

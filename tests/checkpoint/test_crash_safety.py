@@ -274,7 +274,8 @@ SIGNALLED = textwrap.dedent("""
     sd["version"] = 2
     handle = ckptbench.save(sd, path, overwrite=True, async_=True)
     print("staged", flush=True)
-    time.sleep(600)  # training
+    for _ in range(6000):  # training; short sleeps: a signal caught between the print and one long
+        time.sleep(0.1)    # sleep's syscall would wait for its end (CPython checks only after waking)
 """)
 
 

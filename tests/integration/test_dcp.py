@@ -254,17 +254,17 @@ def distcp_bytes(path: Path) -> list[bytes]:
     return sorted(f.read_bytes() for f in path.glob("*.distcp"))
 
 
-@pytest.mark.parametrize("how", ["save", "async_save"])
-def test_files_do_not_depend_on_what_the_reused_arena_held_before(tmp_path: Path, how: str) -> None:
-    """The padding between items is zeroed: a reused writer's files equal a fresh writer's, byte for
-    byte (no bytes of the previous checkpoint in them)."""
+@pytest.mark.parametrize(("how", "serialization"), [("save", "raw"), ("async_save", "raw"), ("save", "torch_save")])
+def test_files_do_not_depend_on_what_the_reused_arena_held_before(tmp_path: Path, how: str, serialization: str) -> None:
+    """The padding between items (tensors, and blobs: torch_save items, plain values) is zeroed: a
+    reused writer's files equal a fresh writer's, byte for byte (no bytes of the previous checkpoint)."""
     save = dcp.save if how == "save" else (lambda *a, **k: dcp.async_save(*a, **k).result())
     noise = {"noise": torch.randint(-2**31, 2**31 - 1, (2**18,), dtype=torch.int32)}
-    small = {f"b{i}": torch.full((i % 7 + 1,), float(i)) for i in range(300)}
-    reused = Writer(tmp_path / "unused", files_per_rank=2)
+    small = {**{f"b{i}": torch.full((i % 7 + 1,), float(i)) for i in range(300)}, "step": 7, "name": "x" * 33}
+    reused = Writer(tmp_path / "unused", files_per_rank=2, serialization=serialization)
     save(noise, storage_writer=reused, checkpoint_id=tmp_path / "a")
     save(small, storage_writer=reused, checkpoint_id=tmp_path / "reused")
-    fresh = Writer(tmp_path / "unused", files_per_rank=2)
+    fresh = Writer(tmp_path / "unused", files_per_rank=2, serialization=serialization)
     save(small, storage_writer=fresh, checkpoint_id=tmp_path / "fresh")
     assert distcp_bytes(tmp_path / "reused") == distcp_bytes(tmp_path / "fresh")
     reused.close()

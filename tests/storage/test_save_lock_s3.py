@@ -174,7 +174,8 @@ INTERRUPTED = textwrap.dedent("""
     sd["version"] = 2
     ckptbench.save(sd, sys.argv[1], overwrite=True, async_=True, storage_options=json.loads(os.environ["CKPT_TEST_OPTIONS"]))
     print("staged", flush=True)
-    time.sleep(600)
+    for _ in range(6000):  # short sleeps: a SIGINT caught between the print and one long sleep's syscall
+        time.sleep(0.1)    # would wait for its end (CPython checks for signals only after waking)
 """)
 
 

@@ -33,16 +33,86 @@ def test_a_deferred_ctrl_c_is_raised_where_the_code_checks():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_ctrl_c_raises_at_once_unless_told_not_to():
-    with pytest.raises(KeyboardInterrupt), Deferred():
-        ctrl_c()
-        ctrl_c()
-        pytest.fail("the second Ctrl-C did not raise")
-    with Deferred(insist=False) as signals:
-        ctrl_c()
+def test_later_signals_are_dropped_while_one_is_recorded_and_leaving_raises_an_unchecked_one():
+    with pytest.raises(KeyboardInterrupt), Deferred() as signals:
         ctrl_c()
         first = signals.interrupt
-        assert isinstance(first, KeyboardInterrupt)
+        ctrl_c()
+        ctrl_c()
+        assert signals.interrupt is first
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with Deferred() as signals:  # checked: leaving is quiet
+        ctrl_c()
+        with pytest.raises(KeyboardInterrupt):
+            signals.check()
+
+
+def failing_on_call(real, when):
+    """``real`` (signal.signal / pthread_sigmask) that, on the call ``when`` picks, does its work and then
+    raises as a pending signal's handler run inside it would."""
+    def call(*args):
+        result = real(*args)
+        if when(*args):
+            raise KeyboardInterrupt
+        return result
+    return call
+
+
+def test_a_handler_raising_while_the_handlers_are_installed_leaves_nothing_wrapped(monkeypatch):
+    calls = []
+    real = signal.signal
+    monkeypatch.setattr(interrupts.signal, "signal",
+                        failing_on_call(real, lambda *args: calls.append(args) or len(calls) == 2))
+    with pytest.raises(KeyboardInterrupt), Deferred():
+        pytest.fail("entered")
+    monkeypatch.setattr(interrupts.signal, "signal", real)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and interrupts._active is None
+
+
+def test_a_handler_raising_while_the_handlers_are_restored_still_restores_them_all(monkeypatch):
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    real, raised = signal.signal, []
+    try:
+        with pytest.raises(KeyboardInterrupt), Deferred():
+            monkeypatch.setattr(interrupts.signal, "signal", failing_on_call(
+                real, lambda signum, handler: not raised and signum == signal.SIGINT and not raised.append(1)))
+        monkeypatch.setattr(interrupts.signal, "signal", real)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert not isinstance(signal.getsignal(signal.SIGTERM), type(Deferred()._handle))
+        assert interrupts._active is None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_quiet_gives_the_mask_back_even_when_a_pending_handler_raises_inside_the_block(monkeypatch):
+    before = blocked_now()
+    real = signal.pthread_sigmask
+    monkeypatch.setattr(interrupts.signal, "pthread_sigmask",
+                        failing_on_call(real, lambda how, mask: how == signal.SIG_BLOCK and bool(mask)))
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.quiet(pytest.fail, "ran")
+    monkeypatch.setattr(interrupts.signal, "pthread_sigmask", real)
+    assert blocked_now() == before
+
+
+def test_result_of_takes_a_ctrl_c_between_polls_and_honours_its_timeout():
+    from concurrent.futures import Future
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    future: Future = Future()
+    threading.Timer(0.1, ctrl_c).start()
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.result_of(future)
+    with pytest.raises(FutureTimeout):
+        interrupts.result_of(future, timeout=0.1)
+    threading.Timer(0.1, future.set_result, [42]).start()
+    assert interrupts.result_of(future) == 42
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_leaving_workers_without_join_still_raises_a_jobs_failure():
+    with pytest.raises(ValueError, match="late"), Workers(2, "test-workers") as pool:
+        pool.submit(lambda: (_ for _ in ()).throw(ValueError("late")))
 
 
 def test_a_handler_that_does_not_raise_keeps_working_and_ignored_signals_stay_ignored():
@@ -95,12 +165,11 @@ def test_a_handler_that_replaces_itself_keeps_its_replacement():
 
 def test_nested_deferred_share_one_record_and_the_outer_restores_the_handlers():
     with Deferred() as outer:
-        with Deferred() as inner:
+        with pytest.raises(KeyboardInterrupt), Deferred():
             ctrl_c()
+            assert isinstance(outer.interrupt, KeyboardInterrupt)  # one record
         assert signal.getsignal(signal.SIGINT) != signal.default_int_handler  # still the outer's
-        with pytest.raises(KeyboardInterrupt):
-            outer.check()
-        inner.check()  # already taken by the outer
+        outer.check()  # already taken by the inner one
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
