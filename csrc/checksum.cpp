@@ -174,11 +174,11 @@ void parallel_copy(const std::vector<CopyJob> &jobs, int threads) {
     for (const auto &j : jobs) {
         for (std::size_t off = 0; off < j.nbytes; off += kPiece)
             pieces.push_back({j.src + off, j.dst + off, std::min(kPiece, j.nbytes - off)});
-        if (j.zero_after) {
-            if (j.nbytes && pieces.back().dst + pieces.back().nbytes == j.dst + j.nbytes)
+        if (j.zero_after) {  // with the job's last piece, or alone after an empty copy
+            if (j.nbytes)
                 pieces.back().zero_after = j.zero_after;
             else
-                pieces.push_back({nullptr, j.dst + j.nbytes, 0, j.zero_after});
+                pieces.push_back({nullptr, j.dst, 0, j.zero_after});
         }
     }
     std::vector<std::size_t> starts{0};

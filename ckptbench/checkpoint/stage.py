@@ -143,19 +143,20 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     lowest, highest = int(routes.min()), int(routes.max())
     # First the CPU tensors and the zeros, in one engine call (a gathered GPU run that writes zeros into
     # the padding too comes after, not alongside). ``sources`` keeps every source alive meanwhile.
-    host = slice(None) if lowest == highest == ROUTE_HOST else np.flatnonzero(routes == ROUTE_HOST)
+    all_host = lowest == highest == ROUTE_HOST
+    host = slice(None) if all_host else np.flatnonzero(routes == ROUTE_HOST)
     if zero_after is None:
         rows = np.column_stack((addresses[host], offsets[host], nbytes[host]))
     else:
         rows = np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host]))
-        if not isinstance(host, slice):  # the padding after tensors staged otherwise: zeros only
+        if not all_host:  # the padding after tensors staged otherwise: zeros only
             padded = np.flatnonzero((routes != ROUTE_HOST) & (zero_after > 0))
             none = np.zeros(len(padded), np.int64)
             rows = np.vstack((rows, np.column_stack((none, offsets[padded] + nbytes[padded], none,
                                                      zero_after[padded]))))
     if len(rows):
         native.copy_from_addresses(arena.buffer, rows, threads)
-    if lowest == highest == ROUTE_HOST:
+    if all_host:
         return
     flat = arena.bytes_tensor()
     for device in np.unique(routes[routes >= 0]).tolist():
