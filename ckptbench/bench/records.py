@@ -8,6 +8,7 @@ A JSON document has ``schema``, ``tool``, ``created``, ``target``, ``spec``, ``u
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,25 +92,24 @@ def document_header(schema: str, created: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class PhaseResult:
-    """Repeated runs of one direction (write or read) for one configuration."""
+class Timings:
+    """Repeated runs of one operation (a write, a read, a save, a load), each moving ``bytes_per_run`` bytes."""
 
     op: str
     bytes_per_run: int
     runs_s: tuple[float, ...]
-    latencies_ns: np.ndarray = field(repr=False, compare=False)
-    thread_spans: tuple[tuple[tuple[float, float, int], ...], ...]  # per run: (start_s, end_s, bytes) per thread
-    direct_used: bool
-    sync: str
-    fallback_reason: str
 
     @property
     def runs_gbps(self) -> list[float]:
-        return [self.bytes_per_run / s / 1e9 for s in self.runs_s]
+        return [self.bytes_per_run / s / 1e9 if s > 0 else float("inf") for s in self.runs_s]
 
     @property
     def gbps(self) -> float:
         return summarize(self.runs_gbps)["median"]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.runs_s)
 
     def is_cached(self, memcpy_bps: float) -> bool:
         return self.gbps * 1e9 > knobs.CACHED_FRACTION_OF_MEMCPY * memcpy_bps
@@ -120,14 +120,31 @@ class PhaseResult:
             "runs_gbps": self.runs_gbps,
             "summary_gbps": summarize(self.runs_gbps),
             "runs_s": list(self.runs_s),
+            "summary_s": summarize(self.runs_s),
             "bytes_per_run": self.bytes_per_run,
+            "cached": self.is_cached(memcpy_bps),
+        }
+
+
+@dataclass(frozen=True)
+class PhaseResult(Timings):
+    """Repeated runs of one direction (write or read) for one configuration of the filesystem bench."""
+
+    latencies_ns: np.ndarray = field(repr=False, compare=False)
+    thread_spans: tuple[tuple[tuple[float, float, int], ...], ...]  # per run: (start_s, end_s, bytes) per thread
+    direct_used: bool
+    sync: str
+    fallback_reason: str
+
+    def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
+        return {
+            **super().to_dict(memcpy_bps),
             "latency_ms": latency_percentiles_ms(self.latencies_ns),
             "threads_per_run": [
                 [{"start_s": a, "end_s": b, "bytes": n} for a, b, n in run] for run in self.thread_spans
             ],
             "direct": self.direct_used,
             "sync": self.sync,
-            "cached": self.is_cached(memcpy_bps),
         }
 
 

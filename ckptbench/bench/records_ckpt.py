@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench import knobs
-from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
+from ckptbench.bench.records import (
+    NOISY_SPREAD,
+    BenchWarning,
+    Timings,
+    cache_warnings,
+    document_header,
+    setup_warnings,
+)
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.units import format_rate, format_size
 
@@ -34,41 +41,6 @@ UNITS = {
 
 #: RSS growth over the repeated saves, as a fraction of the checkpoint, still counted as "no growth".
 RSS_GROWTH_TOLERANCE = 0.01
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Repeated runs of one operation (a save or a load), each moving ``bytes_per_run`` bytes."""
-
-    op: str
-    bytes_per_run: int
-    runs_s: tuple[float, ...]
-
-    @property
-    def runs_gbps(self) -> list[float]:
-        return [self.bytes_per_run / s / 1e9 if s > 0 else float("inf") for s in self.runs_s]
-
-    @property
-    def gbps(self) -> float:
-        return summarize(self.runs_gbps)["median"]
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.runs_s)
-
-    def is_cached(self, memcpy_bps: float) -> bool:
-        return self.gbps * 1e9 > knobs.CACHED_FRACTION_OF_MEMCPY * memcpy_bps
-
-    def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
-        return {
-            "gbps": self.gbps,
-            "runs_gbps": self.runs_gbps,
-            "summary_gbps": summarize(self.runs_gbps),
-            "runs_s": list(self.runs_s),
-            "summary_s": summarize(self.runs_s),
-            "bytes_per_run": self.bytes_per_run,
-            "cached": self.is_cached(memcpy_bps),
-        }
 
 
 @dataclass(frozen=True)
