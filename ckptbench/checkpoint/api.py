@@ -54,6 +54,8 @@ class CheckpointExistsError(UsageError):
 
 #: Seconds between re-reads of the manifest after a write whose answer was lost (it may land late).
 COMMIT_RECHECK_S = (0.1, 0.3, 0.6, 1.0)
+#: Loads of a checkpoint that a save with overwrite=True keeps replacing, before giving up.
+LOAD_ATTEMPTS = 3
 
 
 def _current_manifest(store: Store) -> dict | None:
@@ -530,8 +532,10 @@ class Checkpointer:
         Without ``into``, the tensors are views into a fresh buffer (no copies on CPU; a helper
         thread faults it in ahead of the reads), or copies on ``device``. With ``into`` (a
         state_dict of the same structure, e.g. the live model's), every tensor is copied into the
-        matching preallocated tensor, on whatever device it lives, the read buffer is the
-        Checkpointer's own and reused across loads, and ``into`` is returned. ``verify`` checks every
+        matching preallocated tensor, on whatever device it lives (parameters included), every plain value that differs (a
+        step counter) is put into its dict or list, the read buffer is the Checkpointer's own and
+        reused across loads, and ``into`` is returned; an ``into`` that does not fit is refused
+        before anything in it changes. ``verify`` checks every
         CRC-32C and names the tensor and shard of any mismatch (CorruptCheckpointError).
 
         A checkpoint saved by N ranks loads under a launch of N ranks (each gets its own part;
@@ -542,9 +546,7 @@ class Checkpointer:
         store = open_store(path, storage_options)
         world = _world_for(distributed) if rank is None else None
         if world is None:
-            manifest = mf.read_manifest(store)
-            part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
-            return self._timed_load(store, manifest, part, device, verify, into)
+            return self._load_latest(store, rank, device, verify, into)
         found: tuple[dict | None, str | None] = (None, None)
         first_error: BaseException | None = None
         if world.is_first:
@@ -573,6 +575,35 @@ class Checkpointer:
             raise RankFailedError(f"rank {world.rank}: loading {store.url} failed on "
                                   + "; ".join(f"rank {r} ({f})" for r, f in sorted(bad.items())))
         return loaded
+
+    def _load_latest(self, store: Store, rank: int | None, device: Any, verify: bool, into: dict | None) -> dict:
+        """Load what the manifest names; when a save with ``overwrite=True`` commits a new checkpoint
+        meanwhile (and removes the shards being read), load the new one instead. A failure with the
+        manifest unchanged is the checkpoint's own (a missing shard is damage, said as such)."""
+        manifest = mf.read_manifest(store)
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
+            try:
+                return self._timed_load(store, manifest, part, device, verify, into)
+            except (mf.CorruptCheckpointError, OSError, StorageIOError) as exc:
+                try:
+                    latest = mf.read_manifest(store)
+                except mf.NotACheckpointError:
+                    latest = manifest  # gone altogether: report what went wrong with the one we had
+                if latest == manifest:
+                    if isinstance(exc, FileNotFoundError):
+                        raise mf.CorruptCheckpointError(
+                            f"a shard of {store.url} disappeared while it was read ({exc.filename or exc})",
+                            hint="the checkpoint is damaged or was removed meanwhile; restore from another one",
+                        ) from None
+                    raise
+                if attempt == LOAD_ATTEMPTS:
+                    raise mf.CorruptCheckpointError(
+                        f"{store.url} was replaced by a new save {LOAD_ATTEMPTS} times while loading it",
+                        hint="load it when no save is writing to it") from exc
+                log.info("%s was replaced by a new save while loading it: loading the new one", store.url)
+                manifest = latest
+        raise AssertionError("unreachable")
 
     def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
                     into: dict | None) -> dict:
@@ -637,7 +668,7 @@ class Checkpointer:
             _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
             return loaded
-        _copy_into(into, loaded, "")
+        _copy_into(into, loaded)
         _synchronize_all(into)
         return into
 
@@ -762,28 +793,60 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
             helper.join()
 
 
-def _copy_into(dst: Any, src: Any, path: str) -> None:
-    """Copy loaded tensors into ``dst``'s tensors in place; plain values must already match."""
+def _copy_into(dst: Any, src: Any) -> None:
+    """Make ``dst`` (``load``'s ``into=``) hold the loaded ``src``: each tensor copied into the matching
+    preallocated tensor, in place (under no_grad: parameters are fine), and each plain value that
+    differs (a step counter, a learning rate) put into its dict or list. Everything is checked before
+    anything changes: an ``into=`` that does not fit is refused untouched, naming the first misfit."""
     import torch
 
-    where = path or "<root>"
-    if isinstance(src, torch.Tensor):
-        if not isinstance(dst, torch.Tensor):
-            raise UsageError(f"{where}: the checkpoint holds a tensor, into= holds {type(dst).__name__}")
-        if dst.shape != src.shape or dst.dtype != src.dtype:
-            raise UsageError(f"{where}: checkpoint tensor {tuple(src.shape)} {src.dtype} does not fit into "
-                             f"{tuple(dst.shape)} {dst.dtype}")
-        dst.copy_(src, non_blocking=dst.device.type == "cuda")  # out of pinned memory; synchronized after
-    elif isinstance(src, dict):
-        if not isinstance(dst, dict) or dst.keys() != src.keys():
-            raise UsageError(f"{where}: keys differ between the checkpoint and into=")
-        for key in src:
-            _copy_into(dst[key], src[key], f"{path}.{key}" if path else str(key))
-    elif isinstance(src, (list, tuple)):
-        if not isinstance(dst, (list, tuple)) or len(dst) != len(src):
-            raise UsageError(f"{where}: a sequence of {len(src)} items does not fit into= here")
-        for i, (d, s) in enumerate(zip(dst, src, strict=True)):
-            _copy_into(d, s, f"{path}[{i}]")
+    copies: list[tuple[Any, Any]] = []
+    updates: list[tuple[Any, Any, Any]] = []  # (container, key or index, value)
+
+    def where(path: str) -> str:
+        return path or "<root>"
+
+    def visit(d: Any, s: Any, path: str, parent: Any = None, slot: Any = None) -> None:
+        if isinstance(s, torch.Tensor):
+            if not isinstance(d, torch.Tensor):
+                raise UsageError(f"{where(path)}: the checkpoint holds a tensor, into= holds {type(d).__name__}")
+            if d.shape != s.shape or d.dtype != s.dtype:
+                raise UsageError(f"{where(path)}: checkpoint tensor {tuple(s.shape)} {s.dtype} does not fit into "
+                                 f"{tuple(d.shape)} {d.dtype}")
+            copies.append((d, s))
+        elif isinstance(s, dict):
+            if not isinstance(d, dict):
+                raise UsageError(f"{where(path)}: the checkpoint holds a dict, into= holds {type(d).__name__}")
+            if d.keys() != s.keys():
+                missing, extra = [k for k in s if k not in d], [k for k in d if k not in s]
+                raise UsageError(f"{where(path)}: keys differ between the checkpoint and into= ("
+                                 + "; ".join(f"{label}: {', '.join(map(repr, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
+                                             for label, keys in (("missing from into=", missing),
+                                                                 ("not in the checkpoint", extra)) if keys) + ")")
+            for key in s:
+                visit(d[key], s[key], f"{path}.{key}" if path else str(key), d, key)
+        elif isinstance(s, (list, tuple)):
+            if not isinstance(d, (list, tuple)) or len(d) != len(s):
+                raise UsageError(f"{where(path)}: a sequence of {len(s)} items does not fit into= here")
+            for i, (di, si) in enumerate(zip(d, s, strict=True)):
+                visit(di, si, f"{path}[{i}]", d, i)
+        else:
+            if isinstance(d, (torch.Tensor, dict, list, tuple)):
+                raise UsageError(f"{where(path)}: the checkpoint holds a {type(s).__name__}, "
+                                 f"into= holds {type(d).__name__}")
+            if type(d) is type(s) and (d == s or d != d and s != s):  # equal (NaN equals NaN here)
+                return
+            if isinstance(parent, tuple):
+                raise UsageError(f"{where(path)}: the checkpoint holds {s!r}, into= holds {d!r} inside a tuple, "
+                                 "which cannot be updated", hint="use a list, or pass into= without it")
+            updates.append((parent, slot, s))
+
+    visit(dst, src, "")
+    with torch.no_grad():
+        for d, s in copies:
+            d.copy_(s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+    for container, slot, value in updates:
+        container[slot] = value
 
 
 def _synchronize(device: Any) -> None:

@@ -190,6 +190,9 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
                 raise corrupt(f"tensor {key!r} is in shard {t['shard']}, but the manifest lists "
                               f"{len(shards)} shards")
             shard = shards[t["shard"]]
+            if t["offset"] % dtype.itemsize:  # shards start page-aligned in the read buffer
+                raise corrupt(f"tensor {key!r} starts at byte {t['offset']} of shard {shard['name']}, not a "
+                              f"multiple of its element size ({dtype.itemsize} bytes for {t['dtype']})")
             if t["offset"] + t["nbytes"] > shard["nbytes"]:
                 raise corrupt(
                     f"tensor {key!r} (bytes {t['offset']}..{t['offset'] + t['nbytes']}) runs past the end "

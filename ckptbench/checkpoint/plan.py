@@ -15,6 +15,7 @@ import functools
 import gc
 import heapq
 import math
+import sys
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -156,7 +157,11 @@ def route_of(t: Any, device: int) -> int:
 
 
 def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "untyped_storage")
+    """A torch.Tensor, subclasses included (nn.Parameter, a library's own parameter class)."""
+    kind = type(value)
+    if kind.__module__.startswith("torch"):  # the common case, without a torch import
+        return hasattr(value, "untyped_storage")
+    return "torch" in sys.modules and isinstance(value, sys.modules["torch"].Tensor)
 
 
 def _encode_key(key: Any, path: str) -> Any:
@@ -215,8 +220,9 @@ class _Flattener:
         device, address = t.get_device(), t.data_ptr()
         alias = None
         if numel > 0:
-            # Tied weights: the same first byte, layout and dtype on the same device.
-            identity = (device, address, shape, t.stride(), dtype)
+            # Tied weights: the same first byte, layout and dtype on the same device, and the same lazy
+            # conjugate/negative bits (c.conj() shares c's bytes but not its values).
+            identity = (device, address, shape, t.stride(), dtype, t.is_conj(), t.is_neg())
             alias = self._seen.setdefault(identity, index)
             if alias == index:
                 alias = None
