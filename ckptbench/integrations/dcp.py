@@ -61,7 +61,7 @@ import threading
 import time
 import types
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -109,6 +109,8 @@ READ_BUFFER_BYTES = 1 * 2**30
 #: Files a save of ours creates: data files named by rank and save, and the metadata's temp name.
 _DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.[0-9a-f]{8}\.distcp$")
 _TMP_METADATA = re.compile(r"^\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}$")
+#: Committed metadata: ``.metadata`` (collective saves) or ``__{rank}.metadata`` (per-rank saves).
+_METADATA_FILE = re.compile(r"^(__(?P<rank>\d+))?\.metadata$")
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -270,8 +272,25 @@ def _distributed_tensor_types() -> tuple[type, type]:
     return DTensor, ShardedTensor
 
 
+def _walked_into(obj: Any) -> bool:
+    """Whether DCP saves ``obj``'s items one by one rather than ``obj`` whole (one torch.save blob).
+
+    As torch.distributed.checkpoint._traverse.traverse_state_dict decides: it goes into every
+    mapping, and into a list holding a tensor, a mapping or a list it goes into; a tuple, or a list
+    of anything else, is one leaf. Staging puts only tensors DCP saves as tensors into the arena: a
+    blob's tensors there would be views of the whole arena, and torch.save writes a view's whole
+    storage (every other tensor, and whatever earlier saves left in the arena)."""
+    import torch
+
+    if isinstance(obj, Mapping):
+        return True
+    if not isinstance(obj, list):
+        return False
+    return any(isinstance(v, torch.Tensor) or (isinstance(v, (Mapping, list)) and _walked_into(v)) for v in obj)
+
+
 def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The local tensors of a state_dict, in the order :func:`_rebuild` consumes them."""
+    """The local tensors DCP saves as tensors, in the order :func:`_rebuild` consumes them."""
     import torch
 
     DTensor, ShardedTensor = _distributed_tensor_types()
@@ -282,16 +301,14 @@ def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield shard.tensor
     elif isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _local_tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
+    elif _walked_into(obj):
+        for value in obj.values() if isinstance(obj, Mapping) else obj:
             yield from _local_tensors(value)
 
 
 def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
-    """``obj`` with every local tensor replaced by the next staged one (same structure and wrappers)."""
+    """``obj`` with every tensor DCP saves as a tensor replaced by the next staged one (same structure
+    and wrappers); everything else copied (a blob's tensors get storage of their own)."""
     import torch
 
     DTensor, ShardedTensor = _distributed_tensor_types()
@@ -305,12 +322,10 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
         return out
     if isinstance(obj, torch.Tensor):
         return next(staged)
-    if isinstance(obj, dict):
-        return {key: _rebuild(value, staged) for key, value in obj.items()}
-    if isinstance(obj, list):
+    if _walked_into(obj):
+        if isinstance(obj, Mapping):
+            return {key: _rebuild(value, staged) for key, value in obj.items()}
         return [_rebuild(value, staged) for value in obj]
-    if isinstance(obj, tuple):
-        return tuple(_rebuild(value, staged) for value in obj)
     if obj is None or isinstance(obj, (int, float, str, bytes, io.BytesIO)):
         return obj
     return copy.deepcopy(obj)
@@ -552,8 +567,7 @@ class _Writer:
         except OSError as exc:
             raise TargetError(f"cannot create the checkpoint directory {self.path}: {exc.strerror or exc}",
                               hint="save to a writable directory") from exc
-        committed = METADATA_NAME if self._use_collectives else f"__0{METADATA_NAME}"
-        if store.size(committed) is not None:
+        if any(store.size(name) is not None for name in (METADATA_NAME, f"__0{METADATA_NAME}")):
             if not self.overwrite:
                 raise CheckpointExistsError(f"{self.path} already holds a DCP checkpoint",
                                             hint="pass overwrite=True to replace it")
@@ -720,10 +734,17 @@ class _Writer:
 
     def _remove_stale(self, store: Store, keep: set[str]) -> None:
         """Data files (and metadata temps) of earlier or crashed saves of ours; with per-rank
-        metadata a rank removes only its own."""
+        metadata a rank removes only its own. Metadata of the other mode goes too: it names files
+        this sweep removes, and DCP's loaders read ``.metadata`` first, so a collective one left
+        behind a per-rank save would make the directory load the replaced checkpoint, or fail."""
         own = None if self._use_collectives or self._rank is None else str(self._rank)
         stale = []
         for name in store.list():
+            committed = _METADATA_FILE.match(name)
+            if committed is not None:
+                if name != self._metadata_name() and (committed.group("rank") is None) == (own is not None):
+                    stale.append(name)  # the other mode's
+                continue
             match = _DATA_FILE.match(name) or _TMP_METADATA.match(name)
             if match is None or name in keep or (own is not None and match.group("rank") != own):
                 continue

@@ -271,6 +271,40 @@ def test_files_do_not_depend_on_what_the_reused_arena_held_before(tmp_path: Path
     fresh.close()
 
 
+def test_async_save_stages_only_what_dcp_saves_as_tensors(tmp_path: Path) -> None:
+    """DCP saves a tuple (or a list without tensors in reach) whole, with torch.save. Its tensors must
+    not be views of the staging arena: torch.save would write the whole arena, and with it whatever
+    an earlier, bigger save left there."""
+    writer = Writer(tmp_path / "unused")
+    marker = torch.tensor(list(b"EARLIER-SAVE-MARKER" * 8), dtype=torch.uint8)
+    dcp.async_save({"big": torch.zeros(2**20), "m": marker}, storage_writer=writer,
+                   checkpoint_id=tmp_path / "a").result()
+    state = {"x": torch.ones(4), "pair": (torch.ones(2), torch.zeros(2)), "nested": [[(torch.ones(3),)]]}
+    dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "b").result()
+    data = b"".join(distcp_bytes(tmp_path / "b"))
+    assert b"EARLIER-SAVE-MARKER" not in data and len(data) < 64 * 1024
+    loaded = {"x": torch.zeros(4), "pair": None, "nested": None}
+    dcp.load(loaded, storage_reader=Reader(tmp_path / "b"))
+    assert torch.equal(loaded["pair"][0], torch.ones(2)) and loaded["pair"][0].untyped_storage().nbytes() == 8
+    assert torch.equal(loaded["nested"][0][0][0], torch.ones(3))
+    writer.close()
+
+
+def test_switching_between_collective_and_per_rank_saves_keeps_the_directory_loadable(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    dcp.save({"w": torch.ones(100)}, storage_writer=Writer(path))
+    with pytest.raises(CheckpointExistsError):  # a collective checkpoint is a checkpoint here too (no
+        dcp.save({"w": torch.zeros(100)}, storage_writer=Writer(path, overwrite=False),  # collectives: unwrapped)
+                 use_collectives=False)
+    for value, collectives in ((2.0, False), (3.0, True), (4.0, False)):
+        dcp.save({"w": torch.full((100,), value)}, storage_writer=Writer(path), use_collectives=collectives)
+        metadata = sorted(p.name for p in path.iterdir() if p.name.endswith(".metadata"))
+        assert metadata == (["__0.metadata"] if not collectives else [".metadata"])
+        loaded = {"w": torch.zeros(100)}
+        dcp.load(loaded, storage_reader=Reader(path))
+        assert torch.equal(loaded["w"], torch.full((100,), value))
+
+
 # -- error paths -----------------------------------------------------------------------------
 
 
