@@ -86,7 +86,16 @@ class LocalStore:
         return not self.path.exists() or self.path.is_dir()
 
     def prepare(self) -> None:
+        """Create the directory (and missing parents); each new entry's parent is fsynced, or a
+        power cut could take the new directory, and the checkpoint in it, with it."""
+        created = []
+        path = self.path
+        while not path.exists() and path.parent != path:
+            created.append(path)
+            path = path.parent
         self.path.mkdir(parents=True, exist_ok=True)
+        for path in reversed(created):
+            fsync_directory(path.parent)
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                     direct: bool) -> WriteReport:

@@ -1,6 +1,7 @@
 """Loads that meet the caller's objects: ``into=`` (checked before anything changes, plain values
 restored, parameters), lazy conjugate/negative views, tensor subclasses, a manifest with a misaligned
-offset, and a checkpoint replaced by another save while it is read."""
+offset, a checkpoint replaced by another save while it is read, and a new checkpoint directory made
+durable in its parent."""
 
 from __future__ import annotations
 
@@ -167,3 +168,19 @@ def test_a_shard_removed_under_an_unchanged_manifest_is_damage(tmp_path: Path, m
     monkeypatch.setattr(LocalStore, "read_files", removed_first)
     with Checkpointer() as ckpt, pytest.raises(CorruptCheckpointError, match="disappeared while it was read"):
         ckpt.load(path)
+
+
+# -- durability of the directory itself ----------------------------------------------------------
+
+
+def test_a_new_checkpoint_directory_is_made_durable_in_its_parents(tmp_path: Path, monkeypatch):
+    from ckptbench.storage import store
+
+    synced: list[Path] = []
+    real = store.fsync_directory
+    monkeypatch.setattr(store, "fsync_directory", lambda path: (synced.append(Path(path)), real(path)))
+    ckptbench.save({"a": torch.ones(3)}, tmp_path / "runs" / "step-1")
+    assert synced[:2] == [tmp_path, tmp_path / "runs"]  # the new entries, before anything is written
+    synced.clear()
+    ckptbench.save({"a": torch.ones(3)}, tmp_path / "runs" / "step-1", overwrite=True)
+    assert tmp_path not in synced and tmp_path / "runs" not in synced  # nothing new in them
