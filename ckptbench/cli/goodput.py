@@ -8,6 +8,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.interval import (
+    GPU_COUNT,
     UNITS,
     async_options,
     emit,
@@ -19,6 +20,7 @@ from ckptbench.cli.interval import (
 )
 from ckptbench.errors import UsageError
 from ckptbench.model import goodput as model
+from ckptbench.model.failures import MAX_COUNT, FailureModel
 from ckptbench.units import format_duration
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -26,6 +28,8 @@ _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _REQUIRED = ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s")
 #: Above this ``(interval + checkpoint + recovery) / MTBF`` the first-order accounting is flagged.
 FIRST_ORDER_NOTE_RATIO = 0.3
+#: Hot spares are nodes: at most the job's node count, which is at most this.
+SPARE_COUNT = params.Bounded(params.NONNEGATIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} nodes")
 
 EXPLAIN = """\
 How `ckptbench goodput` computes:
@@ -53,7 +57,10 @@ waits only when all K spares are out, with the Erlang-B probability B(K, replace
 only until the first repair under way finishes (at most --replace; about replace / (K + 1) for
 exponential repair times). Charging B(K, replace / MTBF) x replace is therefore an upper bound.
 What-ifs change one thing each: halve the detection time; one more hot spare node (and none, when
-you have some); checkpoint at the optimal interval (the exact optimum of `ckptbench interval`).
+you have some); checkpoint at the optimal interval (the exact optimum of `ckptbench interval`). A
+what-if that cannot be computed (its run would never finish) is left out with a note.
+A checkpoint that takes as long as the MTBF to become durable is refused, as `ckptbench interval`
+refuses it: most checkpoints would never complete.
 The lost-work term is first order: against the exact model it is off by terms of order
 ((tau + C + recovery)/MTBF)^2 of the wall time; a note compares the two when that ratio passes 0.3.
 """
@@ -64,28 +71,28 @@ The lost-work term is first order: against the exact model it is off by terms of
 @click.option("--model", metavar="PRESET", default=None,
               help="A model preset from configs/models instead of --params: llama3-405b.")
 @click.option("--tokens", type=params.FINITE_COUNT, default=None, help="Training tokens: 20T.  [required]")
-@click.option("--gpus", type=params.POSITIVE_INT, default=None, help="GPUs in the job: 4000.  [required]")
+@click.option("--gpus", type=GPU_COUNT, default=None, help="GPUs in the job: 4000.  [required]")
 @click.option("--peak-tflops", type=params.FINITE_POSITIVE_NUMBER, default=None,
               help="Peak dense TFLOP/s per GPU in the training dtype: 989 (H100 SXM bf16; 1979 is the same GPU with "
                    "2:4 sparsity, which dense training does not use).  [required]")
 @click.option("--mfu", type=params.FRACTION, default=None,
               help="Model FLOPs utilisation: 0.35 or 35%.  [required]")
-@click.option("--gpus-per-node", type=params.POSITIVE_INT, default=8, show_default=True, help="GPUs per node.")
+@click.option("--gpus-per-node", type=GPU_COUNT, default=8, show_default=True, help="GPUs per node.")
 @click.option("--node-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
 @click.option("--gpu-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
 @failure_options(with_count=False)
-@click.option("--detect", type=params.BOUNDED_DURATION, default=None,
+@click.option("--detect", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
               help="Time to notice a failure: 60m.  [required]")
-@click.option("--replace", type=params.BOUNDED_DURATION, default=None,
+@click.option("--replace", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
               help="Time to replace the failed node: 60m.  [required]")
-@click.option("--resume", type=params.BOUNDED_DURATION, default=None,
+@click.option("--resume", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
               help="Time to restart the job and load the checkpoint: 30m.  [required]")
 @click.option("--ckpt-interval", type=params.BOUNDED_DURATION, default=None,
               help="Training time between checkpoints: 30m (adds lost work and stalls).")
 @click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
               help="Time to write one checkpoint: 140s (with --stall: the persist time).")
 @async_options
-@click.option("--hot-spares", type=params.NONNEGATIVE_INT, default=0, show_default=True,
+@click.option("--hot-spares", type=SPARE_COUNT, default=0, show_default=True,
               help="Idle spare nodes kept ready to swap in (at most the job's node count).")
 @click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
@@ -147,17 +154,13 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     recovery = model.Recovery(opts["detect_s"], opts["replace_s"], opts["resume_s"])
     spares = opts["hot_spares"]
     result = model.estimate(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
-    scenarios = model.what_if(run, failures, recovery, checkpoint=checkpoint, pricing=pricing, hot_spare_nodes=spares)
+    scenarios, skipped = model.what_if(run, failures, recovery, checkpoint=checkpoint, pricing=pricing,
+                                       hot_spare_nodes=spares)
+    notes += [f"what-if '{s.description}' left out: {s.reason}" for s in skipped]
     if checkpoint is not None:
-        ratio = model.first_order_ratio(run, failures, recovery, checkpoint, spares)
-        if ratio > FIRST_ORDER_NOTE_RATIO:
-            exact_h = model.exact_wall_hours(run, failures, recovery, checkpoint, spares)
-            notes.append(
-                f"(checkpoint interval + checkpoint + recovery) / MTBF = {ratio:.2f}, above "
-                f"{FIRST_ORDER_NOTE_RATIO:g}: the first-order lost-work accounting is off here; the exact model "
-                f"gives {exact_h:,.0f} wall hours ({100 * (exact_h / result.wall_hours - 1):+.0f} % against "
-                f"{result.wall_hours:,.0f}); checkpoint more often",
-            )
+        note = _first_order_note(run, failures, recovery, checkpoint, spares, result.wall_hours)
+        if note:
+            notes.append(note)
     if not pricing.given:
         notes.append("no --gpu-hour-cost or --node-hour-cost: costs are not computed")
     out = result.as_dict()
@@ -191,6 +194,33 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         "assumptions": [line.strip() for line in EXPLAIN.splitlines() if line.strip()],
         "units": UNITS,
     }
+
+
+def _first_order_note(
+    run: model.TrainingRun, failures: FailureModel, recovery: model.Recovery, checkpoint: model.CheckpointPolicy,
+    spares: int, wall_hours: float,
+) -> str | None:
+    """The exact model's wall time when the first-order accounting may be off, or ``None``.
+
+    Said when ``(interval + checkpoint + recovery) / MTBF`` passes :data:`FIRST_ORDER_NOTE_RATIO` and the
+    two differ by at least half a percent (a note that says "off by 0 %" only confuses). Its advice
+    follows the exact optimum: checkpoint more often only when the optimum is shorter than yours.
+    """
+    ratio = model.first_order_ratio(run, failures, recovery, checkpoint, spares)
+    if ratio <= FIRST_ORDER_NOTE_RATIO:
+        return None
+    exact_h = model.exact_wall_hours(run, failures, recovery, checkpoint, spares)
+    gap_pct = 100 * (exact_h / wall_hours - 1)
+    if abs(gap_pct) < 0.5:
+        return None
+    note = (f"(checkpoint interval + checkpoint + recovery) / MTBF = {ratio:.2f}, above {FIRST_ORDER_NOTE_RATIO:g}: "
+            f"the first-order lost-work accounting is off here; the exact model gives {exact_h:,.0f} wall hours "
+            f"({gap_pct:+.0f} % against {wall_hours:,.0f})")
+    best_s = model.optimal_interval_s(checkpoint.cost, failures.mtbf_s)
+    if abs(best_s / checkpoint.interval_s - 1) > 0.01:
+        direction = "more" if best_s < checkpoint.interval_s else "less"
+        note += f"; its optimum is to checkpoint {direction} often, every {format_duration(best_s)}"
+    return note
 
 
 # -- output ----------------------------------------------------------------------------------------
@@ -232,8 +262,8 @@ def _print_human(doc: dict[str, Any]) -> None:
     console.print(
         f"[bold]Failures[/bold]: {doc['faults_per_day']:.3g} per day, MTBF {format_duration(doc['mtbf_s'])} "
         f"({doc['failure_source']}); each costs "
-        f"detect {format_duration(doc['detect_s'])} + replace {format_duration(doc['replace_s'])} + resume "
-        f"{format_duration(doc['resume_s'])}"
+        f"detect {_duration(doc['detect_s'])} + replace {_duration(doc['replace_s'])} + resume "
+        f"{_duration(doc['resume_s'])}"
         + (f" + lost work (checkpoint every {format_duration(doc['checkpoint_interval_s'])}, "
            f"{format_duration(doc['checkpoint_s'])} each)" if doc["includes_checkpointing"] else ""),
     )
@@ -274,6 +304,11 @@ def _print_human(doc: dict[str, Any]) -> None:
         console.print(f"[dim]note: {note}[/dim]")
     console.print()
     console.print(takeaway(doc))
+
+
+def _duration(seconds: float) -> str:
+    """``format_duration``, but a cost of nothing reads ``0`` (not ``0 µs``)."""
+    return format_duration(seconds) if seconds else "0"
 
 
 def takeaway(doc: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from ckptbench.cli import params
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model import sizing
-from ckptbench.model.failures import SECONDS_PER_DAY, FailureModel
+from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_DAY, FailureModel
 from ckptbench.units import format_duration, format_rate, format_size
 
 #: What the key suffixes of every JSON document mean.
@@ -38,6 +38,11 @@ UNITS: dict[str, str] = {
 }
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+#: Counts of GPUs and nodes (shared with ``goodput``): refused where they are parsed past the
+#: model's :data:`~ckptbench.model.failures.MAX_COUNT`, before a float overflows on them.
+GPU_COUNT = params.Bounded(params.POSITIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} GPUs")
+NODE_COUNT = params.Bounded(params.POSITIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} nodes")
 
 EXPLAIN = """\
 How `ckptbench interval` computes (all times in seconds; M = MTBF of the whole job, R = restart,
@@ -97,9 +102,9 @@ def failure_options(*, with_count: bool) -> Callable[[Callable[..., Any]], Calla
         ]
         if with_count:
             options += [
-                click.option("--gpus", type=params.POSITIVE_INT, default=None,
+                click.option("--gpus", type=GPU_COUNT, default=None,
                              help="GPUs in the job (for --gpu-mtbf, and to scale --failures presets)."),
-                click.option("--nodes", type=params.POSITIVE_INT, default=None,
+                click.option("--nodes", type=NODE_COUNT, default=None,
                              help="Nodes in the job (for --node-mtbf)."),
             ]
         for option in reversed(options):
@@ -252,7 +257,7 @@ def pct(value: float | None, digits: int = 1) -> str:
               help="Data-parallel sharding: zero1 (optimizer), zero2 (+grads), zero3/fsdp (+weights).")
 @async_options
 @failure_options(with_count=True)
-@click.option("--restart", type=params.BOUNDED_DURATION, default=None,
+@click.option("--restart", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
               help="Cost of one failure before training resumes (detect, replace, reload): 10m  [default: 0].")
 @click.option("--every", type=params.BOUNDED_DURATION, default=None,
               help="Evaluate this interval (training time between checkpoints): 30m.")
@@ -519,7 +524,9 @@ def _print_human(doc: dict[str, Any]) -> None:
     if doc["mtbf_s"] is not None:
         inputs.add_row("job MTBF", f"{format_duration(doc['mtbf_s'])} ({doc['failures_per_day']:.3g} failures/day; "
                                    f"{doc['failure_source']})")
-        inputs.add_row("restart", format_duration(doc["restart_s"]) if doc["restart_s"] else "0 (not given)")
+        given = not any(note.startswith("no --restart given") for note in doc["notes"])
+        inputs.add_row("restart", format_duration(doc["restart_s"]) if doc["restart_s"] else
+                       "0" if given else "0 (not given)")
     console.print(inputs)
     console.print()
 

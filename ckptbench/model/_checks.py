@@ -29,10 +29,12 @@ def finite(name: str, value: float) -> None:
         raise UsageError(f"{name} {value!r} must be finite")
 
 
-def positive_int(name: str, value: int) -> None:
-    """``value`` must be a whole number, at least 1."""
+def positive_int(name: str, value: int, *, at_most: int | None = None) -> None:
+    """``value`` must be a whole number, at least 1 (and at most ``at_most``: a float cannot hold every int)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{name} {value!r} must be a whole number of at least 1")
+    if at_most is not None and value > at_most:
+        raise UsageError(f"{name} {_shown_int(value)} is more than {at_most:,}, the most accepted")
 
 
 def fraction(name: str, value: float, *, allow_zero: bool) -> None:
@@ -47,6 +49,11 @@ def one_of(name: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
     """``value`` must be one of ``choices``."""
     if value not in choices:
         raise UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
+
+
+def _shown_int(value: int) -> str:
+    """``1,234``, or ``about 10^400`` past 15 digits: a message stays one readable line."""
+    return f"{value:,}" if value < 10**15 else f"about 10^{math.log10(value):.0f}"
 
 
 def _is_number(value: object) -> bool:

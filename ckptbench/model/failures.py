@@ -11,7 +11,8 @@ exponential lifetimes, the standard assumption). Three ways in:
 
 The closed forms in :mod:`ckptbench.model.interval` assume exponential (memoryless) failures;
 ``weibull_shape`` is carried for the simulator (:mod:`ckptbench.model.simulate`), which draws
-Weibull times between failures with that shape and the same mean.
+Weibull times between failures with that shape and the same mean (a shape of at least
+:data:`MIN_WEIBULL_SHAPE`). Counts of GPUs, nodes and interruptions are at most :data:`MAX_COUNT`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from ckptbench.model import _checks
 
 SECONDS_PER_DAY = 86400.0
 SECONDS_PER_HOUR = 3600.0
+#: Most GPUs, nodes or interruptions one job is given: 10^8, hundreds of times the largest clusters
+#: built. Past it counts stop meaning anything (and past 10^308 they no longer convert to a float).
+MAX_COUNT = 100_000_000
+#: Smallest Weibull shape taken. Below it the time between failures is so skewed (at 0.1 its standard
+#: deviation is already 430 times its mean) that no simulation reproduces its mean, and the scale,
+#: ``M / Gamma(1 + 1/k)``, soon overflows (for ``k`` under about 0.006).
+MIN_WEIBULL_SHAPE = 0.1
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class FailureModel:
 
     def __post_init__(self) -> None:
         _checks.positive("MTBF (s)", self.mtbf_s)
-        _checks.positive("Weibull shape", self.weibull_shape)
+        check_weibull_shape("Weibull shape", self.weibull_shape)
 
     @property
     def faults_per_day(self) -> float:
@@ -61,7 +69,7 @@ class FailureModel:
     ) -> FailureModel:
         """``M_sys = M / N`` for ``count`` units (GPUs or nodes) each with MTBF ``unit_mtbf_s``."""
         _checks.positive(f"per-{unit} MTBF (s)", unit_mtbf_s)
-        _checks.positive_int(f"{unit} count", count)
+        _checks.positive_int(f"{unit} count", count, at_most=MAX_COUNT)
         return cls(
             unit_mtbf_s / count,
             weibull_shape,
@@ -84,14 +92,14 @@ class FailureModel:
         With ``scale_to_gpus``, the per-GPU MTBF ``M_sys * gpus`` is divided by the new count
         (which assumes failures scale with the GPU count, as they do when most are hardware faults).
         """
-        _checks.positive_int("interruptions", interruptions)
+        _checks.positive_int("interruptions", interruptions, at_most=MAX_COUNT)
         _checks.positive("days", days)
-        _checks.positive_int("GPU count", gpus)
+        _checks.positive_int("GPU count", gpus, at_most=MAX_COUNT)
         mtbf_s = days * SECONDS_PER_DAY / interruptions
         source = f"{interruptions} interruptions in {days:g} days on {gpus:,} GPUs"
         if scale_to_gpus is None or scale_to_gpus == gpus:
             return cls(mtbf_s, weibull_shape, source)
-        _checks.positive_int("GPU count", scale_to_gpus)
+        _checks.positive_int("GPU count", scale_to_gpus, at_most=MAX_COUNT)
         per_gpu_s = mtbf_s * gpus
         return cls(per_gpu_s / scale_to_gpus, weibull_shape, f"{source}, scaled to {scale_to_gpus:,} GPUs")
 
@@ -123,7 +131,7 @@ class FailurePreset:
             )
         if kinds[2] and any(v is None for v in run):
             raise UsageError(f"failure preset {self.name!r} needs all of interruptions, days and gpus")
-        _checks.positive(f"failure preset {self.name!r}: weibull_shape", self.weibull_shape)
+        check_weibull_shape(f"failure preset {self.name!r}: weibull_shape", self.weibull_shape)
 
     @property
     def scales_with_gpus(self) -> bool:
@@ -148,6 +156,17 @@ class FailurePreset:
         if gpus is not None and not self.scales_with_gpus:
             source += " (for the whole job, not scaled by GPU count)"
         return FailureModel(model.mtbf_s, k, source)
+
+
+def check_weibull_shape(name: str, shape: float) -> None:
+    """Raise ``UsageError`` for a shape that is not a number of at least :data:`MIN_WEIBULL_SHAPE`."""
+    _checks.positive(name, shape)
+    if shape < MIN_WEIBULL_SHAPE:
+        raise UsageError(
+            f"{name} {shape:g} is below {MIN_WEIBULL_SHAPE:g}: failures that bursty are too skewed to simulate "
+            f"(at {MIN_WEIBULL_SHAPE:g} the standard deviation of the time between them is already 430 times its mean)",
+            hint=f"use a shape of at least {MIN_WEIBULL_SHAPE:g}",
+        )
 
 
 def _hours(seconds: float) -> str:

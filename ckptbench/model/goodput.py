@@ -41,15 +41,18 @@ from typing import Any
 
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks
-from ckptbench.model.failures import SECONDS_PER_HOUR, FailureModel
+from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_HOUR, FailureModel
 from ckptbench.model.interval import (
     CheckpointCost,
+    check_can_keep_up,
     check_in_flight,
     exact_interval_s,
     expected_wall_time_s,
     lost_work_per_failure_s,
 )
 
+#: Where :func:`erlang_b` stops summing: the terms left are below this share of the sum.
+_ROUNDING = 1e-17
 #: Badput categories, in the order they are reported.
 BADPUT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall", "lost_progress", "detection", "replacement", "restart_restore")
 
@@ -68,10 +71,10 @@ class TrainingRun:
     def __post_init__(self) -> None:
         _checks.positive("parameter count", self.params)
         _checks.positive("token count", self.tokens)
-        _checks.positive_int("GPU count", self.gpus)
+        _checks.positive_int("GPU count", self.gpus, at_most=MAX_COUNT)
         _checks.positive("peak FLOP/s", self.peak_flops)
         _checks.fraction("MFU", self.mfu, allow_zero=False)
-        _checks.positive_int("GPUs per node", self.gpus_per_node)
+        _checks.positive_int("GPUs per node", self.gpus_per_node, at_most=MAX_COUNT)
         what = f"6 N D = 6 x {self.params:g} parameters x {self.tokens:g} tokens"
         if not math.isfinite(self.compute_flops):
             raise UsageError(f"{what} is not a finite number of FLOPs")
@@ -96,7 +99,7 @@ class TrainingRun:
 
     @property
     def nodes(self) -> int:
-        return math.ceil(self.gpus / self.gpus_per_node)
+        return -(-self.gpus // self.gpus_per_node)  # ceiling division in integers, exact for any count
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,16 @@ class GoodputResult:
 
 
 @dataclass(frozen=True)
+class SkippedScenario:
+    """A what-if that cannot be computed (at the optimal interval a fault may lose more work than the
+    MTBF, for instance), and why: it is reported, not allowed to fail the baseline it is compared with."""
+
+    name: str
+    description: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A what-if: its result and what it changes against the baseline."""
 
@@ -221,20 +234,45 @@ class Scenario:
 
 
 def erlang_b(servers: int, offered_load: float) -> float:
-    """Erlang-B blocking probability ``B(K, a)`` (``B(0, a) = 1``), by the stable recurrence.
+    """Erlang-B blocking probability ``B(K, a)`` (``B(0, a) = 1``) in at most about ``20 sqrt(min(K, a))`` steps.
 
-    The recurrence stops once ``B`` underflows to 0 (it only decreases from there), so large ``K``
-    cost about ``a`` steps, not ``K``.
+    ``1/B = sum_{j=0..K} t_j`` with ``t_j = K! / ((K - j)! a^j)``: positive terms, each ``(K - j + 1) / a``
+    times the one before, so they rise up to ``j = max(0, floor(K + 1 - a))`` and fall after it. The sum
+    starts at that largest term (its logarithm from ``lgamma``) and walks outwards both ways; the ratios
+    only fall as it goes, so once one is ``r < 1`` the terms left add up to at most ``t r / (1 - r)``, and
+    it stops when that is below rounding. Terms fall like ``e^{-d^2 / 2 min(K, a)}`` at ``d`` from the
+    largest, or faster, so a million spares cost thousands of steps, not the million the recurrence
+    ``B_k = a B_{k-1} / (k + a B_{k-1})`` takes. ``K`` is at most :data:`MAX_COUNT` (spares are nodes),
+    which keeps the relative error, about ``1e-16 K log K`` from ``lgamma``, under 1e-6.
     """
-    if servers < 0:
+    if not isinstance(servers, int) or isinstance(servers, bool) or servers < 0:
         raise UsageError(f"hot spare count {servers!r} must be zero or more")
+    if servers:
+        _checks.positive_int("hot spare count", servers, at_most=MAX_COUNT)
     _checks.nonnegative("offered load", offered_load)
-    blocking = 1.0
-    for k in range(1, servers + 1):
-        blocking = offered_load * blocking / (k + offered_load * blocking)
-        if blocking == 0.0:
+    if offered_load == 0.0:
+        return 1.0 if servers == 0 else 0.0
+    k, a = servers, offered_load
+    peak = min(k, max(0, math.floor(k + 1 - a)))
+    log_peak = math.lgamma(k + 1) - math.lgamma(k - peak + 1) - peak * math.log(a) if peak else 0.0
+    total = 1.0  # sum of t_j / t_peak
+    term, j = 1.0, peak
+    while j < k:  # upwards: t_{j+1} = t_j (K - j) / a
+        ratio = (k - j) / a
+        if ratio < 1.0 and term * ratio / (1.0 - ratio) <= _ROUNDING * total:
             break
-    return blocking
+        term *= ratio
+        total += term
+        j += 1
+    term, j = 1.0, peak
+    while j > 0:  # downwards: t_{j-1} = t_j a / (K - j + 1)
+        ratio = a / (k - j + 1)
+        if ratio < 1.0 and term * ratio / (1.0 - ratio) <= _ROUNDING * total:
+            break
+        term *= ratio
+        total += term
+        j -= 1
+    return math.exp(-log_peak) / total
 
 
 def estimate(
@@ -248,9 +286,12 @@ def estimate(
 ) -> GoodputResult:
     """Wall time, waste by category, goodput and cost of ``run`` (see the module docstring for the model).
 
-    Raises ``UsageError`` for more hot spares than the job has nodes, when each fault loses more work
-    than the MTBF (the run never finishes), or when a result is not a finite number.
+    Raises ``UsageError`` for more hot spares than the job has nodes, when a checkpoint takes as long
+    as the MTBF to become durable (the same refusal as ``ckptbench interval``), when each fault loses
+    more work than the MTBF (the run never finishes), or when a result is not a finite number.
     """
+    if checkpoint is not None:
+        check_can_keep_up(checkpoint.cost, failures.mtbf_s)
     pricing = pricing or Pricing()
     rate = failures.rate_per_s
     replace_s = effective_replace_s(run, failures, recovery, hot_spare_nodes)
@@ -356,39 +397,50 @@ def what_if(
     checkpoint: CheckpointPolicy | None = None,
     pricing: Pricing | None = None,
     hot_spare_nodes: int = 0,
-) -> list[Scenario]:
+) -> tuple[list[Scenario], list[SkippedScenario]]:
     """Alternatives to the baseline: halve detection, one more hot spare (or none), the optimal interval.
 
-    Each reports the hours it saves and, with pricing, its extra cost (spares) and net saving. "One
-    more hot spare" is left out when the spares already match the job's node count.
+    Each reports the hours it saves and, with pricing, its extra cost (spares) and net saving. "Faster
+    detection" is left out when detection is already instant, "one more hot spare" when the spares
+    already match the job's node count. A what-if that :func:`estimate` refuses is returned second,
+    with the reason, rather than raised: the baseline (which is raised) is what the user asked about.
     """
     kwargs: dict[str, Any] = {"checkpoint": checkpoint, "pricing": pricing, "hot_spare_nodes": hot_spare_nodes}
     base = estimate(run, failures, recovery, **kwargs)
-    candidates: list[tuple[str, str, dict[str, Any], Recovery]] = [
-        ("faster_detection", f"detect failures in {_fmt_min(recovery.detect_s / 2)} instead of "
-         f"{_fmt_min(recovery.detect_s)}", {}, replace(recovery, detect_s=recovery.detect_s / 2)),
-    ]
+    candidates: list[tuple[str, str, dict[str, Any], Recovery]] = []
+    if recovery.detect_s:
+        candidates.append(("faster_detection", f"detect failures in {_fmt_min(recovery.detect_s / 2)} instead of "
+                           f"{_fmt_min(recovery.detect_s)}", {}, replace(recovery, detect_s=recovery.detect_s / 2)))
     if hot_spare_nodes < run.nodes:
         candidates.append(("hot_spare", f"keep {hot_spare_nodes + 1} hot spare node{'s' if hot_spare_nodes else ''}",
                            {"hot_spare_nodes": hot_spare_nodes + 1}, recovery))
     if hot_spare_nodes:
         candidates.append(("no_hot_spares", "keep no hot spare nodes", {"hot_spare_nodes": 0}, recovery))
     if checkpoint is not None:
-        best = max(exact_interval_s(checkpoint.cost.blocking_s, failures.mtbf_s), checkpoint.cost.min_interval_s)
+        best = optimal_interval_s(checkpoint.cost, failures.mtbf_s)
         candidates.append((
             "optimal_interval", f"checkpoint every {_fmt_min(best)} (the optimum) instead of every "
             f"{_fmt_min(checkpoint.interval_s)}",
             {"checkpoint": CheckpointPolicy(best, checkpoint.cost)}, recovery,
         ))
-    scenarios = []
+    scenarios, skipped = [], []
     for name, description, changes, rec in candidates:
-        result = estimate(run, failures, rec, **(kwargs | changes))
+        try:
+            result = estimate(run, failures, rec, **(kwargs | changes))
+        except UsageError as exc:
+            skipped.append(SkippedScenario(name, description, str(exc)))
+            continue
         extra = net = None
         if base.total_cost_usd is not None and result.total_cost_usd is not None:
             extra = (result.spare_cost_usd or 0.0) - (base.spare_cost_usd or 0.0)
             net = base.total_cost_usd - result.total_cost_usd
         scenarios.append(Scenario(name, description, result, base.wall_hours - result.wall_hours, extra, net))
-    return scenarios
+    return scenarios, skipped
+
+
+def optimal_interval_s(cost: CheckpointCost, mtbf_s: float) -> float:
+    """The exact model's optimum (``ckptbench interval``'s): Daly's exact optimum for ``s + fP``, or the bound."""
+    return max(exact_interval_s(cost.blocking_s, mtbf_s), cost.min_interval_s)
 
 
 def _fmt_min(seconds: float) -> str:

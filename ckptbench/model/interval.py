@@ -193,7 +193,9 @@ def expected_wall_time_s(
     """Exact expected wall time to finish ``work_s`` of compute, including a final durable checkpoint.
 
     The work is split into ``n = ceil(work / tau)`` equal intervals (so the interval used is
-    ``work / n``, at most ``tau``; one fewer when that would break the one-in-flight bound). The first interval starts with nothing in flight and costs
+    ``work / n``, at most ``tau``; fewer when that would break the one-in-flight bound, and one when
+    the work is shorter than the bound: its single checkpoint has none to overlap). The first
+    interval starts with nothing in flight and costs
     ``M e^{R/M} (e^{(tau + s + P)/M} - 1)``; each later one costs :func:`cycle_time_s`. This is the
     schedule :func:`ckptbench.model.simulate.simulate` runs, so the two agree to sampling error.
 
@@ -204,7 +206,9 @@ def expected_wall_time_s(
     _validate(interval_s, cost, mtbf_s, restart_s, restart_can_fail)
     n = intervals_for(work_s, interval_s, cost.min_interval_s)
     tau = work_s / n
-    _validate(tau, cost, mtbf_s, restart_s, restart_can_fail)
+    if n > 1:
+        check_in_flight(tau, cost)
+    check_completes(tau, cost, mtbf_s, restart_s, restart_can_fail=restart_can_fail)
     factor = _restart_factor(restart_s, mtbf_s, restart_can_fail)
     first = mtbf_s * factor * math.expm1((tau + cost.durable_s) / mtbf_s)
     return first + (n - 1) * _cycle(tau, cost, mtbf_s, restart_s, restart_can_fail)
@@ -357,7 +361,11 @@ def waste_curve(
 
 
 def intervals_for(work_s: float, interval_s: float, min_interval_s: float = 0.0) -> int:
-    """Equal intervals the work splits into: ``ceil(work / tau)``, fewer if that would undercut the bound."""
+    """Equal intervals the work splits into: ``ceil(work / tau)``, fewer if that would undercut the bound.
+
+    Work shorter than the bound is a single interval below it: with one checkpoint, nothing else can
+    be in flight.
+    """
     _checks.positive("interval (s)", interval_s)
     count = work_s / interval_s
     if not math.isfinite(count):

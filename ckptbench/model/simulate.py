@@ -1,11 +1,12 @@
 """Monte Carlo simulation of a training run with random failures, checkpoints and restarts.
 
 The run must do ``work_s`` of compute. It is split into ``n = ceil(work / tau)`` equal intervals of
-``tau = work / n`` (one fewer if that would break the one-in-flight bound); after each one the job
+``tau = work / n`` (fewer if that would break the one-in-flight bound); after each one the job
 checkpoints, and it is done when the final checkpoint is durable. Checkpoints are synchronous
 (``cost.stall_s = C``, training waits) or asynchronous (stall ``s`` blocks training, then the
 snapshot persists for ``P`` while training runs at ``1 - f`` of its speed; at most one in flight,
-so ``tau >= (1 - f) P``). The snapshot holds the state at the start of its stall.
+so ``tau >= (1 - f) P``, unless the work is shorter than that and takes one interval, whose single
+checkpoint has none to overlap). The snapshot holds the state at the start of its stall.
 
 Failures form a renewal process in wall-clock time: the times between them are independent,
 exponential or Weibull with shape ``k`` and scale ``M / Gamma(1 + 1/k)`` (so their mean is the
@@ -31,9 +32,15 @@ time converges to :func:`ckptbench.model.interval.expected_wall_time_s`.
 Cost: about one numpy step per failure of the longest run plus a few operations per failure of every
 run, i.e. proportional to ``(runs + STEP_COST_RUNS) x (expected failures per run + 1)``.
 :class:`SimulationConfig` refuses configurations where that exceeds :data:`MAX_SIMULATED_FAILURES`
-(a few seconds). The expectation is the exponential one; Weibull failures can need many more (with
-a large shape, failures so regular that a segment longer than the MTBF never completes), so
-:func:`simulate` also stops after twice the budget's worth of steps and says so.
+(a few seconds). The expectation is the exponential one, and with exponential failures the loop runs
+until every run is done: a failure-free stretch of restart + interval + checkpoint advances a run by
+a checkpoint, so its failure count is at most a sum of geometric counts, whose tail is exponentially
+small; the longest of ``R`` runs needs about ``log R`` standard deviations more than the mean, and
+those steps handle only the few runs still going, at about ``STEP_COST_RUNS`` failures' worth each.
+(A cap on steps near the mean would be wrong: of two million runs a few need twice the mean.)
+Weibull failures can need far more, or never finish (with a large shape, failures so regular that a
+segment longer than the MTBF never completes), so for them :func:`simulate` stops once it has done
+twice the budget's worth of work, counted as above, and says so.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import numpy as np
 
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks
+from ckptbench.model.failures import check_weibull_shape
 from ckptbench.model.interval import CheckpointCost, check_in_flight, expected_wall_time_s, intervals_for
 from ckptbench.units import format_duration
 
@@ -81,8 +89,8 @@ class SimulationConfig:
         _checks.positive("interval (s)", self.interval_s)
         _checks.positive("MTBF (s)", self.mtbf_s)
         _checks.nonnegative("restart (s)", self.restart_s)
-        _checks.positive("Weibull shape", self.weibull_shape)
-        _checks.positive_int("runs", self.runs)
+        check_weibull_shape("Weibull shape", self.weibull_shape)
+        _checks.positive_int("simulated runs", self.runs, at_most=MAX_SIMULATED_FAILURES)
         check_in_flight(self.interval_s, self.cost)
         if self.checkpoints > MAX_CHECKPOINTS:
             raise UsageError(
@@ -207,12 +215,13 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     lost = np.zeros(runs)
     restart = np.zeros(runs)
     failures = np.zeros(runs, dtype=np.int64)
-    max_steps = 2 * MAX_SIMULATED_FAILURES // (runs + STEP_COST_RUNS)
+    handled = 0  # the loop's work so far, in the budget's units (see the module docstring)
 
     for step in itertools.count():
         if not idx.size:
             break
-        if step > max_steps:
+        handled += idx.size + STEP_COST_RUNS
+        if shape != 1.0 and handled > 2 * MAX_SIMULATED_FAILURES:
             expected = config.expected_wall_s() / mtbf
             raise UsageError(
                 f"after {step:,} failures {idx.size:,} of {runs:,} simulated runs had not finished, where "

@@ -109,7 +109,7 @@ def test_explain_prints_the_model() -> None:
         (["--mfu", "0"], "'0'"),
         (["--gpus", "0"], "'0'"),
         (["--tokens", "-3T"], "-3T"),
-        (["--detect", "0s"], "0s"),
+        (["--detect", "-5m"], "-5m"),
         (["--resume", "soon"], "soon"),
         (["--peak-tflops", "-1"], "-1"),
         (["--node-hour-cost", "90", "--gpu-hour-cost", "11.25"], "GPU-hour cost 11.25 and node-hour cost 90"),
@@ -120,7 +120,11 @@ def test_explain_prints_the_model() -> None:
         (["--ckpt-time", "140s"], "--ckpt-interval"),
         (["--ckpt-interval", "30d", "--ckpt-time", "140s"], "never finishes"),
         # review findings 4, 5, 7
-        (["--hot-spares", "1000000000"], "hot spare count 1000000000 is more than the job's 500 nodes"),
+        (["--hot-spares", "501"], "hot spare count 501 is more than the job's 500 nodes"),
+        # counts past 10^8 used to overflow a float (a traceback) or hang (hot spares, one loop step each)
+        (["--hot-spares", "1000000000"], "'--hot-spares': '1000000000' is more than 100,000,000 nodes"),
+        (["--gpus", "1" + "0" * 400], "is more than 100,000,000 GPUs"),
+        (["--gpus-per-node", "1" + "0" * 400], "is more than 100,000,000 GPUs"),
         (["--params", "1e200", "--tokens", "1e200", "--json"], "6 N D = 6 x 1e+200 parameters x 1e+200 tokens"),
         (["--node-hour-cost", "1e305"], "cost ($5e+307 per cluster-hour"),
         (["--peak-tflops", "1e400"], "'--peak-tflops': '1e400' must be finite"),
@@ -151,8 +155,77 @@ def test_a_checkpoint_interval_near_the_mtbf_gets_a_note_with_the_exact_model() 
     [note] = [n for n in doc["notes"] if "first-order" in n]
     assert "/ MTBF = 1.06, above 0.3" in note
     assert "the exact model gives" in note and "-13 %" in note
+    assert note.endswith("its optimum is to checkpoint more often, every 1h 20m")  # not 23 h
     readme = run_json(*BASE, "--ckpt-interval", "30m", "--ckpt-time", "140s")  # ratio 0.13: no note
     assert not any("first-order" in n for n in readme["notes"])
+
+
+#: The review's runs: H100 bf16 at 35 % MFU, a fault every 3 hours.
+RUN_3H = ["--params", "100B", "--tokens", "20T", "--gpus", "4000", "--peak-tflops", "989", "--mfu", "0.35",
+          "--mtbf", "3h"]
+
+
+@pytest.mark.parametrize("ckpt_time", ["4h", "3.2h"])
+def test_a_checkpoint_longer_than_the_mtbf_is_refused_as_interval_refuses_it(ckpt_time: str) -> None:
+    # 4h used to fail with the optimal-interval what-if's "throws away 3.34 h of work"; 3.2h got a full report.
+    result = run(*RUN_3H, "--detect", "1m", "--replace", "1m", "--resume", "1m", "--ckpt-interval", "1m",
+                 "--ckpt-time", ckpt_time)
+    assert result.exit_code == 2, result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "checkpointing cannot keep up" in line and "fails every 3h" in line and "3.34 h" not in line
+    assert result.stdout == ""
+
+
+def test_a_what_if_that_cannot_be_computed_is_left_out_with_a_note() -> None:
+    # Every 1.35 h (the bound) a fault loses 2.8 h; at the optimum, 2.09 h, it would lose more than the MTBF.
+    doc = run_json(*RUN_3H, "--detect", "1m", "--replace", "1m", "--resume", "1m", "--ckpt-interval", "1.35h",
+                   "--stall", "1.5h", "--persist", "1.35h")
+    assert "optimal_interval" not in {s["name"] for s in doc["what_if"]}
+    [note] = [n for n in doc["notes"] if "left out" in n]
+    assert "what-if 'checkpoint every 2.09 h (the optimum) instead of every 81 min' left out" in note
+    assert "never finishes" in note
+
+
+def test_the_first_order_note_is_left_out_at_0_percent_and_follows_the_optimum() -> None:
+    # Ratio 0.87 but the exact model agrees to 0 %: the note used to say "-0 %; checkpoint more often"
+    # although the optimum (18 min) checkpoints less often than every 5 min.
+    agrees = run_json(*RUN_3H, "--detect", "60m", "--replace", "60m", "--resume", "30m", "--ckpt-interval", "5m",
+                      "--ckpt-time", "60s")
+    assert not any("first-order" in n for n in agrees["notes"])
+    differs = run_json(*RUN_3H, "--detect", "10m", "--replace", "10m", "--resume", "10m", "--ckpt-interval", "20m",
+                       "--ckpt-time", "60m")
+    [note] = [n for n in differs["notes"] if "first-order" in n]
+    assert "(-2 % against" in note and note.endswith("its optimum is to checkpoint less often, every 1h 50m")
+    assert "more often" not in note
+
+
+def test_a_run_shorter_than_the_persist_time_is_one_interval() -> None:
+    # 2.2 s of compute, a 1 h persist: the exact model's single checkpoint used to be "two in flight".
+    result = run("--params", "1B", "--tokens", "1M", "--gpus", "8", "--peak-tflops", "989", "--mfu", "0.35",
+                 "--mtbf", "3h", "--detect", "1m", "--replace", "1m", "--resume", "1m", "--ckpt-interval", "1h",
+                 "--stall", "1s", "--persist", "1h", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert any("the exact model gives" in n for n in json.loads(result.stdout)["notes"])
+
+
+def test_zero_recovery_times_are_allowed() -> None:
+    # --detect/--replace/--resume 0 were refused ("must be positive") though the model takes them.
+    args = [*BASE, "--detect", "0", "--replace", "0s", "--resume", "0m"]
+    doc = run_json(*args)
+    assert (doc["detect_s"], doc["replace_s"], doc["resume_s"]) == (0, 0, 0)
+    assert doc["wasted_hours"] == 0
+    assert {s["name"] for s in doc["what_if"]} == {"hot_spare"}  # halving no detection time is no what-if
+    assert "each costs detect 0 + replace 0 + resume 0" in run(*args).stdout
+    refused = run(*BASE, "--resume", "-1m")
+    assert refused.exit_code == 2 and "'--resume': '-1m' is not a duration" in refused.stderr
+
+
+def test_a_hundred_million_hot_spares_are_computed_at_once() -> None:
+    # Erlang B with 10^8 spares at a load of 3.6e12 (1 ns MTBF, 1 h to replace) looped 10^8 times per call.
+    doc = run_json("--params", "100B", "--tokens", "20T", "--peak-tflops", "989", "--mfu", "0.35", "--detect", "60m",
+                   "--replace", "60m", "--resume", "30m", "--gpus", "100000000", "--gpus-per-node", "1",
+                   "--mtbf", "1ns", "--hot-spares", "100000000")
+    assert doc["replace_effective_s"] == pytest.approx(3600 * (1 - 1e8 / 3.6e12), rel=1e-9)
 
 
 def test_peak_tflops_help_and_example_agree_on_dense_bf16() -> None:

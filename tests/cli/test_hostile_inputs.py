@@ -148,7 +148,9 @@ OUTPUT_OPTIONS: list[tuple[str, str, list[str]]] = [
 HUGE_FINITE = {"99999999999999999999PiB", "99999999999999999999"}
 #: options where zero is a valid value: the command must succeed
 ZERO_IS_VALID = {("bench", "--warmup"), ("preflight", "--interference"), ("interval", "--seed"),
-                 ("interval", "--interference"), ("goodput", "--hot-spares"), ("goodput", "--interference")}
+                 ("interval", "--interference"), ("interval", "--restart"), ("goodput", "--hot-spares"),
+                 ("goodput", "--interference"), ("goodput", "--detect"), ("goodput", "--replace"),
+                 ("goodput", "--resume")}
 #: (command, option, value) that asks for a file to be written where it is valid: "" is the working directory
 WRITES = {("bench", "--output", ""), ("bench", "--output", "missing/x.png")}
 

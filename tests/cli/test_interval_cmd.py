@@ -213,6 +213,18 @@ def test_explain_prints_the_formulas() -> None:
         (["--ckpt-time", "1e-320s", "--mtbf", "3h"], ("'--ckpt-time'", "'1e-320s'", "between 1 ns and 1e+18 s")),
         (["--size", "140GB", "--bandwidth", "1e-300B/s", "--mtbf", "3h"], ("--size gives 1.4e+11 bytes", "1e-300")),
         (["--ckpt-time", "140s", "--faults-per-day", "1e300"], ("--faults-per-day 1e+300", "job MTBF of 8.64e-296 s")),
+        # counts past 10^8 used to overflow a float: a traceback
+        (["--ckpt-time", "1s", "--gpu-mtbf", "50000h", "--gpus", "1" + "0" * 400],
+         ("'--gpus'", "is more than 100,000,000 GPUs")),
+        (["--ckpt-time", "1s", "--failures", "llama3", "--gpus", "1" + "0" * 400], ("'--gpus'", "100,000,000 GPUs")),
+        (["--ckpt-time", "1s", "--node-mtbf", "5000h", "--nodes", "1" + "0" * 400],
+         ("'--nodes'", "is more than 100,000,000 nodes")),
+        (["--ckpt-time", "1s", "--mtbf", "3h", "--simulate", "1" + "0" * 400],
+         ("simulated runs about 10^400 is more than 100,000,000",)),
+        # a Weibull shape whose scale overflows (Gamma(1 + 1/k)): a traceback
+        (["--ckpt-time", "140s", "--mtbf", "3h", "--simulate", "1000", "--weibull-shape", "0.001"],
+         ("Weibull shape 0.001 is below 0.1", "use a shape of at least 0.1")),
+        (["--ckpt-time", "140s", "--mtbf", "3h", "--restart", "-1s"], ("'--restart'", "'-1s'", "not a duration")),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(args: list[str], named: tuple[str, ...]) -> None:
@@ -224,6 +236,24 @@ def test_bad_input_exits_2_with_one_line_naming_it(args: list[str], named: tuple
         assert fragment in lines[0]
     assert "try 4000, 8B" not in lines[0]  # a count's suggestions belong to counts only
     assert result.stdout == ""
+
+
+def test_a_restart_of_zero_is_allowed_as_its_default_is() -> None:
+    # --restart 0 was refused ("duration '0' must be positive") although its help says [default: 0].
+    doc = run_json("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "0")
+    assert doc["restart_s"] == 0
+    assert doc == run_json("--ckpt-time", "140s", "--mtbf", "3h") | {"notes": doc["notes"]}
+    assert not any("no --restart given" in n for n in doc["notes"])
+    human = run("--ckpt-time", "140s", "--mtbf", "3h", "--restart", "0s")
+    assert human.exit_code == 0 and "0 (not given)" not in human.stdout
+
+
+def test_simulating_work_shorter_than_the_persist_time() -> None:
+    # 30 min of work, a 1 h persist: one interval, one checkpoint; it was refused as "two in flight".
+    doc = run_json("--stall", "1s", "--persist", "1h", "--mtbf", "1d", "--simulate", "100", "--work", "30m")
+    sim = doc["simulation"]["at_optimum"]
+    assert sim["interval_s"] == 1800 and doc["optimal_interval_s"] == 3600
+    assert sim["model_wall_s"] > 1800 + 1 + 3600
 
 
 def test_notes_flag_an_interval_shorter_than_the_checkpoint_and_a_restart_longer_than_the_mtbf() -> None:

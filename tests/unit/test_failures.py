@@ -8,7 +8,7 @@ import pytest
 
 from ckptbench.errors import ConfigError, UsageError
 from ckptbench.model import presets
-from ckptbench.model.failures import FailureModel, FailurePreset
+from ckptbench.model.failures import MAX_COUNT, MIN_WEIBULL_SHAPE, FailureModel, FailurePreset
 
 HOUR = 3600.0
 
@@ -38,6 +38,37 @@ def test_weibull_scale_keeps_the_mean() -> None:
     assert FailureModel(1000.0).weibull_scale_s == pytest.approx(1000.0)
     model = FailureModel(1000.0, weibull_shape=2.0)
     assert model.weibull_scale_s * math.gamma(1.5) == pytest.approx(1000.0)
+
+
+def test_weibull_shapes_too_bursty_to_simulate_are_refused_saying_why() -> None:
+    # Gamma(1 + 1/k) overflows below k = 0.0058 (an OverflowError, not a message); far above that the
+    # spread already defeats any simulation: at k = 0.1 the standard deviation is 430 times the mean.
+    assert math.sqrt(math.gamma(1 + 2 / MIN_WEIBULL_SHAPE) / math.gamma(1 + 1 / MIN_WEIBULL_SHAPE) ** 2 - 1) == (
+        pytest.approx(430, abs=1))
+    for shape in (0.001, 0.05):
+        with pytest.raises(UsageError, match=rf"Weibull shape {shape:g} is below 0.1: .* 430 times its mean"):
+            FailureModel(3 * HOUR, weibull_shape=shape)
+    with pytest.raises(UsageError, match="weibull_shape 0.001 is below 0.1"):
+        FailurePreset("bursty", faults_per_day=1, weibull_shape=0.001)
+    assert FailureModel(3 * HOUR, weibull_shape=MIN_WEIBULL_SHAPE).weibull_scale_s > 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FailureModel.from_unit_mtbf(50_000 * HOUR, 10**400),
+        lambda: FailureModel.from_unit_mtbf(5_000 * HOUR, 10**400, unit="node"),
+        lambda: FailureModel.from_run(419, 54, 16384, scale_to_gpus=10**400),
+        lambda: FailureModel.from_run(10**400, 54, 16384),
+        lambda: FailurePreset("llama3", interruptions=419, days=54, gpus=16384).model(10**400),
+        lambda: FailurePreset("per-gpu", gpu_mtbf_hours=50_000).model(MAX_COUNT + 1),
+    ],
+)
+def test_counts_too_large_for_a_float_are_refused_not_overflowed(make) -> None:
+    # 10^400 GPUs used to raise OverflowError (int too large to convert to float) from M / N.
+    with pytest.raises(UsageError, match=r"is more than 100,000,000, the most accepted"):
+        make()
+    assert FailureModel.from_unit_mtbf(50_000 * HOUR, MAX_COUNT).mtbf_s == pytest.approx(1.8)
 
 
 @pytest.mark.parametrize(

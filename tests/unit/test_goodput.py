@@ -7,7 +7,7 @@ import math
 import pytest
 
 from ckptbench.errors import UsageError
-from ckptbench.model.failures import FailureModel
+from ckptbench.model.failures import MAX_COUNT, FailureModel
 from ckptbench.model.goodput import (
     BADPUT_CATEGORIES,
     CheckpointPolicy,
@@ -99,16 +99,39 @@ def test_erlang_b() -> None:
     assert erlang_b(3, 0.0) == 0.0
 
 
-def test_erlang_b_for_huge_spare_counts_stops_once_blocking_underflows() -> None:
-    # Would loop 10^18 times; the recurrence is 0.0 from a few hundred spares on at this load.
-    assert erlang_b(10**18, HOUR / 86400) == 0.0
-    assert erlang_b(10**18, 50.0) == 0.0
+def _erlang_b_recurrence(servers: int, load: float) -> float:
+    """The textbook recurrence, K steps: the reference for :func:`erlang_b`."""
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = load * blocking / (k + load * blocking)
+    return blocking
+
+
+@pytest.mark.parametrize("servers", [1, 2, 5, 17, 100, 999])
+@pytest.mark.parametrize("load", [1e-300, 1e-6, 0.04, 0.5, 1.0, 3.0, 16.5, 99.9, 100.0, 1000.0, 1e6, 1e300])
+def test_erlang_b_is_the_recurrence(servers: int, load: float) -> None:
+    expected = _erlang_b_recurrence(servers, load)
+    assert erlang_b(servers, load) == pytest.approx(expected, rel=1e-10, abs=1e-300)
+
+
+def test_erlang_b_for_huge_spare_counts_walks_only_the_terms_that_matter() -> None:
+    # The recurrence loops K times whatever the load; with K = 10^8 spares and a load of 10^8 or
+    # 3.6e12 (a 1 ns MTBF, an hour to replace) that was a hang. Now a few thousand steps at most.
+    assert erlang_b(10**6, 1e6) == pytest.approx(_erlang_b_recurrence(10**6, 1e6), rel=1e-9)
+    assert erlang_b(10**6, 1.003e6) == pytest.approx(_erlang_b_recurrence(10**6, 1.003e6), rel=1e-9)
+    # B(K, K) ~ 1 / (sqrt(pi K / 2) + 2/3) (Jagerman); B(K, a) ~ 1 - K/a for a far above K.
+    assert erlang_b(MAX_COUNT, MAX_COUNT) == pytest.approx(1 / (math.sqrt(math.pi * MAX_COUNT / 2) + 2 / 3), rel=1e-6)
+    assert erlang_b(MAX_COUNT, 3.6e12) == pytest.approx(1 - MAX_COUNT / 3.6e12, rel=1e-9)
+    assert erlang_b(MAX_COUNT, HOUR / 86400) == 0.0
+    assert erlang_b(MAX_COUNT, MAX_COUNT / 2) == 0.0  # e^-(K ln 2 - K/2), far below the smallest float
+    with pytest.raises(UsageError, match="hot spare count about 10\\^18 is more than 100,000,000"):
+        erlang_b(10**18, 50.0)
 
 
 def test_more_hot_spares_than_nodes_are_refused_naming_both() -> None:
     with pytest.raises(UsageError, match="hot spare count 501 is more than the job's 500 nodes"):
         estimate(RUN, ONE_PER_DAY, RECOVERY, hot_spare_nodes=501)
-    at_most = {s.name for s in what_if(RUN, ONE_PER_DAY, RECOVERY, hot_spare_nodes=500)}
+    at_most = {s.name for s in what_if(RUN, ONE_PER_DAY, RECOVERY, hot_spare_nodes=500)[0]}
     assert at_most == {"faster_detection", "no_hot_spares"}  # no 501st spare
 
 
@@ -126,8 +149,9 @@ def test_hot_spares_shrink_replacement_and_cost_idle_nodes() -> None:
 def test_what_if_scenarios() -> None:
     pricing = Pricing(node_hour_usd=90)
     base = estimate(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)
-    scenarios = {s.name: s for s in what_if(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)}
-    assert set(scenarios) == {"faster_detection", "hot_spare"}
+    computed, skipped = what_if(RUN, ONE_PER_DAY, RECOVERY, pricing=pricing)
+    scenarios = {s.name: s for s in computed}
+    assert set(scenarios) == {"faster_detection", "hot_spare"} and skipped == []
     faster = scenarios["faster_detection"]
     # Without checkpointing faults = lambda * planned, so halving detection saves faults x detect / 2 exactly.
     assert faster.saved_hours == pytest.approx(base.faults * 0.5)
@@ -140,7 +164,7 @@ def test_what_if_scenarios() -> None:
 
 def test_what_if_with_spares_and_checkpoints() -> None:
     checkpoint = CheckpointPolicy(1800, CheckpointCost.sync(140))
-    scenarios = {s.name: s for s in what_if(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint, hot_spare_nodes=2)}
+    scenarios = {s.name: s for s in what_if(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint, hot_spare_nodes=2)[0]}
     assert set(scenarios) == {"faster_detection", "hot_spare", "no_hot_spares", "optimal_interval"}
     assert scenarios["no_hot_spares"].saved_hours < 0
     assert scenarios["optimal_interval"].saved_hours > 0  # 30 min is far below the optimum for 1 fault/day
@@ -226,6 +250,51 @@ def test_first_order_accounting_is_close_to_the_exact_model_only_for_small_ratio
     assert result.wall_hours > 1.1 * exact_wall_hours(RUN, ONE_PER_DAY, RECOVERY, long)
     # Hot spares shorten the recovery in both.
     assert first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, long, 1) < first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, long)
+
+
+def test_a_checkpoint_longer_than_the_mtbf_cannot_keep_up_as_in_the_interval_model() -> None:
+    # A 3.2 h checkpoint with a 3 h MTBF used to get a full report; a 4 h one was refused with the
+    # optimal-interval what-if's lost work. Both now get the interval model's refusal, about yours.
+    three_hours = FailureModel(3 * HOUR)
+    for checkpoint_s, shown in ((3.2 * HOUR, "3h 12m"), (4 * HOUR, "4h")):
+        checkpoint = CheckpointPolicy(60, CheckpointCost.sync(checkpoint_s))
+        with pytest.raises(UsageError, match=f"cannot keep up: a checkpoint takes {shown} but the job fails every 3h"):
+            estimate(RUN, three_hours, RECOVERY, checkpoint=checkpoint)
+        with pytest.raises(UsageError, match="cannot keep up"):
+            what_if(RUN, three_hours, RECOVERY, checkpoint=checkpoint)
+
+
+def test_a_what_if_that_cannot_be_computed_is_skipped_with_its_reason() -> None:
+    # s = 1.5 h, P = 1.35 h, every 1.35 h (the bound), MTBF 3 h: a fault loses 2.8 h, the run finishes.
+    # At the exact optimum (2.1 h) it would lose 3.15 h, more than the MTBF: that what-if is left out.
+    cost = CheckpointCost(stall_s=1.5 * HOUR, persist_s=1.35 * HOUR)
+    checkpoint = CheckpointPolicy(1.35 * HOUR, cost)
+    three_hours, quick = FailureModel(3 * HOUR), Recovery(60, 60, 60)
+    base = estimate(RUN, three_hours, quick, checkpoint=checkpoint)
+    computed, skipped = what_if(RUN, three_hours, quick, checkpoint=checkpoint)
+    assert {s.name for s in computed} == {"faster_detection", "hot_spare"}
+    [optimum] = skipped
+    assert optimum.name == "optimal_interval" and "(the optimum)" in optimum.description
+    assert "never finishes" in optimum.reason and "3.15 h of work" in optimum.reason
+    assert computed[0].saved_hours == pytest.approx(base.wall_hours - computed[0].result.wall_hours)
+
+
+def test_zero_recovery_times_are_allowed_and_instant_detection_is_not_halved() -> None:
+    instant = Recovery(detect_s=0, replace_s=0, resume_s=0)
+    result = estimate(RUN, ONE_PER_DAY, instant)
+    assert result.wall_hours == result.planned_hours and result.wasted_hours == 0
+    computed, skipped = what_if(RUN, ONE_PER_DAY, instant)
+    assert {s.name for s in computed} == {"hot_spare"} and skipped == []
+
+
+def test_counts_too_large_for_a_float_are_refused_and_nodes_are_whole() -> None:
+    # 10^400 GPUs used to raise OverflowError from GPUs x peak FLOP/s.
+    with pytest.raises(UsageError, match="GPU count about 10\\^400 is more than 100,000,000"):
+        TrainingRun(1e9, 1e12, 10**400, 1e15, 0.4)
+    with pytest.raises(UsageError, match="GPUs per node about 10\\^400 is more than 100,000,000"):
+        TrainingRun(1e9, 1e12, 8, 1e15, 0.4, gpus_per_node=10**400)
+    assert TrainingRun(1e9, 1e12, MAX_COUNT - 1, 1e15, 0.4).nodes == MAX_COUNT // 8
+    assert TrainingRun(1e9, 1e12, 9, 1e15, 0.4).nodes == 2
 
 
 def test_losing_more_work_per_fault_than_the_mtbf_never_finishes() -> None:

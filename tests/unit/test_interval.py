@@ -20,6 +20,7 @@ from ckptbench.model.interval import (
     exact_interval_s,
     expected_wall_time_s,
     first_order_waste,
+    intervals_for,
     lost_work_per_failure_s,
     overhead_fraction,
     waste_curve,
@@ -222,6 +223,19 @@ def test_expected_wall_time_is_daly_total_for_whole_intervals() -> None:
     mtbf, restart, tau, ckpt, work = 6 * HOUR, 600.0, 3000.0, 300.0, 500 * 3000.0
     daly = mtbf * math.exp(restart / mtbf) * math.expm1((tau + ckpt) / mtbf) * work / tau
     assert expected_wall_time_s(work, tau, CheckpointCost.sync(ckpt), mtbf, restart) == pytest.approx(daly, rel=1e-12)
+
+
+def test_work_shorter_than_the_in_flight_bound_is_one_interval_with_one_checkpoint() -> None:
+    # 30 min of work, a 1 h persist: one interval of 30 min, below (1 - f) P = 1 h, yet nothing else is
+    # in flight beside its single checkpoint. It used to be refused as "two checkpoints in flight".
+    cost, mtbf, restart = CheckpointCost(stall_s=1, persist_s=HOUR), 86400.0, 600.0
+    assert intervals_for(30 * MINUTE, HOUR, cost.min_interval_s) == 1
+    one_segment = mtbf * math.exp(restart / mtbf) * math.expm1((30 * MINUTE + 1 + HOUR) / mtbf)
+    assert expected_wall_time_s(30 * MINUTE, HOUR, cost, mtbf, restart) == pytest.approx(one_segment, rel=1e-12)
+    # Two intervals or more still keep the bound: 90 min of work is one interval, not two of 45 min.
+    assert intervals_for(90 * MINUTE, HOUR, cost.min_interval_s) == 1
+    with pytest.raises(UsageError, match="two checkpoints in flight"):
+        expected_wall_time_s(90 * MINUTE, 30 * MINUTE, cost, mtbf)
 
 
 def test_checkpoint_longer_than_mtbf_cannot_keep_up() -> None:

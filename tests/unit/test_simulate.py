@@ -207,6 +207,39 @@ def test_runs_that_never_finish_are_stopped_with_a_reason(monkeypatch) -> None:
         simulate(config)
 
 
+def test_exponential_runs_far_past_the_mean_failure_count_still_finish(monkeypatch) -> None:
+    # One 3-MTBF segment per run: failure counts are geometric, mean e^3 - 1 = 19, and about one run in
+    # nine needs more than twice that. With the budget just fitting, the old cap (twice the budget in
+    # whole steps, i.e. about twice the mean failure count) refused this, blaming "Weibull shape 1".
+    import ckptbench.model.simulate as simulate_module
+
+    cost, mtbf, work, runs = CheckpointCost.sync(1), 1000.0, 3000.0, 2000
+    per_run = expected_wall_time_s(work, work, cost, mtbf) / mtbf
+    budget = math.ceil((runs + STEP_COST_RUNS) * (per_run + 1))
+    monkeypatch.setattr(simulate_module, "MAX_SIMULATED_FAILURES", budget)
+    result = simulate(SimulationConfig(work, work, cost, mtbf, runs=runs, seed=5))
+    old_cap = 2 * budget // (runs + STEP_COST_RUNS)
+    assert result.failures.max() > old_cap
+    assert abs(result.mean_wall_s - result.config.expected_wall_s()) < 5 * result.stderr_wall_s
+
+
+def test_work_shorter_than_the_in_flight_bound_is_simulated_as_one_interval() -> None:
+    # 30 min of work with a 1 h persist: one checkpoint, nothing to overlap; it used to be refused.
+    cost = CheckpointCost(stall_s=1, persist_s=HOUR)
+    config = SimulationConfig(30 * MINUTE, HOUR, cost, 2 * HOUR, 5 * MINUTE, runs=RUNS, seed=2)
+    assert (config.checkpoints, config.used_interval_s) == (1, 30 * MINUTE)
+    result = simulate(config)
+    assert abs(result.mean_wall_s - config.expected_wall_s()) < 5 * result.stderr_wall_s
+
+
+def test_weibull_shapes_and_run_counts_that_cannot_be_computed_are_usage_errors() -> None:
+    # Gamma(1 + 1/k) overflowed (OverflowError) for k = 0.001; 10^400 runs overflowed the budget's float.
+    with pytest.raises(UsageError, match="Weibull shape 0.001 is below 0.1"):
+        SimulationConfig(10 * HOUR, HOUR, CheckpointCost.sync(60), 5 * HOUR, weibull_shape=0.001)
+    with pytest.raises(UsageError, match="simulated runs about 10\\^400 is more than 100,000,000"):
+        SimulationConfig(10 * HOUR, HOUR, CheckpointCost.sync(60), 5 * HOUR, runs=10**400)
+
+
 def test_hundred_thousand_runs_are_vectorised() -> None:
     # Behaviour, not timing: 10^5 runs come back with one wall time each and a tiny standard error.
     cost, mtbf = CheckpointCost.sync(140), 3 * HOUR
