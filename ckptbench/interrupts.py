@@ -140,6 +140,21 @@ class Deferred:
             raise raised if raised is not None else interrupt
 
 
+def join(thread: threading.Thread, timeout: float | None = None) -> None:
+    """``thread.join(timeout)`` with a signal's exception raised after the wait, never inside it (and
+    nothing to wait for when the thread never started).
+
+    Why: Python 3.11's ``Thread.join``, interrupted by a handler's exception while the thread still
+    runs, releases the thread's state lock itself and marks the thread stopped (its bpo-45274 fix).
+    Every later join returns at once; the interpreter exits under a thread still in native code, and
+    when that thread takes the GIL back it is unwound through C++ frames: the process aborts. A
+    Ctrl-C early in ``ckptbench bench`` did that about 1 run in 5."""
+    if thread.ident is None:
+        return
+    with Deferred():
+        thread.join(timeout)
+
+
 def result_of(future: Future, timeout: float | None = None) -> Any:
     """``future.result(timeout)`` for the main thread: a Ctrl-C is taken between polls, never inside
     the wait (where it can leave the future's lock released twice or held)."""

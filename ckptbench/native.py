@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ckptbench import knobs
-from ckptbench.interrupts import QuietThread
+from ckptbench import interrupts, knobs
+from ckptbench.interrupts import Deferred, QuietThread
 
 try:
     from ckptbench._native import (
@@ -65,8 +65,9 @@ def run_interruptible(
     """Run ``call(*args, control=Control(), **kwargs)`` on a worker thread.
 
     ``on_progress(bytes_done)`` is called from this thread every ``knobs.PROGRESS_POLL_S``.
-    On KeyboardInterrupt the engine is told to cancel, the worker is joined (so no file is still
-    open when the caller cleans up), and the interrupt is re-raised.
+    On KeyboardInterrupt (or any exception, a SIGTERM's included, even one raised while the worker
+    starts) the engine is told to cancel, the worker is joined (so no file is still open when the
+    caller cleans up; a second Ctrl-C waits for that), and the exception is re-raised.
     """
     control = Control()
     outcome: dict[str, Any] = {}
@@ -78,15 +79,17 @@ def run_interruptible(
             outcome["error"] = exc
 
     worker = QuietThread(target=target, name="ckptbench-io", daemon=True)
-    worker.start()
     try:
-        while worker.is_alive():
-            worker.join(knobs.PROGRESS_POLL_S)
-            if on_progress is not None:
-                on_progress(control.bytes_done)
-    except KeyboardInterrupt:
+        with Deferred() as signals:  # a Ctrl-C is raised between polls, never inside a join
+            worker.start()
+            while worker.is_alive():
+                worker.join(knobs.PROGRESS_POLL_S)
+                if on_progress is not None:
+                    on_progress(control.bytes_done)
+                signals.check()
+    except BaseException:
         control.cancel()
-        worker.join()
+        interrupts.join(worker)  # another Ctrl-C waits too: cleanup must not race the worker's files
         raise
     if "error" in outcome:
         raise outcome["error"]

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench import knobs, native
+from ckptbench import interrupts, knobs, native
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
@@ -207,7 +207,7 @@ class PeakRss:
         finally:
             if sampler is not None:
                 stop.set()
-                sampler.join()
+                interrupts.join(sampler)
             peak = _status_bytes("VmHWM") if self.exact else max(samples + [_status_bytes("VmRSS")])
             out.update(base_bytes=base, peak_bytes=peak, extra_bytes=max(0, peak - base))
 

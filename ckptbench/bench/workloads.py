@@ -38,12 +38,12 @@ import subprocess
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import MissingDependencyError, StorageIOError, UsageError
+from ckptbench.interrupts import Workers
 from ckptbench.model.sizing import ModelShape
 from ckptbench.units import format_size
 
@@ -260,8 +260,10 @@ def build_state_dict(workload: CheckpointWorkload, seed: int = _SEED) -> dict[st
         return tensor
 
     # First-touch page faults dominate filling; tensors are independent, so fill them on every core.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        tensors = list(pool.map(make, range(len(workload.tensors)), workload.tensors))
+    with Workers(os.cpu_count() or 1, "ckptbench-fill") as pool:  # Ctrl-C safe (ckptbench.interrupts)
+        for index, spec in enumerate(workload.tensors):
+            pool.submit(make, index, spec)
+        tensors = pool.join()
     return {spec.name: tensor for spec, tensor in zip(workload.tensors, tensors, strict=True)}
 
 

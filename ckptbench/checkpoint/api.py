@@ -426,8 +426,9 @@ class Checkpointer:
                 crcs.extend(native.crc32c_ranges(arena, [(o, n) for _, o, n in ranges], max(1, self.threads // 2)))
 
             crc_thread = QuietThread(target=checksum, name="ckptbench-crc")
-            crc_thread.start()
         try:
+            if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
+                crc_thread.start()
             report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the free-space check passed; something else filled it
@@ -435,7 +436,7 @@ class Checkpointer:
             raise StorageIOError(f"writing the checkpoint to {store.url} failed: {exc}") from exc
         finally:
             if crc_thread is not None:
-                crc_thread.join()
+                interrupts.join(crc_thread)
         per_entry: dict[int, list[int]] = {}
         for (index, _, _), crc in zip(ranges, crcs, strict=True):
             per_entry.setdefault(index, []).append(crc)
@@ -783,14 +784,13 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
                 return
 
     helper = QuietThread(target=fault_in, name="ckptbench-fault-ahead", daemon=True)
-    if sys.platform == "linux":
-        helper.start()
     try:
+        if sys.platform == "linux":
+            helper.start()
         yield
     finally:
         stop.set()
-        if helper.is_alive():
-            helper.join()
+        interrupts.join(helper)
 
 
 def _copy_into(dst: Any, src: Any) -> None:

@@ -319,7 +319,11 @@ class _Lease(SaveLock):
                                         "to take it", hint="another process is saving here; save to another path")
         _live_tokens.add(self._me.token)
         self._heartbeat = QuietThread(target=self._renew_periodically, name="ckptbench-lease", daemon=True)
-        self._heartbeat.start()
+        try:
+            self._heartbeat.start()
+        except BaseException:  # a Ctrl-C raised as it started: nobody will release what this returns
+            self.release()
+            raise
         return self
 
     # -- the two schemes ----------------------------------------------------------------------

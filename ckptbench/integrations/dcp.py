@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from ckptbench import knobs, native
+from ckptbench import interrupts, knobs, native
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
 from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN, Sources
@@ -676,16 +676,17 @@ class _Writer:
                         crcs.setdefault(index, []).append(value)
 
             crc_thread = QuietThread(target=checksum, name="ckptbench-dcp-crc")
-            crc_thread.start()
         t1 = time.perf_counter()
         try:
+            if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
+                crc_thread.start()
             report = store.write_files(writes, threads=self.threads, block_size=self.block_size, direct=self.direct)
         except OSError as exc:
             raise StorageIOError(f"writing the checkpoint to {self.path} failed: {exc}",
                                  hint="check free space and permissions of the target") from exc
         finally:
             if crc_thread is not None:
-                crc_thread.join()
+                interrupts.join(crc_thread)
             if staging is not None and staged_bytes:
                 with self._stage_lock:
                     staging.busy = False  # its staged state_dict is written; the next stage() may reuse it

@@ -318,3 +318,48 @@ def test_the_engines_worker_threads_never_take_the_applications_signals():
     for tid, mask in seen.items():
         assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1)), (tid, hex(mask))
     assert signal.SIGINT not in blocked_now()
+
+
+def test_a_ctrl_c_raised_as_the_io_worker_starts_cancels_and_joins_it(monkeypatch):
+    """Unblocking signals after a QuietThread starts runs a pending Ctrl-C's handler right there: the
+    worker runs, and run_interruptible must still cancel and join it before the interrupt goes on
+    (the CLI's cleanup then removes scratch files; a worker still writing recreated them, and the
+    engine's threads alive at exit aborted the process)."""
+    from ckptbench import native
+
+    real_start = interrupts.QuietThread.start
+
+    def start_then_ctrl_c(self):
+        real_start(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(interrupts.QuietThread, "start", start_then_ctrl_c)
+    seen = {}
+
+    def call(*, control):
+        while not control.cancel_requested:
+            time.sleep(0.01)
+        time.sleep(0.2)  # still closing files: the interrupt must wait for this
+        seen["finished"] = True
+
+    with pytest.raises(KeyboardInterrupt):
+        native.run_interruptible(call)
+    assert seen.get("finished") is True
+
+
+def test_join_raises_a_ctrl_c_only_once_the_thread_has_finished():
+    """Python 3.11's Thread.join, interrupted while the thread runs, marks it stopped anyway: the
+    interpreter then exits under a thread in native code (an abort). interrupts.join waits it out."""
+    finished = threading.Event()
+
+    def work():
+        time.sleep(0.5)
+        finished.set()
+
+    thread = interrupts.QuietThread(target=work)
+    thread.start()
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.join(thread)
+    assert finished.is_set() and not thread.is_alive()
+    interrupts.join(interrupts.QuietThread(target=work))  # never started: nothing to wait for
