@@ -10,6 +10,7 @@ every scratch directory's cleanup, then one line says which signal it was; never
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import signal
 import sys

@@ -84,3 +84,16 @@ def test_every_module_imports_in_a_fresh_interpreter(tmp_path):
                          cwd=tmp_path)  # not the repo root: the installed package must be the one imported
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", "importing ckptbench modules must not import torch"
+
+
+def test_the_cli_runs_where_nothing_else_imported_importlib_util_first():
+    """Every module imports the submodules it uses: site's .pth files (editable installs) import
+    importlib.util into most environments, but not a fresh venv's, where `import importlib` alone
+    made every lazily loaded command fail with "module 'importlib' has no attribute 'util'"."""
+    code = ("import sys\nassert 'importlib.util' not in sys.modules\nfrom ckptbench.cli import main\n"
+            "main(['interval', '--ckpt-time', '60s', '--mtbf', '3h', '--json'])\n")
+    paths = [str(PACKAGE_DIR.parent)] + [p for p in sys.path if p and "site-packages" in p]
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": ":".join(paths), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"young_interval_s"' in proc.stdout
