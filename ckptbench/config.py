@@ -81,6 +81,19 @@ class FsBenchSpec:
         """Size of every file but possibly the last."""
         return -(-self.size_bytes // self.files)
 
+    @property
+    def buffer_bytes(self) -> int:
+        """The source (and sink) buffer a run writes (reads) files from: a whole file, aligned for O_DIRECT,
+        up to ``knobs.BENCH_BUFFER_MAX_BYTES``; bigger files are written from it in pieces."""
+        align = knobs.ALIGNMENT_BYTES
+        return -(-min(self.file_size_bytes, knobs.BENCH_BUFFER_MAX_BYTES) // align) * align
+
+    @property
+    def largest_block_bytes(self) -> int:
+        """The largest single I/O a run can issue (a file, or a buffer-sized piece of one): the engine cuts
+        no block longer than this, so a larger block size would measure this one."""
+        return min(self.file_size_bytes, self.buffer_bytes)
+
     def file_sizes(self) -> list[int]:
         full = self.file_size_bytes
         sizes = [full] * (self.size_bytes // full)

@@ -94,8 +94,7 @@ def run_fs_bench(
     target.require_free(required_bytes(spec))
 
     sizes = spec.file_sizes()
-    align = knobs.ALIGNMENT_BYTES
-    buffer_bytes = -(-min(max(sizes), knobs.BENCH_BUFFER_MAX_BYTES) // align) * align
+    buffer_bytes = spec.buffer_bytes
     # Source and sink are allocated once, filled, and also serve the memcpy probe: allocating and
     # freeing separate probe buffers just before timing slowed the following O_DIRECT reads here.
     probe_bytes = max(buffer_bytes, knobs.MEMCPY_PROBE_BYTES)

@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ckptbench import knobs, units
 from ckptbench.cli import params
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
 from ckptbench.cli.render import SECRET_OPTIONS as SECRET_OPTIONS  # re-exported: it lived here
@@ -17,6 +20,8 @@ from ckptbench.cli.render import redacted_argv as redacted_argv  # re-exported: 
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SIZE = "1GiB"
 DEFAULT_FILES = 8
@@ -227,12 +232,44 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         schedules=tuple(dict.fromkeys(schedule)),
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
+    chosen = click.get_current_context().get_parameter_source("block_size") != click.core.ParameterSource.DEFAULT
+    spec = _fit_block_sizes(spec, chosen=chosen)
     storage = resolve_target(target, force=force)
     run_and_emit(
         lambda progress: run_fs_bench(spec, storage, progress=progress),
         output=open_output(output_dir, "bench"), plot_path=plot_path, as_json=as_json,
         plot=_plot_sweep,
         print_tables=_print_tables,
+    )
+
+
+def _fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
+    """``spec`` with no block size above ``spec.largest_block_bytes``, the largest I/O its runs issue (the
+    engine cuts none longer): block sizes the user chose are refused before anything runs, as their rows
+    would measure that one instead; the default shrinks to it (logged)."""
+    largest = spec.largest_block_bytes
+    too_big = [b for b in spec.block_sizes if b > largest]
+    if not too_big:
+        return spec
+    align = knobs.ALIGNMENT_BYTES
+    fits = max(largest - largest % align, align) if spec.direct else largest
+    if not chosen:
+        log.info("block size %s shrunk to %s: no I/O of %s files is larger", format_size(too_big[0]),
+                 format_size(fits), format_size(spec.file_size_bytes))
+        return dataclasses.replace(spec, block_sizes=(fits,))
+    shown = format_size(fits).replace(" ", "")
+    if units.parse_size(shown) != fits:
+        shown = str(fits)
+    if largest < spec.file_size_bytes:  # the files are written from the buffer in pieces
+        raise UsageError(
+            f"block size {format_size(too_big[0])} is larger than the {format_size(largest)} buffer files are "
+            "written from, so no I/O would be that large",
+            hint=f"use --block-size {shown} or less, or raise CKPTBENCH_BENCH_BUFFER_MAX_BYTES",
+        )
+    raise UsageError(
+        f"block size {format_size(too_big[0])} is larger than the files, {format_size(largest)} each "
+        f"(--size {format_size(spec.size_bytes)} over {spec.files} files), so no I/O would be that large",
+        hint=f"use --block-size {shown} or less, or larger files: a larger --size or fewer --files",
     )
 
 

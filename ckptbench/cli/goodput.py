@@ -8,11 +8,13 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.interval import (
+    FAILURE_RATE,
     GPU_COUNT,
     UNITS,
     async_options,
     emit,
     failure_options,
+    flags_override_config,
     named,
     pct,
     resolve_cost,
@@ -60,7 +62,9 @@ What-ifs change one thing each: halve the detection time; one more hot spare nod
 you have some); checkpoint at the optimal interval (the exact optimum of `ckptbench interval`). A
 what-if that cannot be computed (its run would never finish) is left out with a note.
 A checkpoint that takes as long as the MTBF to become durable is refused, as `ckptbench interval`
-refuses it: most checkpoints would never complete.
+refuses it: most checkpoints would never complete. So is a recovery (detect + replace, after hot
+spares, + resume) as long as the MTBF: most recoveries would be struck by further faults, which this
+model lets the recovery under way absorb for free.
 The lost-work term is first order: against the exact model it is off by terms of order
 ((tau + C + recovery)/MTBF)^2 of the wall time; a note compares the two when that ratio passes 0.3.
 """
@@ -105,6 +109,7 @@ def goodput(**opts: Any) -> None:
         --node-hour-cost 90 --faults-per-day 1 --detect 60m --replace 60m --resume 30m \\
         --ckpt-interval 30m --ckpt-time 140s
     """
+    flags_override_config(opts, FAILURE_RATE, ("params", "model"), ("persist", "ckpt_time"))
     opts = named(opts)
     if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in _REQUIRED):
         click.echo(EXPLAIN, nl=False)

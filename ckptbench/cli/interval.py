@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from ckptbench.model import interval as model
 from ckptbench.model import sizing
 from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_DAY, FailureModel
 from ckptbench.units import format_duration, format_rate, format_size
+
+log = logging.getLogger(__name__)
 
 #: What the key suffixes of every JSON document mean.
 UNITS: dict[str, str] = {
@@ -112,6 +115,50 @@ def failure_options(*, with_count: bool) -> Callable[[Callable[..., Any]], Calla
         return func
 
     return decorate
+
+
+#: The failure-rate options (click names): each gives the rate alone, so any two compete.
+FAILURE_RATE = ("mtbf", "gpu_mtbf", "node_mtbf", "faults_per_day", "failures")
+
+
+def _set(value: Any) -> bool:
+    return value is not None and value is not False
+
+
+def flags_override_config(
+    opts: dict[str, Any], *rivals: tuple[str, ...], serving: dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """Let a flag typed on the command line override the ``--config`` values it competes with, in ``opts``.
+
+    Each of ``rivals`` is a group of options (click names) that give the same thing (the failure rate,
+    the model size). Where one of a group is on the command line, the others set by the config file are
+    reset to their defaults (logged at INFO), so the commands' "both give" checks refuse only flags
+    typed together, as the config files promise. ``serving`` maps a config option that only serves
+    others (``bandwidth`` serves ``size``, ``params``, ``model``) to them: it goes with them when it
+    serves nothing left. Call it before any check, from inside a command.
+    """
+    ctx = click.get_current_context()
+    source = ctx.get_parameter_source
+    defaults = {param.name: param.default for param in ctx.command.params}
+    from_config = {name for name, value in opts.items()
+                   if _set(value) and source(name) == click.core.ParameterSource.DEFAULT_MAP}
+    dropped: set[str] = set()
+
+    def drop(name: str, why: str) -> None:
+        log.info("%s = %r from --config is dropped: %s", name.replace("_", "-"), opts[name], why)
+        opts[name] = defaults[name]
+        from_config.discard(name)
+        dropped.add(name)
+
+    for group in rivals:
+        typed = [name for name in group if _set(opts[name])
+                 and source(name) == click.core.ParameterSource.COMMANDLINE]
+        for name in (group if typed else ()):
+            if name in from_config:
+                drop(name, f"--{typed[0].replace('_', '-')} on the command line overrides it")
+    for name, served in (serving or {}).items():
+        if name in from_config and dropped & set(served) and not any(_set(opts[s]) for s in served):
+            drop(name, "what it serves was overridden")
 
 
 def resolve_failures(
@@ -230,6 +277,16 @@ def pct(value: float | None, digits: int = 1) -> str:
 
 # -- the command ---------------------------------------------------------------------------------
 
+#: The options that each give the checkpoint cost (click names).
+_COST = ("ckpt_time", "size", "params", "model")
+#: Options that serve only others (for :func:`flags_override_config`).
+_SERVING: dict[str, tuple[str, ...]] = {
+    "gpus": ("gpu_mtbf", "failures"), "nodes": ("node_mtbf",), "bandwidth": ("size", "params", "model"),
+    **dict.fromkeys(("dtype", "optimizer", "weights_only", "master_weights", "grads", "dp", "tp", "pp", "sharding"),
+                    ("params", "model")),
+}
+
+
 
 @click.command(context_settings=_CONTEXT)
 @click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
@@ -285,6 +342,7 @@ def interval(**opts: Any) -> None:
     \b
     Example: ckptbench interval --size 140GB --bandwidth 1GB/s --mtbf 3h --restart 10m --every 1h
     """
+    flags_override_config(opts, FAILURE_RATE, _COST, ("persist", *_COST), serving=_SERVING)
     opts = named(opts)
     cost_given = any(opts[k] is not None for k in ("ckpt_time_s", "size_bytes", "param_count", "model_preset",
                                                    "stall_s", "persist_s"))

@@ -14,7 +14,7 @@ import click
 from ckptbench.bench.records import document_header
 from ckptbench.cli import params
 from ckptbench.cli.bench import storage_options_from
-from ckptbench.cli.interval import failure_options, resolve_failures
+from ckptbench.cli.interval import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model import sizing
@@ -114,6 +114,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     from ckptbench.storage import resolve_target, scheme_of
 
     target = target if target is not None else tempfile.gettempdir()
+    flags_override_config(opts, FAILURE_RATE, ("model", "params"), ("weights_only", "optimizer"))
     if opts["model"] is not None and opts["params"] is not None:
         raise UsageError("--model and --params both give the model size", hint="give one of them")
     if opts["weights_only"] and ctx.get_parameter_source("optimizer") == click.core.ParameterSource.COMMANDLINE:

@@ -50,6 +50,7 @@ from ckptbench.model.interval import (
     expected_wall_time_s,
     lost_work_per_failure_s,
 )
+from ckptbench.units import format_duration
 
 #: Where :func:`erlang_b` stops summing: the terms left are below this share of the sum.
 _ROUNDING = 1e-17
@@ -287,14 +288,16 @@ def estimate(
     """Wall time, waste by category, goodput and cost of ``run`` (see the module docstring for the model).
 
     Raises ``UsageError`` for more hot spares than the job has nodes, when a checkpoint takes as long
-    as the MTBF to become durable (the same refusal as ``ckptbench interval``), when each fault loses
-    more work than the MTBF (the run never finishes), or when a result is not a finite number.
+    as the MTBF to become durable (the same refusal as ``ckptbench interval``), when recovering from a
+    fault takes as long as the MTBF (:func:`check_recovery_keeps_up`), when each fault loses more work
+    than the MTBF (the run never finishes), or when a result is not a finite number.
     """
     if checkpoint is not None:
         check_can_keep_up(checkpoint.cost, failures.mtbf_s)
     pricing = pricing or Pricing()
     rate = failures.rate_per_s
     replace_s = effective_replace_s(run, failures, recovery, hot_spare_nodes)
+    check_recovery_keeps_up(recovery, replace_s, failures.mtbf_s)
     lost_s = lost_work_per_failure_s(checkpoint.interval_s, checkpoint.cost) if checkpoint else 0.0
     per_fault_s = recovery.detect_s + replace_s + recovery.resume_s + lost_s
     planned_s = run.planned_s
@@ -362,6 +365,23 @@ def effective_replace_s(run: TrainingRun, failures: FailureModel, recovery: Reco
             hint=f"give at most {run.nodes:,}",
         )
     return erlang_b(hot_spare_nodes, failures.rate_per_s * recovery.replace_s) * recovery.replace_s
+
+
+def check_recovery_keeps_up(recovery: Recovery, replace_s: float, mtbf_s: float) -> None:
+    """Raise ``UsageError`` when one recovery (``replace_s``: the replace time after hot spares) takes as
+    long as the MTBF: most recoveries would then be struck by further faults, which this model lets the
+    recovery under way absorb for free, so its wall time would mean nothing (the recovery counterpart
+    of :func:`~ckptbench.model.interval.check_can_keep_up`)."""
+    recovery_s = recovery.detect_s + replace_s + recovery.resume_s
+    if recovery_s >= mtbf_s:
+        replaced = "replace" if replace_s == recovery.replace_s else "replace after hot spares"
+        raise UsageError(
+            f"recovery cannot keep up: each fault takes {format_duration(recovery_s)} to recover from (detect "
+            f"{format_duration(recovery.detect_s)} + {replaced} {format_duration(replace_s)} + resume "
+            f"{format_duration(recovery.resume_s)}) but the job fails every {format_duration(mtbf_s)} on average "
+            "(MTBF), so it would never stop recovering",
+            hint="recover faster: quicker detection and restore, hot spares; or check the failure rate",
+        )
 
 
 def first_order_ratio(

@@ -10,7 +10,10 @@ fsspec (sftp, ...) it is a plain write, so prefer a mount plus a local path for 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import sys
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from ckptbench.errors import MissingDependencyError, StorageIOError, TargetError
@@ -39,12 +42,37 @@ def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[An
         needed = known_implementations.get(protocol, {}).get("err") or str(exc)
         raise MissingDependencyError(f"{protocol}:// needs an fsspec backend that is not installed: {needed}") \
             from None
-    try:
-        fs = cls(**dict(storage_options or {}))
-    except TypeError as exc:
-        raise TargetError(f"storage_options do not fit {protocol}:// ({exc})") from None
+    # Options the URL carries (ftp://USER@HOST:PORT/path: host, port, username) count as given; explicit ones win.
+    with _quiet_half_built(cls):
+        try:
+            fs = cls(**{**cls._get_kwargs_from_urls(url), **dict(storage_options or {})})
+        except TypeError as exc:
+            traceback.clear_frames(exc.__traceback__)  # (releases the half-built instance here, hook in place)
+            raise TargetError(f"storage_options do not fit {protocol}:// ({exc})") from None
+        except (OSError, ValueError) as exc:  # a filesystem that connects when built (ftp, sftp): no server there
+            traceback.clear_frames(exc.__traceback__)
+            raise TargetError(f"{protocol}:// filesystem cannot be opened: {exc}",
+                              hint="check the host and port in the URL") from None
     root = cls._strip_protocol(url).rstrip("/")
     return fs, protocol, root
+
+
+@contextmanager
+def _quiet_half_built(cls: type) -> Iterator[None]:
+    """Silences ``cls.__del__`` on an instance its ``__init__`` left half built (fsspec's FTP closes a
+    connection it never opened): an "Exception ignored" traceback in the middle of a one-line error."""
+    previous = sys.unraisablehook
+    finalizer = getattr(cls, "__del__", None)
+
+    def hook(unraisable: Any) -> None:
+        if finalizer is None or unraisable.object is not finalizer:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 class FsspecStore:

@@ -153,6 +153,37 @@ def test_buffered_accepts_any_block_size(cli, tmp_path: Path):
     assert doc["results"][0]["config"]["block_size"] == 100000
 
 
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--size", "16MiB", "--block-size", "1MiB,64MiB,1TiB"],
+     "block size 64 MiB is larger than the files, 2 MiB each (--size 16 MiB over 8 files)"),
+    (["--size", "16MiB", "--file-size", "4MiB", "--block-size", "8MiB", "--buffered"], "use --block-size 4MiB or less"),
+    (["--size", "1GiB", "--files", "1", "--block-size", "512MiB"], "larger than the 256 MiB buffer"),
+])
+def test_a_block_size_larger_than_any_io_is_refused_before_running(cli, tmp_path: Path, args, needle):
+    result = cli("bench", str(tmp_path), "--threads", "1", "--repeat", "1", *args)
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_the_default_block_size_shrinks_to_small_files(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), "--size", "4MiB", "--files", "2", "--threads", "1", "--repeat", "1",
+                   "--warmup", "0")
+    assert [r["config"]["block_size"] for r in doc["results"]] == [2 * 2**20]  # what the engine issued, not 4 MiB
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("ftp://127.0.0.1:1/ckpt", "Connection refused"),  # the host and port come from the URL: nothing listens there
+    ("ftp://127.0.0.1:x/ckpt", "Port could not be cast"),
+])
+def test_a_url_carries_its_storage_options_and_a_failed_open_is_one_line(cli, url, needle):
+    result = cli("bench", url, "--workload", "checkpoint")
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ftp:// filesystem cannot be opened" in lines[0] and needle in lines[0], result.stderr
+
+
 def test_unwritable_target(cli, mount_fs):
     where = mount_fs("tmpfs", "size=4m,ro")
     result = cli("bench", str(where), *SMALL)

@@ -114,7 +114,7 @@ def test_an_io_error_on_a_disk_with_room_is_one_line_too_and_not_called_a_full_d
     result = cli("bench", str(tmp_path), "--size", "1MiB", "--threads", "1", "--repeat", "1", "--warmup", "0")
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "ckptbench: error: 1 thr x 4 MiB: write 1/1 failed: [Errno 5] Input/output error"]
+        "ckptbench: error: 1 thr x 128 KiB: write 1/1 failed: [Errno 5] Input/output error"]  # 1 MiB: 8 files of 128 KiB
     assert os.listdir(tmp_path) == []
 
 

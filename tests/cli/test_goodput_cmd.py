@@ -222,10 +222,28 @@ def test_zero_recovery_times_are_allowed() -> None:
 
 def test_a_hundred_million_hot_spares_are_computed_at_once() -> None:
     # Erlang B with 10^8 spares at a load of 3.6e12 (1 ns MTBF, 1 h to replace) looped 10^8 times per call.
-    doc = run_json("--params", "100B", "--tokens", "20T", "--peak-tflops", "989", "--mfu", "0.35", "--detect", "60m",
-                   "--replace", "60m", "--resume", "30m", "--gpus", "100000000", "--gpus-per-node", "1",
-                   "--mtbf", "1ns", "--hot-spares", "100000000")
-    assert doc["replace_effective_s"] == pytest.approx(3600 * (1 - 1e8 / 3.6e12), rel=1e-9)
+    # Such a recovery cannot keep up with the MTBF; the refusal states the replace time after the spares.
+    result = run("--params", "100B", "--tokens", "20T", "--peak-tflops", "989", "--mfu", "0.35", "--detect", "60m",
+                 "--replace", "60m", "--resume", "30m", "--gpus", "100000000", "--gpus-per-node", "1",
+                 "--mtbf", "1ns", "--hot-spares", "100000000")
+    assert result.exit_code == 2 and "replace after hot spares 1h" in result.stderr
+    from ckptbench.model.failures import FailureModel
+    from ckptbench.model.goodput import Recovery, TrainingRun, effective_replace_s
+
+    run_ = TrainingRun(100e9, 20e12, 10**8, 989e12, 0.35, gpus_per_node=1)
+    replace_s = effective_replace_s(run_, FailureModel(1e-9), Recovery(3600, 3600, 1800), 10**8)
+    assert replace_s == pytest.approx(3600 * (1 - 1e8 / 3.6e12), rel=1e-9)
+
+
+def test_failures_faster_than_recovery_are_refused_in_one_line() -> None:
+    # A million faults a day against 2.5 h of recovery printed "10416666.7 % of the plan" and 10,449,033 days.
+    args = list(BASE)
+    args[args.index("--faults-per-day") + 1] = "1e6"
+    result = run(*args)
+    assert result.exit_code == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error: recovery cannot keep up"), result.stderr
+    assert "every 86.4 ms" in lines[0] and "hot spares" in lines[0] and result.stdout == ""
 
 
 def test_peak_tflops_help_and_example_agree_on_dense_bf16() -> None:

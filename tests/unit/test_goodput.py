@@ -14,6 +14,7 @@ from ckptbench.model.goodput import (
     Pricing,
     Recovery,
     TrainingRun,
+    effective_replace_s,
     erlang_b,
     estimate,
     exact_wall_hours,
@@ -301,3 +302,23 @@ def test_losing_more_work_per_fault_than_the_mtbf_never_finishes() -> None:
     checkpoint = CheckpointPolicy(2 * 86400, CheckpointCost.sync(60))
     with pytest.raises(UsageError, match="never finishes"):
         estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=checkpoint)
+
+
+def test_a_recovery_as_long_as_the_mtbf_cannot_keep_up() -> None:
+    # A million faults a day (MTBF 86.4 ms) against 2.5 h of recovery gave 10,449,033 days and
+    # "10416666.7 % of the plan": most recoveries would be struck again, which the model absorbs for free.
+    with pytest.raises(UsageError, match=r"recovery cannot keep up: each fault takes 2h 30m .* every 86\.4 ms"):
+        estimate(RUN, FailureModel.from_faults_per_day(1e6), RECOVERY)
+    with pytest.raises(UsageError, match="recovery cannot keep up"):
+        estimate(RUN, FailureModel(2.5 * HOUR), RECOVERY)  # as long as the MTBF
+    below = estimate(RUN, FailureModel(2.6 * HOUR), RECOVERY)  # just below: computed as before
+    assert below.faults * 2.5 == pytest.approx(below.wasted_hours)
+    # Hot spares count: 250 spares cut the replace time to about nothing, and the recovery keeps up.
+    mtbf = FailureModel(1.6 * HOUR)
+    with pytest.raises(UsageError, match="recovery cannot keep up"):
+        estimate(RUN, mtbf, RECOVERY)
+    assert effective_replace_s(RUN, mtbf, RECOVERY, 250) < 1
+    spared = estimate(RUN, mtbf, RECOVERY, hot_spare_nodes=250)
+    computed, skipped = what_if(RUN, mtbf, RECOVERY, hot_spare_nodes=250)
+    assert spared.wall_hours > spared.planned_hours
+    assert [s.name for s in skipped] == ["no_hot_spares"] and "recovery cannot keep up" in skipped[0].reason
