@@ -16,13 +16,15 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
-from ckptbench.model.sizing import CheckpointSize
+from ckptbench.model.sizing import CheckpointSize, checkpoint_size
 from ckptbench.units import format_duration, format_rate, format_size
 
 SCHEMA = "ckptbench.preflight/1"
@@ -121,6 +123,27 @@ class Advice:
     setting: str
     value: Any
     reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.setting, str):
+            raise TypeError(f"setting {self.setting!r} is not a name")
+        problem = _value_problem(self.setting, self.value)
+        if problem is not None:
+            raise ValueError(f"{self.setting} {self.value!r} is {problem}")
+
+
+def _value_problem(setting: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the value of ``setting``, or None (a None value: not measured, left out)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value is None:
+        return None
+    if setting in ("direct", "async"):
+        return None if isinstance(value, bool) else "not true or false"
+    if setting in ("threads", "max_concurrency") or setting.endswith("_bytes"):
+        return None if number and isinstance(value, int) and 0 < value < 2**63 else "not a positive whole number"
+    if setting.endswith("_s"):
+        return None if number and 0 < value < math.inf else "not a positive number of seconds"
+    return None
 
 
 @dataclass(frozen=True)
@@ -237,8 +260,7 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
         "checkpoint-time", status, blocking, job.max_ckpt_time_s, "_s",
         f"training blocks {format_duration(blocking)} per checkpoint ({mode}; a sync save takes "
         f"{format_duration(p['sync_checkpoint_s'])}, async stalls {format_duration(p['async_stall_s'])})",
-        None if status == PASS else "faster storage, more nodes writing in parallel, async saves, or sharding "
-                                    "(--sharding zero1) so every rank writes a smaller share"))
+        None if status == PASS else _checkpoint_time_remedy(job, mode)))
     overhead = p["overhead_fraction"]
     status = PASS if overhead <= job.max_overhead else FAIL
     out.append(Check(
@@ -266,8 +288,7 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
             "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
             f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of this host's "
             f"{format_size(m.host_memory_bytes)}",
-            None if status == PASS else "shard more of the state over data-parallel ranks (--sharding zero1/zero3), "
-                                        "spread the job over more nodes, or a host with more memory"))
+            None if status == PASS else _host_memory_remedy(job)))
     for what, rate in (("write", m.write_bps), ("read", m.read_bps)):
         cached = rate > CACHED_FRACTION * m.memcpy_bps
         out.append(Check(
@@ -284,6 +305,61 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
         None if status == PASS else "faster reads (more threads, a faster tier for the latest checkpoint) or "
                                     "fewer failures (hot spares)"))
     return out
+
+
+def _checkpoint_time_remedy(job: Job, mode: str) -> str:
+    """What would shorten the block, given what the job already does (async, its sharding)."""
+    remedies = ["faster storage"]
+    if mode == "sync":
+        remedies.append("async saves")
+    stronger = _stronger_sharding(job)
+    if stronger:
+        remedies.append(f"{_sharding_flag(stronger)} so every rank writes a smaller share")
+    if _shards_bytes(job.size):
+        remedies.append("more nodes (data-parallel ranks), each rank writing a smaller share")
+    if len(remedies) == 1:
+        remedies.append("a smaller checkpoint (fewer bytes per rank)")
+    return _any_of(remedies)
+
+
+def _host_memory_remedy(job: Job) -> str:
+    """What would shrink the node's pinned staging, given the job's sharding and ranks per node."""
+    remedies = []
+    stronger = _stronger_sharding(job)
+    if stronger:
+        remedies.append(f"{_sharding_flag(stronger)} so every rank stages a smaller share")
+    if min(job.ranks, job.ranks_per_node) > 1:
+        remedies.append("fewer ranks per node (--gpus-per-node)")
+    remedies.append("a host with more memory")
+    return _any_of(remedies)
+
+
+def _stronger_sharding(job: Job) -> list[str]:
+    """The sharding schemes that would make the busiest node write fewer bytes than the job's does, the
+    weakest first, one per size (none when the job already shards all it can, or has one data-parallel rank)."""
+    size, out = job.size, []
+    smallest = job.node_bytes
+    for sharding in ("zero1", "zero2", "zero3"):
+        sharded = checkpoint_size(size.params, size.recipe, replace(size.parallelism, sharding=sharding))
+        node_bytes = replace(job, size=sharded).node_bytes
+        if node_bytes < smallest:
+            out.append(sharding)
+            smallest = node_bytes
+    return out
+
+
+def _shards_bytes(size: CheckpointSize) -> bool:
+    """Whether the job's sharding splits any bytes of its checkpoint over data-parallel ranks (given two or more)."""
+    sharded = replace(size.parallelism, dp=max(2, size.parallelism.dp)).sharded_components()
+    return any(size.component_bytes[name] for name in sharded)
+
+
+def _sharding_flag(schemes: list[str]) -> str:
+    return f"sharding more of the state (--sharding {'/'.join(schemes)})"
+
+
+def _any_of(remedies: list[str]) -> str:
+    return ", ".join(remedies[:-1]) + f", or {remedies[-1]}" if len(remedies) > 1 else remedies[0]
 
 
 def _advice(job: Job, m: Measurements, p: dict[str, Any]) -> list[Advice]:
@@ -325,7 +401,7 @@ def _assumptions(job: Job, m: Measurements) -> tuple[str, ...]:
 
 #: Result schemas ``recommend`` reads, by name; the version after the slash must be one it knows.
 KNOWN_SCHEMAS = {"ckptbench.bench.fs": 1, "ckptbench.bench.objects": 1, "ckptbench.bench.checkpoint": 1,
-                 "ckptbench.preflight": 1}
+                 "ckptbench.bench.distributed": 1, "ckptbench.preflight": 1}
 
 
 def check_schema(document: Any, where: str) -> str:
@@ -344,22 +420,71 @@ def check_schema(document: Any, where: str) -> str:
 
 def advice_from_results(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, Advice]:
     """Settings justified by saved results (``(file name, document)`` pairs, schemas checked first).
-    A later document's advice on the same setting replaces an earlier one's."""
+    A later document's advice on the same setting replaces an earlier one's. A document that lacks
+    what its schema promises, or holds a value no setting can take, is a one-line UsageError naming it."""
     out: dict[str, Advice] = {}
     for where, doc in documents:
         name = check_schema(doc, where)
-        for advice in _ADVISORS[name](doc, where):
-            out[advice.setting] = advice
+        with _reading(where, doc):
+            for advice in _ADVISORS[name](doc, where):
+                out[advice.setting] = advice
     return out
 
 
+def write_rates(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[float, str]]:
+    """``(bytes per second, file name)`` of every durable write rate of one node the documents measured: the
+    best configuration of a sweep, ckptbench's save, all ranks' save over their hosts, what preflight measured."""
+    out = []
+    for where, doc in documents:
+        name = check_schema(doc, where)
+        with _reading(where, doc):
+            out += [(_rate(gbps) * 1e9, where) for gbps in _WRITE_GBPS[name](doc)]
+    return out
+
+
+@contextmanager
+def _reading(where: str, document: dict[str, Any]) -> Iterator[None]:
+    """Turn what a malformed document raises while it is read into one UsageError naming the file."""
+    schema = document["schema"]
+    try:
+        yield
+    except KeyError as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
+    except RecursionError as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document (values nested too deeply)") from exc
+    except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document ({exc})") from exc
+
+
+def _best(doc: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's best configuration: ``results[best]``."""
+    results, best = doc["results"], doc["best"]
+    if isinstance(best, bool) or not isinstance(best, int) or not 0 <= best < len(results):
+        raise IndexError(f"'best' {best!r} is not one of its {len(results)} results")
+    return results[best]
+
+
+def _rate(gbps: Any) -> float:
+    """A measured rate in GB/s: a positive, finite number."""
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < math.inf:
+        raise ValueError(f"rate {gbps!r} is not a positive number of GB/s")
+    return float(gbps)
+
+
+def _seconds(value: Any) -> float:
+    """A measured duration: a number of seconds, zero or more."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"duration {value!r} is not a number of seconds")
+    return float(value)
+
+
 def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
-    best = doc["results"][doc["best"]]
+    best = _best(doc)
     c, w = best["config"], best["write"]
     size = format_size(c["block_size"])
     runs = len(doc["results"])
-    why = (f"{where}: the best durable write of {runs} configurations, {w['gbps']:.2f} GB/s with {c['threads']} "
-           f"thread(s) x {size} blocks ({c['schedule']})")
+    why = (f"{where}: the best durable write of {runs} configurations, {_rate(w['gbps']):.2f} GB/s with "
+           f"{c['threads']} thread(s) x {size} blocks ({c['schedule']})")
     out = [Advice("threads", c["threads"], why), Advice("block_size_bytes", c["block_size"], why),
            Advice("direct", bool(c["direct"]), f"{where}: O_DIRECT " + (
                "worked" if c["direct"] else f"unavailable ({c.get('direct_fallback_reason')})"))]
@@ -367,10 +492,10 @@ def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
 
 
 def _from_objects(doc: dict[str, Any], where: str) -> list[Advice]:
-    best = doc["results"][doc["best"]]
+    best = _best(doc)
     c, w = best["config"], best["write"]
-    why = (f"{where}: the best upload of {len(doc['results'])} configurations, {w['gbps'] * 1e3:.0f} MB/s with "
-           f"{c['concurrency']} requests in flight and {format_size(c['part_size_bytes'])} parts "
+    why = (f"{where}: the best upload of {len(doc['results'])} configurations, {_rate(w['gbps']) * 1e3:.0f} MB/s "
+           f"with {c['concurrency']} requests in flight and {format_size(c['part_size_bytes'])} parts "
            f"({format_size(c['object_size_bytes'])} objects)")
     return [Advice("max_concurrency", c["concurrency"], why), Advice("part_size_bytes", c["part_size_bytes"], why)]
 
@@ -379,25 +504,57 @@ def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
     ours = next((r for r in doc["results"] if r["writer"] == "ckptbench"), None)
     if ours is None:
         return []
+    save_gbps = _rate(ours["save"]["gbps"])
     out = [Advice("threads", ours["details"].get("threads"),
-                  f"{where}: ckptbench saved at {ours['save']['gbps']:.2f} GB/s with these threads"),
+                  f"{where}: ckptbench saved at {save_gbps:.2f} GB/s with these threads"),
            Advice("shard_size_bytes", ours["details"].get("shard_size_bytes"),
                   f"{where}: the shard size of that measurement")]
-    mine = next((a for a in doc.get("async", []) if a["writer"] == "ckptbench"), None)
+    mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
     if mine is not None:
-        sync_s = doc["workload"]["total_bytes"] / (ours["save"]["gbps"] * 1e9)
-        use = mine["stall_s"] < 0.5 * sync_s
-        out.append(Advice("async", use, f"{where}: an async save blocked {format_duration(mine['stall_s'])} vs "
-                                        f"{format_duration(sync_s)} for a sync one"))
+        sync_s = doc["workload"]["total_bytes"] / (save_gbps * 1e9)
+        stall_s = _seconds(mine["stall_s"])
+        out.append(Advice("async", stall_s < 0.5 * sync_s, f"{where}: an async save blocked "
+                                                           f"{format_duration(stall_s)} vs "
+                                                           f"{format_duration(sync_s)} for a sync one"))
+    return out
+
+
+def _from_distributed(doc: dict[str, Any], where: str) -> list[Advice]:
+    """Every rank saving its share at once (the median round): the threads it ran with, and async or not."""
+    summary, ranks = doc["summary"], doc["launch"]["world_size"]
+    save_gbps = _rate(summary["save"]["gbps"]["median"])
+    out = [Advice("threads", doc["spec"].get("threads"),
+                  f"{where}: {ranks} ranks saved at {save_gbps:.2f} GB/s together with these threads")]
+    if "async" in summary:
+        sync_s = _seconds(summary["save"]["duration_s"]["median"])
+        stall_s = _seconds(summary["async"]["stall_s"]["median"])
+        out.append(Advice("async", stall_s < 0.5 * sync_s, f"{where}: an async save of {ranks} ranks blocked "
+                                                           f"{format_duration(stall_s)} vs "
+                                                           f"{format_duration(sync_s)} for a sync one"))
     return out
 
 
 def _from_preflight(doc: dict[str, Any], where: str) -> list[Advice]:
-    return [Advice(a["setting"], a["value"], f"{where}: {a['reason']}") for a in doc["recommendation"]]
+    out = []
+    for a in doc["recommendation"]:
+        if not isinstance(a["reason"], str):
+            raise TypeError(f"the reason for {a['setting']!r} is {a['reason']!r}, not text")
+        out.append(Advice(a["setting"], a["value"], f"{where}: {a['reason']}"))
+    return out
 
 
 _ADVISORS = {"ckptbench.bench.fs": _from_fs, "ckptbench.bench.objects": _from_objects,
-             "ckptbench.bench.checkpoint": _from_checkpoint, "ckptbench.preflight": _from_preflight}
+             "ckptbench.bench.checkpoint": _from_checkpoint, "ckptbench.bench.distributed": _from_distributed,
+             "ckptbench.preflight": _from_preflight}
+
+#: schema name -> the durable write rates (GB/s) a document of it measured.
+_WRITE_GBPS = {
+    "ckptbench.bench.fs": lambda doc: [_best(doc)["write"]["gbps"]],
+    "ckptbench.bench.objects": lambda doc: [_best(doc)["write"]["gbps"]],
+    "ckptbench.bench.checkpoint": lambda doc: [r["save"]["gbps"] for r in doc["results"] if r["writer"] == "ckptbench"],
+    "ckptbench.bench.distributed": lambda doc: [doc["summary"]["save"]["gbps"]["median"] / len(set(doc["hosts"]))],
+    "ckptbench.preflight": lambda doc: [doc["measurements"]["write_bps"] / 1e9],
+}
 
 
 def _toml_value(value: Any) -> str:

@@ -38,15 +38,16 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
               as_json: bool, **rate: Any) -> None:
     """Settings to use, each with the measurement that justifies it.
 
-    Reads results of `ckptbench bench` (filesystem or s3:// sweeps, --workload checkpoint) and
-    `ckptbench preflight`; later files win where two speak about the same setting. With no files it
+    Reads results of `ckptbench bench` (filesystem or s3:// sweeps, --workload checkpoint, under
+    torchrun/srun) and `ckptbench preflight`; later files win where two speak about the same setting. With no files it
     runs a short filesystem sweep on --target first. Prints a TOML snippet (reasons as comments) and
     the same settings as arguments to ckptbench.save / Checkpointer, the DCP writers, and as
     CKPTBENCH_* environment knobs.
 
     \b
     Examples:
-      ckptbench recommend results/bench-nvme.json results/preflight-nvme.json
+      ckptbench recommend results/bench-vm-20261126T042848.json
+      ckptbench recommend SWEEP.json PREFLIGHT.json --ckpt-size 140GB --mtbf 6h
       ckptbench recommend --target /mnt/nvme --ckpt-size 140GB --failures llama3 --gpus 1024
     """
     from ckptbench import recommend as rec
@@ -93,9 +94,18 @@ def _read(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"cannot read {shown_path(path)}: {exc.strerror}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_non_finite)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{shown_path(path)} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
+        raise UsageError(f"{shown_path(path)} is not JSON ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{shown_path(path)} is not a ckptbench result (JSON nested too deeply to read)") from None
+
+
+def _non_finite(constant: str) -> float:
+    """``parse_constant`` for :func:`json.loads`: Python accepts NaN and Infinity, JSON does not."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
@@ -120,21 +130,14 @@ def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any
               failures: Any, restart_s: float) -> Any:
     """The optimal interval for ``ckpt_size`` bytes at the best measured durable write rate."""
     from ckptbench.model import interval as model
-    from ckptbench.recommend import Advice
+    from ckptbench.recommend import Advice, write_rates
 
-    rates = []
-    for where, doc in documents:
-        if doc["schema"].startswith(("ckptbench.bench.fs/", "ckptbench.bench.objects/")):
-            rates.append((doc["results"][doc["best"]]["write"]["gbps"] * 1e9, where))
-        elif doc["schema"].startswith("ckptbench.bench.checkpoint/"):
-            rates += [(r["save"]["gbps"] * 1e9, where) for r in doc["results"] if r["writer"] == "ckptbench"]
-        elif doc["schema"].startswith("ckptbench.preflight/"):
-            rates.append((doc["measurements"]["write_bps"], where))
+    rates = write_rates(documents)
     if not rates:
         raise UsageError("no write rate in these results to turn --ckpt-size into a checkpoint time")
     rate, where = max(rates)
     analysis = model.analyse(model.CheckpointCost.sync(ckpt_size / rate), failures.mtbf_s, restart_s)
-    return Advice("interval_s", round(analysis.optimal_interval_s),
+    return Advice("interval_s", max(1, round(analysis.optimal_interval_s)),  # whole seconds, at least one
                   f"{where}: {format_size(ckpt_size)} at {rate / 1e9:.2f} GB/s take "
                   f"{format_duration(ckpt_size / rate)}; with an MTBF of {format_duration(failures.mtbf_s)} the "
                   f"exact optimum is {format_duration(analysis.optimal_interval_s)} (waste "

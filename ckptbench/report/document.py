@@ -27,6 +27,9 @@ class Table:
         for row in self.rows:
             if len(row) != len(self.columns):
                 raise ValueError(f"table {self.title!r}: row {row!r} has {len(row)} cells for {len(self.columns)} columns")
+            for cell in row:
+                if not isinstance(cell, str):
+                    raise TypeError(f"table {self.title!r}: {cell!r} where text belongs")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class Headline:
     write_gbps: float | None
     read_gbps: float | None
 
+    def __post_init__(self) -> None:
+        for rate in (self.write_gbps, self.read_gbps):
+            if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                     or not math.isfinite(rate)):
+                raise TypeError(f"headline {self.workload!r}: rate {rate!r} is not a number of GB/s")
+
 
 @dataclass(frozen=True)
 class Section:
@@ -54,6 +63,11 @@ class Section:
     tables: tuple[Table, ...] = ()
     figures: tuple[Figure, ...] = ()
     headline: Headline | None = None
+
+    def __post_init__(self) -> None:
+        for line in self.lines:
+            if not isinstance(line, str):
+                raise TypeError(f"section {self.title!r}: {line!r} where text belongs")
 
 
 @dataclass(frozen=True)

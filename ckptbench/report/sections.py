@@ -82,12 +82,21 @@ def read_result(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=_non_finite)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
+        raise UsageError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not a ckptbench result (JSON nested too deeply to read)") from None
     if not isinstance(document, dict):
         raise UsageError(f"{path}: not a ckptbench result (a JSON {type(document).__name__}, not an object)")
     return document
+
+
+def _non_finite(constant: str) -> float:
+    """``parse_constant`` for :func:`json.loads`: Python accepts NaN and Infinity, JSON (and the tables) do not."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def renderer_for(source: str, document: dict[str, Any]) -> Renderer:
@@ -128,7 +137,9 @@ def render_document(source: str, document: dict[str, Any]) -> DocumentReport:
         warnings = tuple(_warning(w) for w in document.get("warnings") or ())
     except KeyError as exc:
         raise UsageError(f"{source}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
-    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+    except RecursionError as exc:
+        raise UsageError(f"{source}: not a well-formed {schema} document (values nested too deeply)") from exc
+    except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as exc:
         raise UsageError(f"{source}: not a well-formed {schema} document ({exc})") from exc
     argv = document.get("argv")
     verdict = document.get("verdict")

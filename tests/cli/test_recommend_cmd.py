@@ -58,3 +58,78 @@ def test_interval_needs_size_and_rate(cli):
     assert result.exit_code == 2 and "go together" in result.stderr
     result = cli("recommend", str(FS), "--target", "/tmp")
     assert result.exit_code == 2 and "fresh sweep" in result.stderr
+
+
+PREFLIGHT = REPO / "results" / "preflight-vm-20261126T071318.json"
+DISTRIBUTED = REPO / "results" / "bench-distributed-vm-20261126T110824.json"
+
+
+def _one_error_line(result, path: Path | None = None) -> str:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error: "), result.stderr
+    assert path is None or path.name in lines[0], result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ('{"schema": "ckptbench.bench.fs/1"}', "not a well-formed ckptbench.bench.fs/1 document (no 'results')"),
+    ('{"schema": "ckptbench.preflight/1", "x": Infinity}', "is not JSON (Infinity is not a JSON number)"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
+], ids=["no-results", "infinity", "deeply-nested"])
+def test_malformed_results_are_one_line(cli, tmp_path: Path, content, needle):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    assert needle in _one_error_line(cli("recommend", str(path)), path)
+
+
+def _paths(value, prefix=()):
+    """Every key/index path into a JSON value (the first two items of each list)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield (*prefix, key)
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value[:2]):
+            yield (*prefix, index)
+            yield from _paths(item, (*prefix, index))
+
+
+MUTATIONS = {"delete": ..., "null": None, "text": "x", "negative": -1, "zero": 0, "huge": 10**400, "empty-list": []}
+
+
+@pytest.mark.parametrize("source", [FS, CKPT, PREFLIGHT, DISTRIBUTED], ids=lambda p: p.name.split("-20")[0])
+def test_single_field_mutations_never_give_a_traceback(cli, tmp_path: Path, source: Path):
+    """Every field the advice reads, mutated one at a time: good advice (0) or one line naming the file (2)."""
+    original = json.loads(source.read_text())
+    paths = [p for p in _paths(original) if p[0] not in ("environment", "argv", "rounds", "schema")]
+    path = tmp_path / "mutated.json"
+    for where in paths[::max(1, len(paths) // 60)]:
+        for name, value in MUTATIONS.items():
+            document = json.loads(source.read_text())
+            parent = document
+            for key in where[:-1]:
+                parent = parent[key]
+            if value is ...:
+                del parent[where[-1]]
+            else:
+                parent[where[-1]] = value
+            path.write_text(json.dumps(document))
+            result = cli("recommend", str(path), "--ckpt-size", "10GB", "--mtbf", "6h")
+            assert result.exit_code in (0, 2) and "Traceback" not in result.stderr, (where, name, result.stderr)
+            if result.exit_code == 2:
+                _one_error_line(result)  # the file's name, or "no write rate in these results"
+
+
+def test_distributed_results_give_async_and_interval(cli):
+    doc = cli.json("recommend", str(DISTRIBUTED), "--ckpt-size", "10GB", "--mtbf", "6h")
+    summary = json.loads(DISTRIBUTED.read_text())["summary"]
+    assert doc["settings"]["async"]["value"] is True  # a 120 ms stall against a 666 ms sync save
+    assert "2 ranks blocked" in doc["settings"]["async"]["reason"]
+    assert f"{summary['save']['gbps']['median']:.2f} GB/s" in doc["settings"]["interval_s"]["reason"]
+
+
+def test_help_examples_name_files_that_exist(cli):
+    text = cli("recommend", "--help").stdout
+    named = [word for word in text.split() if word.startswith("results/")]
+    assert named and all((REPO / word).exists() for word in named)

@@ -321,3 +321,51 @@ def test_compare_reference_run_renders(cli, tmp_path: Path):
     assert cli("report", str(source), "--html", str(out)).exit_code == 0
     html = out.read_text()
     assert "Tier comparison: /var/tmp" in html and "fuse.ceph-fuse" in html
+
+
+def _mutated(source: Path, path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    """``source``'s document with the value at ``path`` replaced (the JSON stays valid)."""
+    document = _load(source)
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return document
+
+
+PREFLIGHT_RESULT = RESULTS / "preflight-vm-20261126T071318.json"
+DISTRIBUTED_RESULT = RESULTS / "bench-distributed-vm-20261126T110824.json"
+MALFORMED = {
+    "goal-description-null": (CKPT_RESULT, ("goals", 0, "description"), None, "table 'goals': None where text belongs"),
+    "durable-a-number": (CKPT_RESULT, ("results", 0, "durable"), 5, "5 where text belongs"),
+    "reason-null": (PREFLIGHT_RESULT, ("recommendation", 0, "reason"), None, "None where text belongs"),
+    "stall-too-big": (CKPT_RESULT, ("async", 0, "stall_s"), 10**400, "int too large to convert to float"),
+    "rate-too-big": (DISTRIBUTED_RESULT, ("summary", "load", "gbps", "median"), 10**400, "too large to convert"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_value_is_one_line_naming_the_file(cli, tmp_path: Path, name: str):
+    """Valid JSON with a value of the wrong kind, where a table cell, a duration or a rate is made from it."""
+    source, path, value, message = MALFORMED[name]
+    bad = _write(tmp_path / f"{name}.json", _mutated(source, path, value))
+    out = tmp_path / "r.html"
+    line = _one_error_line(cli("report", str(bad), "--html", str(out)))
+    assert f"{bad}: not a well-formed " in line and message in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("constant", ["Infinity", "-Infinity", "NaN"])
+def test_non_finite_numbers_are_not_json(cli, tmp_path: Path, constant: str):
+    text = json.dumps(_mutated(CKPT_RESULT, ("async", 0, "stall_s"), 0.5)).replace("0.5", constant, 1)
+    bad = _write(tmp_path / "inf.json", text)
+    line = _one_error_line(cli("report", str(bad), "--html", str(tmp_path / "r.html")))
+    assert f"{bad}: not JSON ({constant} is not a JSON number)" in line
+
+
+def test_deeply_nested_json_is_one_line(cli, tmp_path: Path):
+    bad = _write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    line = _one_error_line(cli("report", str(bad), "--html", str(tmp_path / "r.html")))
+    assert f"{bad}: not a ckptbench result (JSON nested too deeply to read)" in line
+    nested = _write(tmp_path / "nested.json", '{"schema": "ckptbench.bench.fs/1", "x": ' + "[" * 900 + "]" * 900 + "}")
+    assert "nested.json: " in _one_error_line(cli("report", str(nested), "--html", str(tmp_path / "r.html")))

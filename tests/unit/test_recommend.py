@@ -107,3 +107,40 @@ def test_interference_fraction():
 def test_bad_jobs(kw, needle):
     with pytest.raises(UsageError, match=needle):
         job(**kw)
+
+
+def remedy(verdict, name: str) -> str:
+    return next(c.remedy for c in verdict.checks if c.name == name)
+
+
+def sharded_job(sharding: str, **kw) -> Job:
+    """64 ranks on 8 nodes: sharding changes what the busiest node writes."""
+    return job(size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=64, sharding=sharding)), ranks=64, **kw)
+
+
+@pytest.mark.parametrize(("sharding", "suggested"), [
+    ("none", "--sharding zero1/zero3"), ("zero1", "--sharding zero3"), ("zero2", "--sharding zero3"),
+    ("zero3", None), ("fsdp", None),
+])
+def test_remedies_suggest_only_a_sharding_that_shards_more(sharding: str, suggested: str | None):
+    v = evaluate(sharded_job(sharding, max_ckpt_time_s=0.01), measured(host_memory_bytes=2 * 10**9))
+    assert status(v, "checkpoint-time") == FAIL and status(v, "host-memory") in (WARN, FAIL)
+    for name in ("checkpoint-time", "host-memory"):
+        text = remedy(v, name)
+        if suggested is None:
+            assert "--sharding" not in text, text
+        else:
+            assert suggested in text and f"--sharding {sharding}" not in text, text
+
+
+def test_checkpoint_time_remedy_suggests_async_only_to_a_sync_job():
+    v = evaluate(sharded_job("fsdp", max_ckpt_time_s=0.01), measured())
+    assert v.predictions["mode"] == "async"
+    assert remedy(v, "checkpoint-time") == ("faster storage, or more nodes (data-parallel ranks), each rank writing "
+                                            "a smaller share")
+    v = evaluate(job(max_ckpt_time_s=0.01, interference=0.99), measured())  # one node: sharding cannot help
+    assert v.predictions["mode"] == "sync"
+    assert remedy(v, "checkpoint-time") == "faster storage, or async saves"
+    one_rank = job(size=checkpoint_size(1e9), ranks=1, ranks_per_node=1, max_ckpt_time_s=0.01)
+    assert remedy(evaluate(one_rank, measured()), "checkpoint-time") == ("faster storage, or a smaller checkpoint "
+                                                                         "(fewer bytes per rank)")
