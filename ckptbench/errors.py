@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class CkptbenchError(Exception):
     """Base class. ``hint`` (optional) tells the user how to fix it."""
@@ -54,3 +57,17 @@ class OutcomeUnknownError(StorageIOError):
 
 class CheckFailed(CkptbenchError):
     """A pre-flight check failed; the command ran correctly but the verdict is FAIL."""
+
+
+@contextmanager
+def reading_document(where: str, schema: str) -> Iterator[None]:
+    """What a malformed result document raises while it is read (a missing key, a wrong type, a value
+    out of range, nesting too deep) as one UsageError naming the file."""
+    try:
+        yield
+    except KeyError as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
+    except RecursionError as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document (values nested too deeply)") from exc
+    except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as exc:
+        raise UsageError(f"{where}: not a well-formed {schema} document ({exc})") from exc

@@ -16,12 +16,10 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ckptbench.errors import UsageError
+from ckptbench.errors import UsageError, reading_document
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
 from ckptbench.model.sizing import CheckpointSize, checkpoint_size
@@ -425,7 +423,7 @@ def advice_from_results(documents: list[tuple[str, dict[str, Any]]]) -> dict[str
     out: dict[str, Advice] = {}
     for where, doc in documents:
         name = check_schema(doc, where)
-        with _reading(where, doc):
+        with reading_document(where, doc["schema"]):
             for advice in _ADVISORS[name](doc, where):
                 out[advice.setting] = advice
     return out
@@ -437,23 +435,9 @@ def write_rates(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[float
     out = []
     for where, doc in documents:
         name = check_schema(doc, where)
-        with _reading(where, doc):
+        with reading_document(where, doc["schema"]):
             out += [(_rate(gbps) * 1e9, where) for gbps in _WRITE_GBPS[name](doc)]
     return out
-
-
-@contextmanager
-def _reading(where: str, document: dict[str, Any]) -> Iterator[None]:
-    """Turn what a malformed document raises while it is read into one UsageError naming the file."""
-    schema = document["schema"]
-    try:
-        yield
-    except KeyError as exc:
-        raise UsageError(f"{where}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
-    except RecursionError as exc:
-        raise UsageError(f"{where}: not a well-formed {schema} document (values nested too deeply)") from exc
-    except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as exc:
-        raise UsageError(f"{where}: not a well-formed {schema} document ({exc})") from exc
 
 
 def _best(doc: dict[str, Any]) -> dict[str, Any]:

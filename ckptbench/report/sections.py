@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import __version__
-from ckptbench.errors import UsageError
+from ckptbench.errors import UsageError, reading_document
 from ckptbench.report.document import (
     DocumentReport,
     Figure,
@@ -128,19 +128,13 @@ def build_report(results: Sequence[tuple[str, dict[str, Any]]], *, title: str, c
 def render_document(source: str, document: dict[str, Any]) -> DocumentReport:
     renderer = renderer_for(source, document)
     schema = document["schema"]
-    try:
+    with reading_document(source, schema):
         sections = [renderer(document)]
         checks = checks_section(document)
         model = model_section(document)
         env = document.get("environment") or {}
         environment = environment_summary(env)
         warnings = tuple(_warning(w) for w in document.get("warnings") or ())
-    except KeyError as exc:
-        raise UsageError(f"{source}: not a well-formed {schema} document (no {exc.args[0]!r})") from exc
-    except RecursionError as exc:
-        raise UsageError(f"{source}: not a well-formed {schema} document (values nested too deeply)") from exc
-    except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as exc:
-        raise UsageError(f"{source}: not a well-formed {schema} document ({exc})") from exc
     argv = document.get("argv")
     verdict = document.get("verdict")
     return DocumentReport(
