@@ -221,11 +221,16 @@ class _Flattener:
         alias = None
         if numel > 0:
             # Tied weights: the same first byte, layout and dtype on the same device, and the same lazy
-            # conjugate/negative bits (c.conj() shares c's bytes but not its values).
-            identity = (device, address, shape, t.stride(), dtype, t.is_conj(), t.is_neg())
+            # conjugate/negative bits (c.conj() shares c's bytes but not its values: checked only on a
+            # match, off the common path).
+            identity = (device, address, shape, t.stride(), dtype)
             alias = self._seen.setdefault(identity, index)
             if alias == index:
                 alias = None
+            else:
+                first = self.tensors[alias]
+                if (t.is_conj(), t.is_neg()) != (first.is_conj(), first.is_neg()):
+                    alias = None
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
