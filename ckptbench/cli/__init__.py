@@ -175,6 +175,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+#: click >= 8.2 raises this for a group run without a command (8.1 printed the help and exited 0).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
@@ -184,6 +188,9 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
             return code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except _NO_ARGS_IS_HELP as exc:  # `ckptbench` alone asks for the help: not an error
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+        return 0
     except click.UsageError as exc:
         hint = ""
         if exc.ctx is not None and not isinstance(exc, click.BadParameter):

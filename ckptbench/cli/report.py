@@ -107,6 +107,9 @@ def _default_html() -> Path:
 def _check_outputs(outputs: dict[str, Path | None], inputs: tuple[Path, ...]) -> None:
     """Fail before reading anything if an output would replace an input (each was checked to be writable
     when its flag was read)."""
+    if str(outputs.get("--markdown")) == "-":
+        raise UsageError("--markdown cannot write to standard output: its figures are PNG files beside it",
+                         hint="give --markdown FILE.md, or --html - for standard output")
     given = {flag: path for flag, path in outputs.items() if path is not None and str(path) != "-"}
     sources = {p.resolve() for p in inputs}
     for flag, path in given.items():

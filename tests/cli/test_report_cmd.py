@@ -132,6 +132,19 @@ def test_html_and_markdown_together_and_html_to_stdout(cli, tmp_path: Path):
     _assert_self_contained(result.stdout)
 
 
+def test_markdown_to_standard_output_is_refused_and_writes_nothing(cli, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("report", str(FS_RESULT), "--markdown", "-")
+    assert result.exit_code == 2 and "--markdown cannot write to standard output" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no file named "-", no "--1.png"
+
+
+def test_ckptbench_alone_prints_its_help(cli):
+    result = cli()
+    assert result.exit_code == 0 and "error" not in result.stderr
+    assert result.stdout.startswith("Usage: ") and "preflight" in result.stdout and "Commands:" in result.stdout
+
+
 def test_help_teaches(cli):
     result = cli("report", "--help")
     assert result.exit_code == 0
