@@ -57,7 +57,9 @@ def setup_warnings(target: str, environment: dict[str, Any], repeat: int, per: s
         ))
     if repeat < 3:
         out.append(BenchWarning(
-            "few-repeats", f"only {repeat} measured run(s) per {per}: no spread to judge", "use --repeat 3 or more",
+            "few-repeats", f"only {repeat} measured run{'s' if repeat != 1 else ''} per {per}: "
+            + ("no spread to judge" if repeat < 2 else "too few for a median and a spread to mean much"),
+            "use --repeat 3 or more",
         ))
     return out
 
