@@ -272,25 +272,8 @@ def _distributed_tensor_types() -> tuple[type, type]:
     return DTensor, ShardedTensor
 
 
-def _walked_into(obj: Any) -> bool:
-    """Whether DCP saves ``obj``'s items one by one rather than ``obj`` whole (one torch.save blob).
-
-    As torch.distributed.checkpoint._traverse.traverse_state_dict decides: it goes into every
-    mapping, and into a list holding a tensor, a mapping or a list it goes into; a tuple, or a list
-    of anything else, is one leaf. Staging puts only tensors DCP saves as tensors into the arena: a
-    blob's tensors there would be views of the whole arena, and torch.save writes a view's whole
-    storage (every other tensor, and whatever earlier saves left in the arena)."""
-    import torch
-
-    if isinstance(obj, Mapping):
-        return True
-    if not isinstance(obj, list):
-        return False
-    return any(isinstance(v, torch.Tensor) or (isinstance(v, (Mapping, list)) and _walked_into(v)) for v in obj)
-
-
 def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The local tensors DCP saves as tensors, in the order :func:`_rebuild` consumes them."""
+    """The local tensors of a state_dict, in the order :func:`_rebuild` consumes them."""
     import torch
 
     DTensor, ShardedTensor = _distributed_tensor_types()
@@ -301,14 +284,16 @@ def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield shard.tensor
     elif isinstance(obj, torch.Tensor):
         yield obj
-    elif _walked_into(obj):
-        for value in obj.values() if isinstance(obj, Mapping) else obj:
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _local_tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
             yield from _local_tensors(value)
 
 
 def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
-    """``obj`` with every tensor DCP saves as a tensor replaced by the next staged one (same structure
-    and wrappers); everything else copied (a blob's tensors get storage of their own)."""
+    """``obj`` with every local tensor replaced by the next staged one (same structure and wrappers)."""
     import torch
 
     DTensor, ShardedTensor = _distributed_tensor_types()
@@ -322,10 +307,12 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
         return out
     if isinstance(obj, torch.Tensor):
         return next(staged)
-    if _walked_into(obj):
-        if isinstance(obj, Mapping):
-            return {key: _rebuild(value, staged) for key, value in obj.items()}
+    if isinstance(obj, Mapping):
+        return {key: _rebuild(value, staged) for key, value in obj.items()}
+    if isinstance(obj, list):
         return [_rebuild(value, staged) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(_rebuild(value, staged) for value in obj)
     if obj is None or isinstance(obj, (int, float, str, bytes, io.BytesIO)):
         return obj
     return copy.deepcopy(obj)
@@ -795,10 +782,10 @@ class _Writer:
             until = _next_starts([(offset, _nbytes(t)) for t, offset in zip(sources, offsets, strict=True)], cursor)
             _copy_into(staging.arena, list(zip(sources, offsets, until, strict=True)), self.threads)
             staging.busy = True
-        flat = staging.arena.bytes_tensor()
-        views = (typed_view(flat, offset, _nbytes(t), t.dtype, tuple(t.shape))
-                 for t, offset in zip(sources, offsets, strict=True))
-        return _rebuild(state_dict, views)
+        arena = memoryview(staging.arena.buffer)
+        staged = (_over(arena, offset, _nbytes(t), t.dtype, tuple(t.shape))
+                  for t, offset in zip(sources, offsets, strict=True))
+        return _rebuild(state_dict, staged)
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` returns after its copy completes."""
@@ -810,6 +797,19 @@ class _Writer:
             if self._staging is not None:
                 self._staging.arena.close()
                 self._staging = None
+
+
+def _over(arena: memoryview, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A staged tensor: ``arena[offset : offset + nbytes]`` as (shape, dtype), with a storage of its own.
+
+    Not a view of one tensor over the whole arena: DCP torch.saves whatever it does not save as a
+    tensor (a tuple, a list of plain values, everything nested when the planner does not flatten),
+    and torch.save writes a view's whole storage: every other tensor, and what earlier saves left."""
+    import torch
+
+    if not nbytes:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(arena[offset:offset + nbytes], dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _as_bytes(data: Any) -> memoryview:

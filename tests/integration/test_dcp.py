@@ -271,22 +271,29 @@ def test_files_do_not_depend_on_what_the_reused_arena_held_before(tmp_path: Path
     fresh.close()
 
 
-def test_async_save_stages_only_what_dcp_saves_as_tensors(tmp_path: Path) -> None:
-    """DCP saves a tuple (or a list without tensors in reach) whole, with torch.save. Its tensors must
-    not be views of the staging arena: torch.save would write the whole arena, and with it whatever
-    an earlier, bigger save left there."""
+@pytest.mark.parametrize("flatten", [True, False])
+def test_blobs_of_staged_tensors_hold_only_their_own_bytes(tmp_path: Path, flatten: bool) -> None:
+    """DCP saves a tuple (and, with a planner that does not flatten, everything nested) whole, with
+    torch.save, which writes a tensor's whole storage. A staged tensor's storage is its own bytes, not
+    the arena: no other tensor, nothing an earlier, bigger save left there."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
     writer = Writer(tmp_path / "unused")
     marker = torch.tensor(list(b"EARLIER-SAVE-MARKER" * 8), dtype=torch.uint8)
     dcp.async_save({"big": torch.zeros(2**20), "m": marker}, storage_writer=writer,
                    checkpoint_id=tmp_path / "a").result()
-    state = {"x": torch.ones(4), "pair": (torch.ones(2), torch.zeros(2)), "nested": [[(torch.ones(3),)]]}
-    dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "b").result()
+    state = {"x": torch.ones(4), "pair": (torch.ones(2), torch.zeros(2)), "nested": [[(torch.ones(3),)]],
+             "opt": {"m": torch.full((5,), 2.0)}, "empty": (torch.empty(0),)}
+    dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "b",
+                   planner=DefaultSavePlanner(flatten_state_dict=flatten)).result()
     data = b"".join(distcp_bytes(tmp_path / "b"))
     assert b"EARLIER-SAVE-MARKER" not in data and len(data) < 64 * 1024
-    loaded = {"x": torch.zeros(4), "pair": None, "nested": None}
+    loaded = {"x": torch.zeros(4), "pair": None, "nested": None, "opt": {"m": torch.zeros(5)} if flatten else None,
+              "empty": None}
     dcp.load(loaded, storage_reader=Reader(tmp_path / "b"))
     assert torch.equal(loaded["pair"][0], torch.ones(2)) and loaded["pair"][0].untyped_storage().nbytes() == 8
-    assert torch.equal(loaded["nested"][0][0][0], torch.ones(3))
+    assert torch.equal(loaded["nested"][0][0][0], torch.ones(3)) and torch.equal(loaded["opt"]["m"], state["opt"]["m"])
+    assert loaded["empty"][0].shape == (0,)
     writer.close()
 
 
