@@ -800,7 +800,7 @@ def _copy_into(dst: Any, src: Any) -> None:
     anything changes: an ``into=`` that does not fit is refused untouched, naming the first misfit."""
     import torch
 
-    copies: list[tuple[Any, Any]] = []
+    copies: list[tuple[Any, Any, str]] = []
     updates: list[tuple[Any, Any, Any]] = []  # (container, key or index, value)
 
     def where(path: str) -> str:
@@ -813,7 +813,10 @@ def _copy_into(dst: Any, src: Any) -> None:
             if d.shape != s.shape or d.dtype != s.dtype:
                 raise UsageError(f"{where(path)}: checkpoint tensor {tuple(s.shape)} {s.dtype} does not fit into "
                                  f"{tuple(d.shape)} {d.dtype}")
-            copies.append((d, s))
+            problem = _unwritable(d)
+            if problem:
+                raise UsageError(f"{where(path)}: the into= tensor cannot be loaded into: {problem}")
+            copies.append((d, s, path))
         elif isinstance(s, dict):
             if not isinstance(d, dict):
                 raise UsageError(f"{where(path)}: the checkpoint holds a dict, into= holds {type(d).__name__}")
@@ -843,10 +846,29 @@ def _copy_into(dst: Any, src: Any) -> None:
 
     visit(dst, src, "")
     with torch.no_grad():
-        for d, s in copies:
-            d.copy_(s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+        for d, s, path in copies:
+            try:
+                d.copy_(s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+            except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
+                raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
+                                 "before it in into= were loaded") from exc
     for container, slot, value in updates:
         container[slot] = value
+
+
+def _unwritable(t: Any) -> str | None:
+    """Why ``t`` cannot take an in-place copy (checked before any is made), or None."""
+    import torch
+
+    if t.device.type == "meta":
+        return "it is on the meta device (no memory to load into)"
+    if t.layout is not torch.strided:
+        return f"it is a {t.layout} tensor"
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return "it was made under torch.inference_mode() and can only be updated inside it"
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+        return "its elements overlap (an expanded view)"
+    return None
 
 
 def _synchronize(device: Any) -> None:

@@ -219,6 +219,9 @@ class _Flattener:
         numel = t.numel()
         device, address = t.get_device(), t.data_ptr()
         alias = None
+        if numel > 0 and not address:
+            raise UsageError(f"{path}: this {type(t).__name__} holds no data of its own (a wrapper tensor "
+                             "subclass)", hint="save the plain tensors it wraps, or convert it to a plain tensor")
         if numel > 0:
             # Tied weights: the same first byte, layout and dtype on the same device, and the same lazy
             # conjugate/negative bits (c.conj() shares c's bytes but not its values: checked only on a

@@ -95,7 +95,11 @@ class LocalStore:
             path = path.parent
         self.path.mkdir(parents=True, exist_ok=True)
         for path in reversed(created):
-            fsync_directory(path.parent)
+            try:
+                fsync_directory(path.parent)
+            except PermissionError:  # a parent one may write into but not read (mode 0333): nothing to open
+                log.info("cannot open %s to fsync it: the new directory's entry may not survive a power cut",
+                         path.parent)
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                     direct: bool) -> WriteReport:

@@ -184,3 +184,35 @@ def test_a_new_checkpoint_directory_is_made_durable_in_its_parents(tmp_path: Pat
     synced.clear()
     ckptbench.save({"a": torch.ones(3)}, tmp_path / "runs" / "step-1", overwrite=True)
     assert tmp_path not in synced and tmp_path / "runs" not in synced  # nothing new in them
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(1).expand(3),
+    lambda: torch.zeros(3, device="meta"),
+    lambda: torch.inference_mode()(torch.zeros)(3),
+])
+def test_an_into_tensor_that_cannot_take_a_copy_is_refused_before_anything_changes(tmp_path: Path, make):
+    path = saved(tmp_path, {"a": torch.ones(3), "b": torch.ones(3), "step": 5})
+    live = {"a": torch.zeros(3), "b": make(), "step": 0}
+    with pytest.raises(UsageError, match="b: the into= tensor cannot be loaded into"):
+        ckptbench.load(path, into=live)
+    assert torch.equal(live["a"], torch.zeros(3)) and live["step"] == 0
+
+
+def test_a_wrapper_subclass_without_data_of_its_own_is_refused_by_name(tmp_path: Path):
+    class Wrapped(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda x: x.inner if isinstance(x, Wrapped) else x  # noqa: E731
+            return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+    with pytest.raises(UsageError, match="w: this Wrapped holds no data of its own"):
+        ckptbench.save({"w": Wrapped(torch.ones(4))}, tmp_path / "c")
+    assert not (tmp_path / "c" / "manifest.json").exists()
