@@ -496,10 +496,7 @@ def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
     mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
     if mine is not None:
         sync_s = doc["workload"]["total_bytes"] / (save_gbps * 1e9)
-        stall_s = _seconds(mine["stall_s"])
-        out.append(Advice("async", stall_s < 0.5 * sync_s, f"{where}: an async save blocked "
-                                                           f"{format_duration(stall_s)} vs "
-                                                           f"{format_duration(sync_s)} for a sync one"))
+        out.append(_async_advice(f"{where}: an async save", _seconds(mine["stall_s"]), sync_s))
     return out
 
 
@@ -512,10 +509,14 @@ def _from_distributed(doc: dict[str, Any], where: str) -> list[Advice]:
     if "async" in summary:
         sync_s = _seconds(summary["save"]["duration_s"]["median"])
         stall_s = _seconds(summary["async"]["stall_s"]["median"])
-        out.append(Advice("async", stall_s < 0.5 * sync_s, f"{where}: an async save of {ranks} ranks blocked "
-                                                           f"{format_duration(stall_s)} vs "
-                                                           f"{format_duration(sync_s)} for a sync one"))
+        out.append(_async_advice(f"{where}: an async save of {ranks} ranks", stall_s, sync_s))
     return out
+
+
+def _async_advice(what: str, stall_s: float, sync_s: float) -> Advice:
+    """Async when its stall is under half a sync save's time."""
+    return Advice("async", stall_s < 0.5 * sync_s,
+                  f"{what} blocked {format_duration(stall_s)} vs {format_duration(sync_s)} for a sync one")
 
 
 def _from_preflight(doc: dict[str, Any], where: str) -> list[Advice]:

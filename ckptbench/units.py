@@ -77,8 +77,9 @@ def parse_rate(text: str | float) -> float:
     return value
 
 
-def parse_duration(text: str | float) -> float:
-    """Seconds from ``"30m"``, ``"2h"``, ``"500ms"``, ``"1d"``, ``"1h30m"`` or a bare number of seconds."""
+def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
+    """Seconds from ``"30m"``, ``"2h"``, ``"500ms"``, ``"1d"``, ``"1h30m"`` or a bare number of seconds;
+    positive, or zero too with ``allow_zero`` (a cost that may be nothing, a restart)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -93,8 +94,8 @@ def parse_duration(text: str | float) -> float:
         if parts == 0 or pos != len(s) or (bare and parts > 1):
             raise ValueError(f"{text!r} is not a duration (try 500ms, 140s, 30m, 2h, 1d, 1h30m)")
     _require_finite(value, text)
-    if value <= 0:
-        raise ValueError(f"duration {text!r} must be positive")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"duration {text!r} must be {'zero or more' if allow_zero else 'positive'}")
     return value
 
 

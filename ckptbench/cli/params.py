@@ -10,7 +10,6 @@ import contextlib
 import errno
 import math
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,24 +114,9 @@ BOUNDED_DURATION = _UnitType("duration", _duration_in_range)
 
 def _duration_or_zero(value: Any) -> float:
     """A bounded duration, or zero (``0``, ``0s``, ``0m``): for costs the model allows to be nothing,
-    such as a restart or a detection. Negative durations are refused as before. (Only the options of
-    those costs take it: elsewhere a zero duration is a mistake, an interval or a checkpoint time.)
-
-    A string is zero when it has no digit but zeros and reads as a duration once one zero is a one
-    (so the duration parser, not a second grammar, decides what a duration looks like).
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:  # a TOML number
-        if value == 0:
-            return 0.0
-        raise ValueError(f"duration {value!r} must be zero or more")
-    if isinstance(value, str) and "0" in value and not re.search(r"[1-9]", value):
-        try:
-            units.parse_duration(value.replace("0", "1", 1))
-        except ValueError:
-            pass
-        else:
-            return 0.0
-    return _duration_in_range(value)
+    such as a restart or a detection. Negative durations are refused. (Only the options of those
+    costs take it: elsewhere a zero duration is a mistake, an interval or a checkpoint time.)"""
+    return 0.0 if units.parse_duration(value, allow_zero=True) == 0 else _duration_in_range(value)
 
 
 BOUNDED_DURATION_OR_ZERO = _UnitType("duration", _duration_or_zero)
