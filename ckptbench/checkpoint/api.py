@@ -533,11 +533,11 @@ class Checkpointer:
         Without ``into``, the tensors are views into a fresh buffer (no copies on CPU; a helper
         thread faults it in ahead of the reads), or copies on ``device``. With ``into`` (a
         state_dict of the same structure, e.g. the live model's), every tensor is copied into the
-        matching preallocated tensor, on whatever device it lives (parameters included), every plain value that differs (a
-        step counter) is put into its dict or list, the read buffer is the Checkpointer's own and
-        reused across loads, and ``into`` is returned; an ``into`` that does not fit is refused
-        before anything in it changes. ``verify`` checks every
-        CRC-32C and names the tensor and shard of any mismatch (CorruptCheckpointError).
+        matching preallocated tensor, on whatever device it lives (parameters included), every
+        plain value that differs (a step counter) is put into its dict or list, the read buffer is
+        the Checkpointer's own and reused across loads, and ``into`` is returned; an ``into`` that
+        does not fit is refused before anything in it changes. ``verify`` checks every CRC-32C and
+        names the tensor and shard of any mismatch (CorruptCheckpointError).
 
         A checkpoint saved by N ranks loads under a launch of N ranks (each gets its own part;
         rank 0 reads the manifest and hands it round, so node-local storage works too), or in one
