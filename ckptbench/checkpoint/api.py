@@ -34,7 +34,7 @@ from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
-from ckptbench.checkpoint.stage import Arena, dtype_of, stage, typed_view
+from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
 from ckptbench.storage.store import Store, WriteReport, open_store
@@ -848,7 +848,7 @@ def _copy_into(dst: Any, src: Any) -> None:
     with torch.no_grad():
         for d, s, path in copies:
             try:
-                d.copy_(s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+                copy_values(d, s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
             except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
                 raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
                                  "before it in into= were loaded") from exc

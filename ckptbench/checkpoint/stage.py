@@ -118,6 +118,24 @@ def typed_view(flat: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int
     return flat[offset:offset + nbytes].view(dtype).view(shape)
 
 
+def copy_values(dst: Any, src: Any, *, non_blocking: bool = False) -> None:
+    """``dst.copy_(src)`` of two tensors of one dtype and shape, also for the dtypes torch stores but
+    has no copy kernel for (``uint1``-``uint7``, ``int1``-``int7``, ``quint4x2``...): those are copied
+    as the integers of their width. Lazy conjugate/negative bits of ``src`` are resolved."""
+    src = src.resolve_conj().resolve_neg()
+    try:
+        dst.copy_(src, non_blocking=non_blocking)
+    except NotImplementedError:  # raised before anything is copied
+        as_int = _same_width_int(src.element_size())
+        dst.view(as_int).copy_(src.view(as_int), non_blocking=non_blocking)
+
+
+def _same_width_int(nbytes: int) -> Any:
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[nbytes]
+
+
 def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> None:
     """Copy each stored tensor into its place in the arena; returns when every byte is there.
 
@@ -182,8 +200,8 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
                 if stream is None:
                     stream = streams[tensor.device] = side_stream(tensor.device)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)).copy_(
-                    tensor.resolve_conj().resolve_neg(), non_blocking=stream is not None)
+                copy_values(typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)), tensor,
+                            non_blocking=stream is not None)
     finally:  # also after an error: nothing may still be copying into the arena once this returns
         for stream in streams.values():
             stream.synchronize()

@@ -34,6 +34,15 @@ def test_an_into_that_does_not_fit_is_left_untouched(tmp_path: Path):
     assert torch.equal(live["a"], torch.zeros(4)) and live["step"] == 0  # "a" comes first: not copied either
 
 
+@pytest.mark.parametrize("dtype", [torch.uint3, torch.int4, torch.quint4x2], ids=str)
+def test_into_takes_dtypes_torch_has_no_copy_kernel_for(tmp_path: Path, dtype: torch.dtype):
+    bits = torch.randint(0, 256, (6, 5), dtype=torch.uint8)
+    path = saved(tmp_path, {"q": bits.view(dtype)})
+    live = {"q": torch.zeros(6, 5, dtype=torch.uint8).view(dtype)}
+    assert ckptbench.load(path, into=live) is live
+    assert torch.equal(live["q"].view(torch.uint8), bits)
+
+
 def test_plain_values_that_differ_are_restored_into_dicts_and_lists(tmp_path: Path):
     sd = {"w": torch.randn(8), "step": 100, "name": "new", "groups": [{"lr": 0.1, "betas": [0.9, 0.99]}],
           "nan": float("nan")}
