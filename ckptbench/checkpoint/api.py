@@ -33,7 +33,7 @@ from ckptbench import __version__, interrupts, knobs, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
-from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save
+from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save, rebuild
 from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
@@ -526,7 +526,8 @@ class Checkpointer:
     def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
              into: dict | None = None, storage_options: dict | None = None,
              distributed: bool | None = None, rank: int | None = None) -> dict:
-        """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact.
+        """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
+        and parameters come back as the types they were saved as (see :func:`plan.rebuild`).
 
         Shards are read with the engine (O_DIRECT) into one aligned buffer, a group of ``threads``
         shards at a time; ``verify`` checks the CRC-32C of each group while the next one is read.
@@ -664,7 +665,7 @@ class Checkpointer:
             else:
                 t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
             tensors.append(t)
-        loaded = _rebuild(part["skeleton"], tensors)
+        loaded = rebuild(part["skeleton"], tensors)
         if to_device:
             _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
@@ -899,31 +900,6 @@ def _synchronize_all(tree: Any) -> None:
     walk(tree)
     for device in devices:
         torch.cuda.synchronize(device)
-
-
-def _decode_value(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_decode_value(v) for v in node]
-    if isinstance(node, dict):
-        if "__tuple__" in node:
-            return tuple(_decode_value(v) for v in node["__tuple__"])
-        if "__float__" in node:
-            return float(node["__float__"])
-    return node
-
-
-def _rebuild(node: Any, tensors: list[Any]) -> Any:
-    """Invert ``plan.flatten``'s skeleton."""
-    if "__tensor__" in node:
-        return tensors[node["__tensor__"]]
-    if "__dict__" in node:
-        return {(_decode_value(k["__key__"]) if isinstance(k, dict) else k): _rebuild(v, tensors)
-                for k, v in node["__dict__"]}
-    if "__list__" in node:
-        return [_rebuild(v, tensors) for v in node["__list__"]]
-    if "__tuple__" in node:
-        return tuple(_rebuild(v, tensors) for v in node["__tuple__"])
-    return _decode_value(node["__value__"])
 
 
 def _world_for(distributed: bool | None) -> World | None:

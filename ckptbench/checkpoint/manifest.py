@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import keyword
 import math
 import re
 from typing import Any
@@ -219,11 +220,20 @@ def _clip(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: The node kinds of a skeleton, each with the optional keys it may carry besides its tag.
+_NODE_EXTRAS = {"__tensor__": {"__parameter__", "__requires_grad__"}, "__dict__": {"__ordered__", "__metadata__"},
+                "__list__": set(), "__tuple__": {"__class__", "__fields__"}, "__value__": set()}
+
+
 def _skeleton_problem(node: Any, tensors: int) -> str | None:
     """What is wrong with a skeleton (the grammar ``plan.flatten`` writes), or None."""
-    if not isinstance(node, dict) or len(node) != 1:
+    tag = next((t for t in _NODE_EXTRAS if t in node), None) if isinstance(node, dict) else None
+    if tag is None or not set(node) <= _NODE_EXTRAS[tag] | {tag}:
         return f"{_clip(node)} is not a node"
-    (tag, value), = node.items()
+    problem = _extras_problem(node)
+    if problem:
+        return problem
+    value = node[tag]
     if tag == "__tensor__":
         ok = type(value) is int and 0 <= value < tensors
         return None if ok else f"tensor index {_clip(value)} is not one of 0..{tensors - 1}"
@@ -245,9 +255,35 @@ def _skeleton_problem(node: Any, tensors: int) -> str | None:
             if problem:
                 return problem
         return None
-    if tag == "__value__":
-        return None if _value_ok(value, hashable=False) else f"value {_clip(value)} cannot be decoded"
-    return f"{_clip(node)} is not a node"
+    return None if _value_ok(value, hashable=False) else f"value {_clip(value)} cannot be decoded"
+
+
+def _extras_problem(node: dict) -> str | None:
+    """What is wrong with a node's optional keys (types, a namedtuple's names), or None."""
+    for flag in ("__parameter__", "__requires_grad__", "__ordered__"):
+        if flag in node and type(node[flag]) is not bool:
+            return f"{flag} is {_clip(node[flag])}, not true or false"
+    if "__metadata__" in node:
+        if node.get("__ordered__") is not True:
+            return "__metadata__ belongs to an OrderedDict (__ordered__: true)"
+        problem = _skeleton_problem(node["__metadata__"], 0)  # plain values only
+        if problem:
+            return f"__metadata__: {problem}"
+    if "__class__" in node:
+        name = node["__class__"]
+        if not (isinstance(name, str) and ":" in name):
+            return f"__class__ {_clip(name)} is not a 'module:qualname'"
+    if "__fields__" in node:
+        fields, typename = node["__fields__"], str(node.get("__class__", "")).partition(":")[2].rpartition(".")[2]
+        names = fields if isinstance(fields, list) else [None]
+        if "__class__" not in node or not all(_identifier(f) and not f.startswith("_") for f in names) \
+                or len(set(names)) != len(names) or not _identifier(typename):
+            return f"__fields__ {_clip(fields)} of {_clip(node.get('__class__'))} are not a namedtuple's"
+    return None
+
+
+def _identifier(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
 
 
 def _value_ok(value: Any, *, hashable: bool) -> bool:

@@ -10,6 +10,7 @@ strides) are stored once and loaded as one tensor.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -200,18 +201,31 @@ class _Flattener:
 
     def visit(self, value: Any, path: str) -> Any:
         if _is_tensor(value):
-            return {"__tensor__": self._tensor(value, path)}
+            node = {"__tensor__": self._tensor(value, path)}
+            if value.requires_grad:
+                node["__requires_grad__"] = True
+            if type(value) is not _torch().Tensor and isinstance(value, _torch().nn.Parameter):
+                node["__parameter__"] = True
+            return node
         if isinstance(value, dict):
-            return {"__dict__": [[_encode_key(k, path), self.visit(v, f"{path}.{k}" if path else str(k))]
+            node = {"__dict__": [[_encode_key(k, path), self.visit(v, f"{path}.{k}" if path else str(k))]
                                  for k, v in value.items()]}
+            if type(value) is not dict and isinstance(value, collections.OrderedDict):
+                node["__ordered__"] = True
+                metadata = _metadata_node(value, path)
+                if metadata is not None:
+                    node["__metadata__"] = metadata
+            return node
         if isinstance(value, (list, tuple)):
             items = [self.visit(v, f"{path}[{i}]") for i, v in enumerate(value)]
-            return {"__list__": items} if isinstance(value, list) else {"__tuple__": items}
+            if isinstance(value, list):
+                return {"__list__": items}
+            return {"__tuple__": items} if type(value) is tuple else {"__tuple__": items, **_tuple_class(type(value))}
         return {"__value__": _encode_value(value, path or "<root>")}
 
     def _tensor(self, t: Any, path: str) -> int:
         # Runs once per tensor of the state_dict, inside an async save's stall: keep it lean.
-        if t.layout is not _strided() or t.is_quantized or t.is_meta:
+        if t.layout is not _torch().strided or t.is_quantized or t.is_meta:
             _refuse(t, path)
         index = len(self.entries)
         shape = tuple(t.shape)
@@ -254,10 +268,34 @@ def _refuse(t: Any, path: str) -> NoReturn:
 
 
 @functools.cache
-def _strided() -> Any:
+def _torch() -> Any:
     import torch  # only reached with a tensor in hand
 
-    return torch.strided
+    return torch
+
+
+def _metadata_node(value: Any, path: str) -> Any:
+    """The skeleton of an OrderedDict's ``_metadata`` (``Module.state_dict()``'s module versions),
+    or None: none, or not plain values (then it is left out rather than failing the save)."""
+    metadata = getattr(value, "_metadata", None)
+    if metadata is None:
+        return None
+    f = _Flattener()
+    try:
+        node = f.visit(metadata, f"{path}._metadata")
+    except UsageError:
+        return None
+    return None if f.entries else node
+
+
+@functools.cache
+def _tuple_class(kind: type) -> dict[str, Any]:
+    """How a tuple subclass is recorded: its ``module:qualname``, and a namedtuple's fields."""
+    recorded: dict[str, Any] = {"__class__": f"{kind.__module__}:{kind.__qualname__}"}
+    fields = getattr(kind, "_fields", None)
+    if isinstance(fields, tuple) and all(isinstance(f, str) for f in fields) and hasattr(kind, "_make"):
+        recorded["__fields__"] = list(fields)
+    return recorded
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
@@ -273,6 +311,82 @@ def flatten(state_dict: Any) -> tuple[Any, list[_Row], Sources]:
     f = _Flattener()
     skeleton = f.visit(state_dict, "")
     return skeleton, f.entries, f.tensors
+
+
+def rebuild(skeleton: Any, tensors: list[Any]) -> Any:
+    """Invert :func:`flatten`: the state_dict of ``skeleton`` with ``tensors`` (in entry order) put back.
+
+    Types come back as they were saved: OrderedDict (with its ``_metadata``), nn.Parameter and
+    ``requires_grad``, ``torch.Size``, namedtuples (the saved class when its module is imported, else
+    a namedtuple of the same name and fields). Other dict subclasses come back as dicts and other
+    tuple subclasses as tuples. One saved object comes back as one object (tied parameters stay tied).
+    """
+    made: dict[tuple[int, bool, bool], Any] = {}
+
+    def tensor(node: dict) -> Any:
+        t = tensors[node["__tensor__"]]
+        parameter, grad = node.get("__parameter__", False), node.get("__requires_grad__", False)
+        grad = grad and (t.is_floating_point() or t.is_complex())
+        if not (parameter or grad):
+            return t
+        key = (id(t), parameter, grad)
+        if key not in made:
+            made[key] = _torch().nn.Parameter(t, requires_grad=grad) if parameter else t.detach().requires_grad_()
+        return made[key]
+
+    def build(node: dict) -> Any:
+        if "__tensor__" in node:
+            return tensor(node)
+        if "__dict__" in node:
+            items = [(_decode_value(k["__key__"]) if isinstance(k, dict) else k, build(v)) for k, v in node["__dict__"]]
+            if not node.get("__ordered__"):
+                return dict(items)
+            ordered = collections.OrderedDict(items)
+            if "__metadata__" in node:
+                ordered._metadata = build(node["__metadata__"])  # type: ignore[attr-defined]
+            return ordered
+        if "__list__" in node:
+            return [build(v) for v in node["__list__"]]
+        if "__tuple__" in node:
+            items = tuple(build(v) for v in node["__tuple__"])
+            if "__class__" not in node:
+                return items
+            try:
+                return _tuple_maker(node["__class__"], tuple(node.get("__fields__") or ()))(items)
+            except (TypeError, ValueError):  # a class that no longer takes these items
+                return items
+        return _decode_value(node["__value__"])
+
+    return build(skeleton)
+
+
+def _decode_value(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_decode_value(v) for v in node]
+    if isinstance(node, dict):
+        if "__tuple__" in node:
+            return tuple(_decode_value(v) for v in node["__tuple__"])
+        if "__float__" in node:
+            return float(node["__float__"])
+    return node
+
+
+@functools.cache
+def _tuple_maker(name: str, fields: tuple[str, ...]) -> Any:
+    """What makes a saved tuple subclass from its items: the class itself when it is already imported
+    (looked up, never imported: a manifest cannot make a load import code), a namedtuple's look-alike
+    otherwise, and plain ``tuple`` for anything else."""
+    module, _, qualname = name.partition(":")
+    kind: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        kind = vars(kind).get(part) if kind is not None and hasattr(kind, "__dict__") else None
+    if fields:
+        if isinstance(kind, type) and issubclass(kind, tuple) and getattr(kind, "_fields", None) == fields:
+            return kind._make
+        return collections.namedtuple(qualname.rpartition(".")[2], fields)._make
+    if name == "torch:Size":
+        return _torch().Size
+    return tuple
 
 
 def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:

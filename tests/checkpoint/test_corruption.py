@@ -8,12 +8,13 @@ types, and references to data that is not there.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -27,12 +28,21 @@ from ckptbench.storage.store import LocalStore
 REFUSED = (NotACheckpointError, CorruptCheckpointError)
 
 
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
 def state_dict() -> dict:
     """Something of every kind a manifest describes: several shards, a tied and an empty tensor,
-    non-str keys, tuples and non-finite floats among the plain values."""
+    non-str keys, tuples and non-finite floats among the plain values, an OrderedDict with its
+    ``_metadata``, a parameter, a tensor that requires grad, a namedtuple and a torch.Size."""
     w = torch.randn(64, 8)
+    ordered = collections.OrderedDict(p=torch.nn.Parameter(torch.ones(4)), g=torch.zeros(2, requires_grad=True))
+    ordered._metadata = collections.OrderedDict({"": {"version": 2}})
     return {"w": w, "tied": w, "b": torch.randn(300).half(), "empty": torch.empty(0, 3), ("k", 1): torch.ones(7),
-            "values": [1, (2, 3.5), float("nan"), None, "s"]}
+            "values": [1, (2, 3.5), float("nan"), None, "s"], "module": ordered,
+            "pair": Pair(torch.arange(3), torch.Size([2, 3]))}
 
 
 @pytest.fixture
@@ -112,6 +122,17 @@ PART_DAMAGE: dict[str, Callable[[dict], None]] = {
     "skeleton-unhashable-key": _set("skeleton", {"__dict__": [[{"__key__": [1]}, {"__value__": 1}]]}),
     "skeleton-bad-float": _set("skeleton", {"__value__": {"__float__": "lots"}}),
     "skeleton-tuple-not-list": _set("skeleton", {"__value__": {"__tuple__": 3}}),
+    "skeleton-parameter-not-bool": _set("skeleton", {"__tensor__": 0, "__parameter__": 1}),
+    "skeleton-extra-on-another-node": _set("skeleton", {"__list__": [], "__ordered__": True}),
+    "skeleton-two-tags": _set("skeleton", {"__list__": [], "__tuple__": []}),
+    "skeleton-metadata-with-a-tensor": _set("skeleton", {"__dict__": [], "__ordered__": True,
+                                                         "__metadata__": {"__tensor__": 0}}),
+    "skeleton-metadata-of-a-plain-dict": _set("skeleton", {"__dict__": [], "__metadata__": {"__value__": 1}}),
+    "skeleton-class-not-a-str": _set("skeleton", {"__tuple__": [], "__class__": 5}),
+    "skeleton-fields-without-class": _set("skeleton", {"__tuple__": [], "__fields__": ["x"]}),
+    "skeleton-fields-not-names": _set("skeleton", {"__tuple__": [], "__class__": "m:P", "__fields__": ["_x", "1"]}),
+    "skeleton-fields-twice": _set("skeleton", {"__tuple__": [], "__class__": "m:P", "__fields__": ["x", "x"]}),
+    "skeleton-typename-a-keyword": _set("skeleton", {"__tuple__": [], "__class__": "m:class", "__fields__": ["x"]}),
 }
 
 
@@ -229,9 +250,10 @@ def test_an_alias_of_another_shape_is_named(saved):
 
 def test_a_skeleton_pointing_past_the_tensors_is_refused(saved):
     c, manifest = saved
-    manifest["skeleton"]["__dict__"][0][1] = {"__tensor__": len(manifest["tensors"])}
+    count = len(manifest["tensors"])
+    manifest["skeleton"]["__dict__"][0][1] = {"__tensor__": count}
     path = rewrite(c, manifest)
-    with pytest.raises(NotACheckpointError, match=rf"^{path} is not a valid manifest: skeleton: tensor index 5 "):
+    with pytest.raises(NotACheckpointError, match=rf"^{path} is not a valid manifest: skeleton: tensor index {count} "):
         ckptbench.load(c)
 
 
@@ -252,6 +274,9 @@ def test_every_valid_kind_of_entry_still_loads(saved):
     expected = state_dict()
     assert out.keys() == expected.keys() and out["tied"] is out["w"] and out["empty"].shape == (0, 3)
     assert out["values"][:2] == [1, (2, 3.5)] and out["values"][2] != out["values"][2]
+    assert type(out["module"]) is collections.OrderedDict and out["module"]._metadata == {"": {"version": 2}}
+    assert type(out["module"]["p"]) is torch.nn.Parameter and out["module"]["g"].requires_grad
+    assert type(out["pair"]) is Pair and type(out["pair"].second) is torch.Size
 
 
 # -- whatever the damage: refused or loaded, never another exception ------------------------------

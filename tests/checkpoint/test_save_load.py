@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -94,6 +96,52 @@ def test_nested_structure_and_plain_values(tmp_path: Path):
     }
     ckptbench.save(sd, tmp_path / "c")
     assert_same(sd, ckptbench.load(tmp_path / "c"))
+
+
+class Moments(NamedTuple):
+    """A namedtuple defined where the load finds it imported."""
+
+    mean: torch.Tensor
+    count: int
+
+
+def test_types_come_back_as_saved(tmp_path: Path):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    shared = torch.nn.Parameter(torch.randn(5))
+    local = collections.namedtuple("Local", "a b")  # not findable by the load: a look-alike comes back
+    sd = {"model": model.state_dict(), "params": dict(model.named_parameters()), "embed": shared, "head": shared,
+          "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False), "grad": torch.randn(3, requires_grad=True),
+          "moments": Moments(torch.ones(2), 7), "local": local(1, torch.zeros(1)), "size": torch.Size([2, 3]),
+          "default": collections.defaultdict(int, a=1)}
+    ckptbench.save(sd, tmp_path / "c")
+    out = ckptbench.load(tmp_path / "c")
+
+    assert type(out["model"]) is collections.OrderedDict and out["model"]._metadata == model.state_dict()._metadata
+    assert list(out["model"]) == list(sd["model"]) and all(same_bits(out["model"][k], v) for k, v in sd["model"].items())
+    assert all(type(p) is torch.nn.Parameter and p.requires_grad for p in out["params"].values())
+    assert out["embed"] is out["head"] and type(out["embed"]) is torch.nn.Parameter
+    assert type(out["frozen"]) is torch.nn.Parameter and not out["frozen"].requires_grad
+    assert type(out["grad"]) is torch.Tensor and out["grad"].requires_grad and out["grad"].is_leaf
+    assert not out["model"]["0.weight"].requires_grad  # state_dict() tensors are detached
+    assert type(out["moments"]) is Moments and out["moments"].count == 7
+    assert type(out["local"]).__name__ == "Local" and out["local"]._fields == ("a", "b") and out["local"].a == 1
+    assert type(out["size"]) is torch.Size and out["size"] == (2, 3)
+    assert type(out["default"]) is dict and out["default"] == {"a": 1}  # other dict subclasses: plain dicts
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    fresh.load_state_dict(out["model"])
+    assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+def test_a_namedtuple_whose_module_is_not_imported_is_not_imported_by_the_load(tmp_path: Path):
+    ckptbench.save({"t": Moments(torch.ones(1), 1)}, tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    node = manifest["skeleton"]["__dict__"][0][1]
+    node["__class__"] = "ckptbench_never_imported_module:Moments"
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    out = ckptbench.load(tmp_path / "c", verify=False)
+    assert "ckptbench_never_imported_module" not in sys.modules
+    assert type(out["t"]) is not Moments and type(out["t"]).__name__ == "Moments" and out["t"].count == 1
 
 
 def test_non_contiguous_and_views(tmp_path: Path):
