@@ -56,6 +56,8 @@ class CheckpointExistsError(UsageError):
 COMMIT_RECHECK_S = (0.1, 0.3, 0.6, 1.0)
 #: Loads of a checkpoint that a save with overwrite=True keeps replacing, before giving up.
 LOAD_ATTEMPTS = 3
+#: Load failures a replacing save can cause (its sweep removes the shards being read); the manifest decides.
+_MAYBE_REPLACED = (mf.CorruptCheckpointError, OSError, StorageIOError)
 
 
 def _current_manifest(store: Store) -> dict | None:
@@ -543,40 +545,15 @@ class Checkpointer:
         A checkpoint saved by N ranks loads under a launch of N ranks (each gets its own part;
         rank 0 reads the manifest and hands it round, so node-local storage works too), or in one
         process with ``rank=K`` (that rank's part). Another world size is refused with the reason:
-        resharding is not supported.
+        resharding is not supported. A checkpoint that a save with ``overwrite=True`` replaces while
+        it is read is loaded again, the new one (under a launch, by every rank together), at most
+        ``LOAD_ATTEMPTS`` times.
         """
         store = open_store(path, storage_options)
         world = _world_for(distributed) if rank is None else None
         if world is None:
             return self._load_latest(store, rank, device, verify, into)
-        found: tuple[dict | None, str | None] = (None, None)
-        first_error: BaseException | None = None
-        if world.is_first:
-            try:
-                found = (mf.read_manifest(store), None)
-            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait in the broadcast
-                first_error, found = exc, (None, str(exc))
-        manifest, problem = world.broadcast(found, "reading the manifest")
-        if first_error is not None:
-            raise first_error
-        if problem is not None:
-            raise mf.NotACheckpointError(f"rank 0 could not read the manifest: {problem}")
-        failure, error = None, None
-        try:
-            # A single-process checkpoint loads whole on every rank; a distributed one part by part.
-            part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
-                                world_size=world.world_size)
-            loaded = self._timed_load(store, manifest, part, device, verify, into)
-        except Exception as exc:
-            failure, error = f"{type(exc).__name__}: {exc}", exc
-        failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
-        if error is not None:
-            raise error
-        bad = {r: f for r, f in enumerate(failures) if f is not None}
-        if bad:
-            raise RankFailedError(f"rank {world.rank}: loading {store.url} failed on "
-                                  + "; ".join(f"rank {r} ({f})" for r, f in sorted(bad.items())))
-        return loaded
+        return self._load_distributed(world, store, device, verify, into)
 
     def _load_latest(self, store: Store, rank: int | None, device: Any, verify: bool, into: dict | None) -> dict:
         """Load what the manifest names; when a save with ``overwrite=True`` commits a new checkpoint
@@ -587,24 +564,66 @@ class Checkpointer:
             part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
             try:
                 return self._timed_load(store, manifest, part, device, verify, into)
-            except (mf.CorruptCheckpointError, OSError, StorageIOError) as exc:
-                try:
-                    latest = mf.read_manifest(store)
-                except mf.NotACheckpointError:
-                    latest = manifest  # gone altogether: report what went wrong with the one we had
+            except _MAYBE_REPLACED as exc:
+                latest = _current_manifest(store) or manifest  # gone altogether: report what went wrong
                 if latest == manifest:
-                    if isinstance(exc, FileNotFoundError):
-                        raise mf.CorruptCheckpointError(
-                            f"a shard of {store.url} disappeared while it was read ({exc.filename or exc})",
-                            hint="the checkpoint is damaged or was removed meanwhile; restore from another one",
-                        ) from None
+                    damage = _vanished_shard(store, exc)
+                    if damage is not None:
+                        raise damage from None
                     raise
                 if attempt == LOAD_ATTEMPTS:
-                    raise mf.CorruptCheckpointError(
-                        f"{store.url} was replaced by a new save {LOAD_ATTEMPTS} times while loading it",
-                        hint="load it when no save is writing to it") from exc
+                    raise _replaced_too_often(store) from exc
                 log.info("%s was replaced by a new save while loading it: loading the new one", store.url)
                 manifest = latest
+        raise AssertionError("unreachable")
+
+    def _load_distributed(self, world: World, store: Store, device: Any, verify: bool, into: dict | None) -> dict:
+        """This rank's part of a load under a launch, of the same committed checkpoint as every other rank.
+
+        1. rank 0 reads the manifest and hands it round (node-local storage works too)
+        2. every rank loads its part (a single-process checkpoint: all of it), and all compare outcomes
+        3. all loaded: done. Some failed, each in a way a replacing save can cause (a shard gone, a read
+           error): rank 0 reads the manifest again and decides for everyone. A new one (a save with
+           ``overwrite=True`` committed meanwhile): every rank loads it, back to 2, up to
+           ``LOAD_ATTEMPTS`` loads, then every rank raises the same CorruptCheckpointError. The same one,
+           or any other failure: a rank that failed raises its error, the others RankFailedError
+           naming it.
+
+        So no rank returns a part of one checkpoint while another loads a different one, and every
+        rank makes the same collective calls (the failures gathered are the same on all of them).
+        """
+        manifest = _shared_manifest(world, store)
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            loaded, failure, error = None, None, None
+            try:
+                # A single-process checkpoint loads whole on every rank; a distributed one part by part.
+                part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
+                                    world_size=world.world_size)
+                loaded = self._timed_load(store, manifest, part, device, verify, into)
+            except Exception as exc:
+                failure, error = (f"{type(exc).__name__}: {exc}", isinstance(exc, _MAYBE_REPLACED)), exc
+            failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
+            bad = {r: f for r, f in enumerate(failures) if f is not None}
+            if not bad:
+                return loaded
+            verdict, latest = "failed", None
+            if all(maybe_replaced for _, maybe_replaced in bad.values()):
+                verdict, latest = _recheck_together(world, store, manifest, attempt)
+            if verdict == "retry":
+                if world.is_first:
+                    log.info("%s was replaced by a new save while loading it: every rank loads the new one",
+                             store.url)
+                manifest = latest
+                continue
+            if verdict == "replaced":
+                raise _replaced_too_often(store) from error
+            if error is not None:
+                damage = _vanished_shard(store, error) if verdict == "unchanged" else None
+                if damage is not None:
+                    raise damage from None
+                raise error
+            raise RankFailedError(f"rank {world.rank}: loading {store.url} failed on "
+                                  + "; ".join(f"rank {r} ({text})" for r, (text, _) in sorted(bad.items())))
         raise AssertionError("unreachable")
 
     def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
@@ -911,6 +930,62 @@ def _world_for(distributed: bool | None) -> World | None:
         raise UsageError("distributed=True, but this process is not part of a launch of two or more ranks",
                          hint="start it with torchrun/srun, or leave distributed unset")
     return world
+
+
+def _shared_manifest(world: World, store: Store) -> dict:
+    """The manifest rank 0 reads, on every rank; rank 0 raises its own error, the others say so."""
+    found: tuple[dict | None, str | None] = (None, None)
+    first_error: BaseException | None = None
+    if world.is_first:
+        try:
+            found = (mf.read_manifest(store), None)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait in the broadcast
+            first_error, found = exc, (None, str(exc))
+    manifest, problem = world.broadcast(found, "reading the manifest")
+    if first_error is not None:
+        raise first_error
+    if problem is not None:
+        raise mf.NotACheckpointError(f"rank 0 could not read the manifest: {problem}")
+    return manifest
+
+
+def _recheck_together(world: World, store: Store, manifest: dict, attempt: int) -> tuple[str, dict | None]:
+    """After load failures a replacing save can cause, rank 0 reads the manifest again and every rank
+    gets its verdict: ("retry", the new manifest), ("replaced", None) after ``LOAD_ATTEMPTS``, or
+    ("unchanged", None). A rank 0 that cannot read it raises its error, the others RankFailedError."""
+    verdict: tuple[str, Any] = ("unreadable", None)
+    reread_error: BaseException | None = None
+    if world.is_first:
+        try:
+            latest = _current_manifest(store) or manifest  # gone altogether: report what went wrong
+            if latest == manifest:
+                verdict = ("unchanged", None)
+            else:
+                verdict = ("replaced", None) if attempt == LOAD_ATTEMPTS else ("retry", latest)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or they wait in the broadcast
+            reread_error, verdict = exc, ("unreadable", f"{type(exc).__name__}: {exc}")
+    verdict = world.broadcast(verdict, "checking whether the checkpoint was replaced")
+    if reread_error is not None:
+        raise reread_error
+    if verdict[0] == "unreadable":
+        raise RankFailedError(f"rank {world.rank}: loading {store.url} failed, and rank 0 could not read "
+                              f"its manifest again: {verdict[1]}")
+    return verdict
+
+
+def _vanished_shard(store: Store, exc: BaseException) -> mf.CorruptCheckpointError | None:
+    """A shard that was not found under an unchanged manifest, said as the damage it is; else None."""
+    if not isinstance(exc, FileNotFoundError):
+        return None
+    return mf.CorruptCheckpointError(
+        f"a shard of {store.url} disappeared while it was read ({exc.filename or exc})",
+        hint="the checkpoint is damaged or was removed meanwhile; restore from another one")
+
+
+def _replaced_too_often(store: Store) -> mf.CorruptCheckpointError:
+    return mf.CorruptCheckpointError(
+        f"{store.url} was replaced by a new save {LOAD_ATTEMPTS} times while loading it",
+        hint="load it when no save is writing to it")
 
 
 def _describe_location(store: Store) -> str | None:

@@ -225,6 +225,81 @@ def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
         assert errors[1].startswith("RankFailedError: rank 1: rank 0 could not start the save: NotADirectoryError")
 
 
+def _new_state(rank: int | None) -> dict:
+    """What a save replacing the checkpoint mid-load writes: one process's state (None) or rank ``rank``'s."""
+    import torch
+
+    gen = torch.Generator().manual_seed(100 + (rank or 0))
+    state = {"w": torch.randn(1000, generator=gen), "bf16": torch.randn(33, 17, generator=gen).to(torch.bfloat16),
+             "step": 9}
+    if rank is not None:
+        state[f"only{rank}"] = torch.arange(rank + 5)
+    return state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario, reads", [
+    # rank 0 has read the old checkpoint whole before rank 1 sees it replaced (by one process)
+    ("replaced_after_rank0_read", {0: ["ok", "ok"], 1: ["failed", "ok"]}),
+    # another launch of 2 replaces it before either rank reads: each rank gets its part of the new one
+    ("replaced_by_a_launch", {0: ["failed", "ok"], 1: ["failed", "ok"]}),
+])
+def test_a_checkpoint_replaced_mid_load_is_loaded_anew_by_every_rank(tmp_path: Path, scenario: str, reads: dict):
+    """A save with overwrite=True commits a new checkpoint, and removes the shards being read, after
+    rank 0 handed the manifest round: every rank loads the new one, bit-exact, also a rank whose
+    read of the old one had gone through (never one rank on the old checkpoint, another on the new)."""
+    import torch
+
+    proc = torchrun([str(HERE), scenario, str(tmp_path)], cwd=tmp_path, timeout=120, CKPTBENCH_DIST_TIMEOUT_S="60")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for rank in (0, 1):
+        assert not (tmp_path / f"rank{rank}.error").exists(), (tmp_path / f"rank{rank}.error").read_text()
+        assert json.loads((tmp_path / f"rank{rank}.reads").read_text()) == reads[rank]
+        loaded = torch.load(tmp_path / f"rank{rank}.pt")
+        expected = _new_state(rank if scenario == "replaced_by_a_launch" else None)
+        assert loaded.keys() == expected.keys()
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), (rank, key)
+            else:
+                assert loaded[key] == value, (rank, key)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_replaced_on_every_try_fails_alike_on_every_rank(tmp_path: Path):
+    """Replaced before every read, LOAD_ATTEMPTS times: every rank stops with the same clear error, and
+    what the last save committed stays loadable."""
+    import torch
+
+    import ckptbench
+    from ckptbench.checkpoint import api
+
+    proc = torchrun([str(HERE), "replaced_every_try", str(tmp_path)], cwd=tmp_path, timeout=120,
+                    CKPTBENCH_DIST_TIMEOUT_S="60")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    errors = [(tmp_path / f"rank{rank}.error").read_text() for rank in (0, 1)]
+    assert errors[0] == errors[1], errors
+    assert errors[0].startswith(f"CorruptCheckpointError: {tmp_path / 'ckpt'} was replaced by a new save "
+                                f"{api.LOAD_ATTEMPTS} times while loading it"), errors[0]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.reads").read_text()) == ["failed"] * api.LOAD_ATTEMPTS
+    assert torch.equal(ckptbench.load(tmp_path / "ckpt")["w"], torch.full((1000,), 100.0 + api.LOAD_ATTEMPTS))
+
+
+@pytest.mark.slow
+def test_a_shard_removed_under_an_unchanged_manifest_is_damage_on_every_rank(tmp_path: Path):
+    """Rank 1's shard vanishes while it is read, no new save: no retry; rank 1 calls it damage, rank 0
+    names rank 1."""
+    proc = torchrun([str(HERE), "shard_removed", str(tmp_path)], cwd=tmp_path, timeout=120,
+                    CKPTBENCH_DIST_TIMEOUT_S="60")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    errors = [(tmp_path / f"rank{rank}.error").read_text() for rank in (0, 1)]
+    assert errors[1].startswith(f"CorruptCheckpointError: a shard of {tmp_path / 'ckpt'} disappeared while it "
+                                "was read"), errors[1]
+    assert errors[0].startswith("RankFailedError: rank 0: loading") and "on rank 1 (FileNotFoundError" in errors[0]
+    assert [json.loads((tmp_path / f"rank{rank}.reads").read_text()) for rank in (0, 1)] == [["ok"], ["failed"]]
+
+
 @pytest.mark.slow
 def test_a_rank_that_stops_answering_is_named_in_a_barrier(tmp_path: Path):
     """Rank 1 freezes (SIGSTOP: its sockets stay open, gloo sees nothing); rank 0's barrier names it
@@ -374,6 +449,17 @@ def test_layout_options_outside_a_launch_are_refused(tmp_path: Path):
 # -- the worker ---------------------------------------------------------------------------------
 
 
+def _wait_for_file(path: Path, timeout_s: float = 60) -> None:
+    """Until the other rank of a scenario has got to its mark (it touches ``path``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path.name} did not appear within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
 def _worker(scenario: str, out: Path) -> None:
     import torch
 
@@ -469,6 +555,54 @@ def _worker(scenario: str, out: Path) -> None:
             raise AssertionError("the save went through")
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             record_error(exc)
+    elif scenario in ("replaced_after_rank0_read", "replaced_by_a_launch", "replaced_every_try", "shard_removed"):
+        from ckptbench.checkpoint import api
+        from ckptbench.storage.store import LocalStore
+
+        ckptbench.save({"w": torch.full((1000,), float(rank)), "step": 1}, out / "ckpt")
+        real, reads = api.Checkpointer._timed_load, []
+        if scenario == "shard_removed" and rank == 1:
+            real_read = LocalStore.read_files
+
+            def removed_first(self, files, **kwargs):
+                for name, _ in files:
+                    (self.path / name).unlink()
+                return real_read(self, files, **kwargs)
+
+            LocalStore.read_files = removed_first
+
+        def replace_then_read(self, store, manifest, part, *args):
+            """Between rank 0 handing the manifest round and this rank's reads: a save replaces it."""
+            if scenario == "replaced_after_rank0_read" and not reads:
+                if rank == 1:  # once rank 0 read the old checkpoint, another process replaces it
+                    _wait_for_file(out / "rank0.read-1")
+                    ckptbench.save(_new_state(None), out / "ckpt", overwrite=True, distributed=False)
+            elif scenario == "replaced_by_a_launch" and not reads:
+                ckptbench.save(_new_state(rank), out / "ckpt", overwrite=True)  # both ranks: a save of 2
+            elif scenario == "replaced_every_try":
+                if rank == 1:
+                    ckptbench.save({"w": torch.full((1000,), 101.0 + len(reads))}, out / "ckpt", overwrite=True,
+                                   distributed=False)
+                    (out / f"replaced-{len(reads) + 1}").touch()
+                else:
+                    _wait_for_file(out / f"replaced-{len(reads) + 1}")
+            try:
+                loaded = real(self, store, manifest, part, *args)
+            except Exception:
+                reads.append("failed")
+                raise
+            reads.append("ok")
+            (out / f"rank{rank}.read-{len(reads)}").touch()
+            return loaded
+
+        api.Checkpointer._timed_load = replace_then_read
+        try:
+            loaded = ckptbench.load(out / "ckpt")
+            torch.save({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in loaded.items()},
+                       out / f"rank{rank}.pt")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+        (out / f"rank{rank}.reads").write_text(json.dumps(reads))
     elif scenario == "freeze":
         world.barrier("warming up")
         if rank == 1:
