@@ -50,6 +50,7 @@ import copy
 import dataclasses
 import errno
 import functools
+import gc
 import io
 import logging
 import math
@@ -60,6 +61,7 @@ import secrets
 import threading
 import time
 import types
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -319,11 +321,47 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
 
 
 class _Staging:
-    """A staging arena and whether a staged state_dict in it still waits to be written."""
+    """A staging arena and what may still read it.
+
+    ``pending``: a state_dict staged into it (or a ``write_data`` reading it) whose save has not ended
+    in this writer's ``write_data``. The staged tensors: each one's memory is a window of the arena
+    that its storage holds (views of it share that storage); weak references to the windows tell
+    whether any staged tensor is left. The arena may be staged over once it is not :attr:`in_use`.
+    """
 
     def __init__(self) -> None:
         self.arena = Arena()
-        self.busy = False
+        self.pending = False
+        self._windows: list[weakref.ref[memoryview]] = []
+
+    @property
+    def in_use(self) -> bool:
+        """Its save has not ended and a staged tensor still exists: someone may read these bytes.
+
+        A save that ended in our ``write_data`` is over for the staged bytes (DCP's ``finish`` reads
+        none). Any other reader (another storage writer, a process executor, a caller) reads through
+        the staged tensors, so once none is left nobody can; a save that failed before writing is over
+        once its staged tensors are gone too."""
+        return self.pending and any(window() is not None for window in self._windows)
+
+    def restage(self) -> None:
+        """Forget the previous staged tensors (their save is over); the caller stages over the arena."""
+        self._windows = []
+        self.pending = True
+
+    def tensor(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A staged tensor over ``[offset, offset + nbytes)`` of the arena, tracked (see :func:`_over`)."""
+        window = memoryview(self.arena.buffer)[offset:offset + nbytes]
+        if nbytes:
+            self._windows.append(weakref.ref(window))
+        return _over(window, dtype, shape)
+
+    def contains(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage lies in this arena (a staged tensor, or a view of one)."""
+        buffer = self.arena.buffer
+        if buffer is None or tensor.device.type != "cpu":
+            return False
+        return 0 <= tensor.untyped_storage().data_ptr() - buffer.address < len(buffer)
 
     def holds(self, tensor: torch.Tensor) -> int | None:
         """The arena offset of ``tensor``'s bytes when they lie in this arena as-is, else None."""
@@ -451,7 +489,8 @@ class _Writer:
     3. (coordinator) ``prepare_global_plan`` - gives every rank its file prefix ``__{rank}_``
     4. (all ranks)   ``write_data`` - resolves every item, copies it into one page-aligned arena (or
                      leaves it where :meth:`stage` put it), writes all files with one engine call;
-                     returns a completed Future once this rank's files are durable
+                     returns a completed Future once this rank's files are durable. Once it returns
+                     or raises, the staging arena it read may be staged over
     5. (coordinator) ``finish`` - commits ``.metadata`` atomically; the checkpoint exists from here
 
     ``dcp.async_save(sd, storage_writer=writer)`` first calls :meth:`stage` on the caller's thread.
@@ -470,7 +509,8 @@ class _Writer:
             ``.metadata`` commits); False raises CheckpointExistsError before anything is written.
 
     The staging memory (the size of this rank's checkpoint) is kept between saves: reuse one Writer
-    (pass ``checkpoint_id=`` to each save) and call :meth:`close` to free it. One save at a time per
+    (pass ``checkpoint_id=`` to each save) and call :meth:`close` to free it. A second arena is
+    allocated only while the first is still in use (see :meth:`stage`). One save at a time per
     Writer, as with FileSystemWriter: wait for an async save's future before the next save with it.
     """
 
@@ -508,20 +548,20 @@ class _Writer:
         self._use_collectives = True
         self._tag = secrets.token_hex(4)
         self._arena = Arena()
-        self._staging: _Staging | None = None
+        self._stagings: list[_Staging] = []  # those in use by saves in flight, and at most one idle
         self._write_lock = threading.Lock()  # one write_data at a time uses the arena
-        self._stage_lock = threading.Lock()  # guards the staging arena and its busy flag
+        self._stage_lock = threading.Lock()  # guards the staging arenas and their state
 
     # The arenas and locks stay in this process (DCP's process-based async executor pickles the writer).
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for transient in ("_arena", "_staging", "_write_lock", "_stage_lock"):
+        for transient in ("_arena", "_stagings", "_write_lock", "_stage_lock"):
             state.pop(transient)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._arena, self._staging = Arena(), None
+        self._arena, self._stagings = Arena(), []
         self._write_lock, self._stage_lock = threading.Lock(), threading.Lock()
 
     @property
@@ -574,12 +614,22 @@ class _Writer:
         from torch.futures import Future
 
         with self._write_lock:
-            results = self._write(plan, planner)
+            used: list[_Staging] = []
+            try:
+                results = self._write(plan, planner, used)
+            finally:
+                # The save of what was staged there has ended (its bytes are written, or it failed):
+                # a later stage() may reuse those arenas, even while the failed save's traceback keeps
+                # the staged tensors alive.
+                with self._stage_lock:
+                    for staging in used:
+                        staging.pending = False
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
 
-    def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+    def _write(self, plan: SavePlan, planner: SavePlanner, used: list[_Staging]) -> list[WriteResult]:
+        """write_data's work; appends to ``used`` each staging arena it reads (pending until it ends)."""
         from torch.distributed.checkpoint import filesystem as _fs
         from torch.distributed.checkpoint.planner import WriteItemType
         from torch.distributed.checkpoint.storage import WriteResult
@@ -589,7 +639,8 @@ class _Writer:
         prefix = plan.storage_data.prefix if isinstance(plan.storage_data, _RankPrefix) else f"__{self._rank or 0}_"
         items: list[WriteItem] = list(plan.items)
         with self._stage_lock:
-            staging = self._staging if self._staging is not None and self._staging.busy else None
+            stagings = list(self._stagings)
+        staging: _Staging | None = None  # the one whose tensors are written in place (the first found)
 
         # Resolve every item: a tensor to the chunk it stores, anything else to its bytes.
         tensors: dict[int, torch.Tensor] = {}
@@ -599,16 +650,24 @@ class _Writer:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 blobs[i] = _as_bytes(data)
-            elif self.serialization == "torch_save":
-                blobs[i] = _torch_save_bytes(_chunk_of(data, item))
-            else:
-                tensors[i] = _chunk_of(data, item)
-            if i in tensors:
-                in_place = staging.holds(tensors[i]) if staging is not None else None
-                nbytes = _nbytes(tensors[i])
-                placed.append(_Placed(i, 1, in_place, nbytes) if in_place is not None else _Placed(i, 0, 0, nbytes))
-            else:
                 placed.append(_Placed(i, 0, 0, len(blobs[i])))
+                continue
+            chunk = _chunk_of(data, item)
+            owner = next((s for s in stagings if s.contains(chunk)), None)
+            if owner is not None and owner not in used:
+                with self._stage_lock:
+                    owner.pending = True  # no stage() over it until this write ends
+                used.append(owner)
+            if self.serialization == "torch_save":
+                blobs[i] = _torch_save_bytes(chunk)
+                placed.append(_Placed(i, 0, 0, len(blobs[i])))
+                continue
+            tensors[i] = chunk
+            in_place = owner.holds(chunk) if owner is not None and staging in (None, owner) else None
+            if in_place is not None:
+                staging = owner
+            nbytes = _nbytes(chunk)
+            placed.append(_Placed(i, 1, in_place, nbytes) if in_place is not None else _Placed(i, 0, 0, nbytes))
 
         # Files: staged items as contiguous runs of the staging arena, the rest copied into the arena.
         total = sum(p.nbytes for p in placed)
@@ -674,9 +733,6 @@ class _Writer:
         finally:
             if crc_thread is not None:
                 interrupts.join(crc_thread)
-            if staging is not None and staged_bytes:
-                with self._stage_lock:
-                    staging.busy = False  # its staged state_dict is written; the next stage() may reuse it
         write_s = time.perf_counter() - t1
 
         results: dict[int, WriteResult] = {}
@@ -762,8 +818,14 @@ class _Writer:
         """A copy of ``state_dict`` whose tensors live in this writer's page-aligned staging arena
         (pinned with cudaHostRegister when CUDA is present); returns once every byte is copied, so
         the caller may then change its tensors. ``write_data`` writes these tensors straight from the
-        arena (no second copy). The staged copy is valid until the next ``stage`` call; a ``stage``
-        while the previous staged copy has not been written yet allocates a second arena."""
+        arena (no second copy).
+
+        The staged copy is valid until its save has ended and a later ``stage`` reuses the arena. Its
+        save has ended when this writer's ``write_data`` that wrote it returns or raises; when it is
+        not written through this writer (``async_save(..., async_stager=writer)`` with another storage
+        writer, a save that failed before ``write_data``, a copy never saved), once none of its
+        tensors is referenced any more. A ``stage`` while every arena of this writer is still in use
+        stages into another one; the writer keeps those in use and at most one idle arena."""
         sources = list(_local_tensors(state_dict))
         offsets, cursor = [], 0
         for tensor in sources:
@@ -772,44 +834,64 @@ class _Writer:
             offsets.append(cursor)
             cursor += nbytes
         with self._stage_lock:
-            if self._staging is None or self._staging.busy:
-                if self._staging is not None:
-                    log.info("the previous staged checkpoint is not written yet; staging into a second arena")
-                self._staging = _Staging()
-            staging = self._staging
+            staging = self._idle_staging()
+            staging.restage()
             staging.arena.ensure(max(cursor, _PAGE))
             # Files are runs of this arena: the bytes between tensors are padding.
             until = _next_starts([(offset, _nbytes(t)) for t, offset in zip(sources, offsets, strict=True)], cursor)
             _copy_into(staging.arena, list(zip(sources, offsets, until, strict=True)), self.threads)
-            staging.busy = True
-        arena = memoryview(staging.arena.buffer)
-        staged = (_over(arena, offset, _nbytes(t), t.dtype, tuple(t.shape))
-                  for t, offset in zip(sources, offsets, strict=True))
-        return _rebuild(state_dict, staged)
+            # Made under the lock: from here the staged tensors keep the arena in use.
+            staged = [staging.tensor(offset, _nbytes(t), t.dtype, tuple(t.shape))
+                      for t, offset in zip(sources, offsets, strict=True)]
+        return _rebuild(state_dict, iter(staged))
+
+    def _idle_staging(self) -> _Staging:
+        """A staging arena no save needs any more (the biggest), else a new one; other idle ones are
+        closed. Called with ``_stage_lock`` held."""
+        idle = [s for s in self._stagings if not s.in_use]
+        if not idle and self._stagings:
+            # A failed save's staged tensors outlive it in reference cycles (its exception's traceback
+            # holds the frames that hold them) until the collector runs: far cheaper than a new arena.
+            gc.collect()
+            idle = [s for s in self._stagings if not s.in_use]
+        if idle:
+            staging = max(idle, key=lambda s: s.arena.nbytes)
+        else:
+            log.info("the %d staging arena(s) of this writer are still in use by saves in flight (an async save "
+                     "not waited for, or a failed one whose error is still referenced); staging into another",
+                     len(self._stagings))
+            staging = _Staging()
+            self._stagings.append(staging)
+        for spare in idle:
+            if spare is not staging:
+                spare.arena.close()
+                self._stagings.remove(spare)
+        return staging
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` returns after its copy completes."""
 
     def close(self) -> None:
-        """Free the staging memory (both arenas). The writer stays usable; its next save reallocates."""
+        """Free the staging memory (all arenas). The writer stays usable; its next save reallocates."""
         with self._write_lock, self._stage_lock:
             self._arena.close()
-            if self._staging is not None:
-                self._staging.arena.close()
-                self._staging = None
+            for staging in self._stagings:
+                staging.arena.close()
+            self._stagings = []
 
 
-def _over(arena: memoryview, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A staged tensor: ``arena[offset : offset + nbytes]`` as (shape, dtype), with a storage of its own.
+def _over(window: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A staged tensor: ``window`` (a slice of the arena) as (shape, dtype), with a storage of its own
+    that holds ``window`` (and so the arena) alive.
 
     Not a view of one tensor over the whole arena: DCP torch.saves whatever it does not save as a
     tensor (a tuple, a list of plain values, everything nested when the planner does not flatten),
     and torch.save writes a view's whole storage: every other tensor, and what earlier saves left."""
     import torch
 
-    if not nbytes:
+    if not len(window):
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(arena[offset:offset + nbytes], dtype=torch.uint8).view(dtype).view(shape)
+    return torch.frombuffer(window, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _as_bytes(data: Any) -> memoryview:

@@ -1,14 +1,17 @@
 """ckptbench.integrations.dcp: torch.distributed.checkpoint save/load through the engine.
 
 Round trips are bit-exact; checkpoints interoperate with torch's FileSystemWriter/FileSystemReader;
-async_save stages before returning; two gloo ranks on localhost save and load DTensor shards (also
-into a different sharding); failed saves leave no ``.metadata``.
+async_save stages before returning, and a writer's staging arena is staged over again once the save
+that used it has ended (written, failed, or staged for another storage writer), never before; two
+gloo ranks on localhost save and load DTensor shards (also into a different sharding); failed saves
+leave no ``.metadata``.
 
 This file is also the worker of the multi-process test (``torchrun ... test_dcp.py OUT_DIR``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
@@ -17,13 +20,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptbench.checkpoint.api import CheckpointExistsError
@@ -114,6 +119,24 @@ def failure_of(excinfo: pytest.ExceptionInfo) -> BaseException:
     """The error a rank raised inside DCP (which wraps it in a CheckpointException)."""
     (exc, _trace), *_ = excinfo.value.failures.values()
     return exc
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int) -> Iterator[None]:
+    """Writing a file past ``nbytes`` fails with EFBIG (RLIMIT_FSIZE): a real mid-write failure."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def staging_arenas(writer: Writer) -> list:
+    """The buffers of the writer's staging arenas (compare them with ``is``)."""
+    return [staging.arena.buffer for staging in writer._stagings]
 
 
 # -- single process --------------------------------------------------------------------------
@@ -240,14 +263,141 @@ def test_async_save_stages_before_returning(tmp_path: Path) -> None:
     assert_same(snapshot, loaded)
 
     # A second async save with the same writer reuses its staging memory.
-    staging = writer._staging.arena.buffer
+    (staging,) = staging_arenas(writer)
     dcp.async_save(snapshot, storage_writer=writer, checkpoint_id=tmp_path / "b").result()
-    assert writer._staging.arena.buffer is staging
+    (again,) = staging_arenas(writer)
+    assert again is staging
     loaded = empty_like_state(snapshot)
     dcp.load(loaded, storage_reader=Reader(tmp_path / "b"))
     assert_same(snapshot, loaded)
     writer.close()
 
+
+@pytest.mark.parametrize(("failure", "serialization"),
+                         [("disk_full", "raw"), ("disk_full", "torch_save"), ("file_too_big", "torch_save")])
+def test_a_failed_write_leaves_its_staging_arena_to_the_next_save(tmp_path: Path, mount_fs, failure: str,
+                                                                  serialization: str) -> None:
+    """The save fails inside write_data: before the engine writes (no room) or in it (EFBIG). The next
+    save stages over the same arena, although the failed future (whose traceback holds the staged
+    tensors) is still referenced, as a training loop's ``future`` is when it starts the next save."""
+    writer = Writer(tmp_path / "unused", serialization=serialization)
+    state = {"w": random_bits(torch.float32, (2**18,), 21), "step": 1}  # 1 MiB
+    target = mount_fs("tmpfs", "size=512k") / "ckpt" if failure == "disk_full" else tmp_path / "failed"
+    with file_size_limit(256 * 1024) if failure == "file_too_big" else contextlib.nullcontext():
+        failed = dcp.async_save(state, storage_writer=writer, checkpoint_id=target)
+        with pytest.raises(CheckpointException) as excinfo:
+            failed.result()
+    assert isinstance(failure_of(excinfo), InsufficientSpaceError if failure == "disk_full" else StorageIOError)
+    (arena,) = staging_arenas(writer)
+
+    dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "ok").result()
+    (again,) = staging_arenas(writer)
+    assert again is arena, "the failed save's arena was not reused"
+    loaded = {"w": torch.zeros(2**18), "step": None}
+    dcp.load(loaded, storage_reader=Reader(tmp_path / "ok"))
+    assert_same(state, loaded)
+    writer.close()
+
+
+def test_saves_failing_before_they_write_do_not_take_an_arena_each(tmp_path: Path) -> None:
+    """A save that fails before write_data (here: its directory would be under a file) never reaches the
+    writer again; its staged tensors going away tells it the arena is free. A loop that still holds the
+    last failed future when it starts the next save alternates between two arenas."""
+    (tmp_path / "file").write_text("not a directory")
+    writer = Writer(tmp_path / "unused")
+    state = {"w": random_bits(torch.float32, (4096,), 22)}
+    seen: list = []  # held, so no arena's memory (or id) is reused behind the test's back
+    future = None
+    for step in range(4):
+        future = dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "file" / f"step-{step}")
+        with pytest.raises(CheckpointException):
+            future.result()
+        seen += [arena for arena in staging_arenas(writer) if not any(arena is s for s in seen)]
+    assert len(seen) == 2, f"{len(seen)} arenas for 4 failed saves"
+
+    del future
+    dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / "ok").result()
+    (arena,) = staging_arenas(writer)
+    assert any(arena is s for s in seen)
+    loaded = {"w": torch.zeros(4096)}
+    dcp.load(loaded, storage_reader=Reader(tmp_path / "ok"))
+    assert_same(state, loaded)
+    writer.close()
+
+
+def test_a_writer_staging_for_another_storage_writer_reuses_its_arena(tmp_path: Path) -> None:
+    """``async_save(..., storage_writer=FileSystemWriter(...), async_stager=writer)``: our write_data
+    never runs, so the arena is free once the staged tensors are gone: after the save, after a failed
+    save whose future was dropped, and after a copy staged by hand and dropped unsaved."""
+    (tmp_path / "file").write_text("not a directory")
+    stager = Writer(tmp_path / "unused")
+    arenas = []
+    for step in range(3):
+        state = {"w": random_bits(torch.float32, (4096,), 30 + step), "step": step}
+        if step == 1:
+            failed = dcp.async_save(state, storage_writer=FileSystemWriter(tmp_path / "file" / "ckpt"),
+                                    async_stager=stager)
+            with pytest.raises(CheckpointException):
+                failed.result()
+            arenas += staging_arenas(stager)
+            del failed
+        dcp.async_save(state, storage_writer=FileSystemWriter(tmp_path / f"step-{step}"), async_stager=stager).result()
+        arenas += staging_arenas(stager)
+        loaded = {"w": torch.zeros(4096), "step": None}
+        dcp.load(loaded, storage_reader=FileSystemReader(tmp_path / f"step-{step}"))
+        assert_same(state, loaded)
+    staged = stager.stage(state)
+    del staged
+    stager.stage(state)
+    arenas += staging_arenas(stager)
+    assert len(arenas) == 5 and all(arena is arenas[0] for arena in arenas), "a new arena was allocated"
+    stager.close()
+
+
+class PausedPlanner(DefaultSavePlanner):
+    """Holds its save inside write_data, before the first item is read, until ``resume`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing, self.resume = threading.Event(), threading.Event()
+
+    def resolve_data(self, write_item):
+        self.writing.set()
+        if not self.resume.wait(60):
+            raise TimeoutError("the test never resumed this save")
+        return super().resolve_data(write_item)
+
+
+def test_an_arena_is_never_staged_over_while_its_checkpoint_is_being_written(tmp_path: Path) -> None:
+    """Two async saves back to back, sharing a stager, each with a storage writer of its own: the first
+    is held inside write_data, its staged bytes not read yet, while the second stages. The second gets
+    another arena, both checkpoints load back bit-exact, and once both ended the next save reuses one."""
+    stager = Writer(tmp_path / "unused")
+    states = [{"w": random_bits(torch.float32, (64, 1024), 40 + k), "step": k} for k in range(3)]
+    held = PausedPlanner()
+    first = dcp.async_save(states[0], storage_writer=Writer(tmp_path / "0"), async_stager=stager, planner=held)
+    try:
+        assert held.writing.wait(60), "the first save never reached write_data"
+        (arena_first,) = staging_arenas(stager)
+        dcp.async_save(states[1], storage_writer=Writer(tmp_path / "1"), async_stager=stager).result()
+        during = staging_arenas(stager)
+    finally:
+        held.resume.set()
+    first.result()
+    for k in (0, 1):
+        loaded = {"w": torch.zeros(64, 1024), "step": None}
+        dcp.load(loaded, storage_reader=Reader(tmp_path / str(k)))
+        assert_same(states[k], loaded, f"checkpoint {k}")
+    (arena_second,) = [arena for arena in during if arena is not arena_first]
+
+    del held  # the planner keeps the state_dict it saved: here, the first staged copy
+    dcp.async_save(states[2], storage_writer=Writer(tmp_path / "2"), async_stager=stager).result()
+    (reused,) = staging_arenas(stager)
+    assert reused is arena_first or reused is arena_second, "a new arena although both saves had ended"
+    loaded = {"w": torch.zeros(64, 1024), "step": None}
+    dcp.load(loaded, storage_reader=Reader(tmp_path / "2"))
+    assert_same(states[2], loaded)
+    stager.close()
 
 
 def distcp_bytes(path: Path) -> list[bytes]:
@@ -339,15 +489,8 @@ def test_failed_write_removes_its_files_and_commits_nothing(tmp_path: Path) -> N
     path = tmp_path / "ckpt"
     dcp.save({"w": torch.ones(10)}, storage_writer=Writer(path))  # a committed checkpoint to keep
     before = {p.name for p in path.iterdir()}
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, hard))
-    try:
-        with pytest.raises(CheckpointException) as excinfo:
-            dcp.save({"w": torch.ones(2**20)}, storage_writer=Writer(path))
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
+    with file_size_limit(256 * 1024), pytest.raises(CheckpointException) as excinfo:
+        dcp.save({"w": torch.ones(2**20)}, storage_writer=Writer(path))
     error = failure_of(excinfo)
     assert isinstance(error, StorageIOError) and str(path) in str(error)
     assert {p.name for p in path.iterdir()} == before, "a failed save left files or touched the old checkpoint"
