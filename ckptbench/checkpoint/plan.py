@@ -37,6 +37,18 @@ def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
+def padding_after(offsets: Any, nbytes: Any, limits: Any) -> np.ndarray:
+    """For extents sorted by offset: how many bytes after each one are padding, i.e. up to where the
+    next non-empty extent starts or ``limits`` (the end of its file; one per extent, or one for all),
+    whichever comes first. Those bytes go into the file but belong to no extent: staging zeroes them,
+    or a reused arena would write what an earlier save left there."""
+    offsets, nbytes = np.asarray(offsets, np.int64), np.asarray(nbytes, np.int64)
+    filled = np.flatnonzero(nbytes > 0)
+    following = np.append(offsets[filled], np.iinfo(np.int64).max)[
+        np.searchsorted(filled, np.arange(len(offsets)), side="right")]
+    return np.maximum(np.minimum(following, limits) - (offsets + nbytes), 0)
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor of the state_dict. ``alias_of`` names the entry it shares storage with (tied weights)."""
@@ -88,12 +100,9 @@ class SavePlan:
         the shard file but belong to no tensor (alignment, each shorter than BIG_ALIGN). Staging zeroes
         them, or a reused arena would write a previous save's bytes into the files."""
         offsets, nbytes = self.placements[:, 1], self.placements[:, 2]
-        after = np.zeros(len(offsets), np.int64)
-        if len(offsets) > 1:
-            bases = np.array([s.arena_offset for s in self.shards], np.int64)
-            shard = np.searchsorted(bases, offsets, side="right") - 1
-            after[:-1] = np.where(shard[1:] == shard[:-1], offsets[1:] - (offsets[:-1] + nbytes[:-1]), 0)
-        return after
+        bases = np.array([s.arena_offset for s in self.shards], np.int64)
+        ends = bases + np.array([s.nbytes for s in self.shards], np.int64)
+        return padding_after(offsets, nbytes, ends[np.searchsorted(bases, offsets, side="right") - 1])
 
     @property
     def total_bytes(self) -> int:

@@ -71,7 +71,14 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from ckptbench import interrupts, knobs, native
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
-from ckptbench.checkpoint.plan import BIG_ALIGN, BIG_TENSOR_BYTES, CHECKSUM_BLOCK_BYTES, SMALL_ALIGN, Sources
+from ckptbench.checkpoint.plan import (
+    BIG_ALIGN,
+    BIG_TENSOR_BYTES,
+    CHECKSUM_BLOCK_BYTES,
+    SMALL_ALIGN,
+    Sources,
+    padding_after,
+)
 from ckptbench.checkpoint.stage import Arena, copy_into_arena, dtype_of, typed_view
 from ckptbench.errors import InsufficientSpaceError, MissingDependencyError, StorageIOError, TargetError, UsageError
 from ckptbench.interrupts import QuietThread
@@ -231,33 +238,21 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _copy_into(arena: Arena, placements: Sequence[tuple[torch.Tensor, int, int]], threads: int) -> None:
-    """Copy each tensor's bytes (row-major) to its arena offset and zero the bytes after it up to the
-    third value (the next item of its file: padding, which would otherwise carry what the reused arena
-    held before); returns when every byte is there (``checkpoint.stage.copy_into_arena``: the engine
-    for CPU tensors, one gather for small GPU ones)."""
+    """Copy each tensor's bytes (row-major) to its arena offset and zero the third value's count of
+    bytes after it (padding, which would otherwise carry what the reused arena held before); returns
+    when every byte is there (``checkpoint.stage.copy_into_arena``: the engine for CPU tensors, one
+    gather for small GPU ones)."""
     import numpy as np
     import torch
 
     sources = Sources(tensor for tensor, _, _ in placements)
     offsets = np.fromiter((offset for _, offset, _ in placements), np.int64, len(placements))
-    until = np.fromiter((until for _, _, until in placements), np.int64, len(placements))
+    padding = np.fromiter((pad for _, _, pad in placements), np.int64, len(placements))
     nbytes = np.fromiter((_nbytes(tensor) for tensor, _, _ in placements), np.int64, len(placements))
     order = np.argsort(offsets, kind="stable")
     keep = order[nbytes[order] > 0]
     with torch.no_grad():
-        copy_into_arena(sources, keep, offsets[keep], nbytes[keep], arena, threads,
-                        zero_after=until[keep] - offsets[keep] - nbytes[keep])
-
-
-def _next_starts(extents: Sequence[tuple[int, int]], end: int) -> list[int]:
-    """For (offset, nbytes) extents in offset order: where the next non-empty one starts (``end`` after
-    the last), i.e. up to where the bytes after each are padding."""
-    out, following = [], end
-    for offset, nbytes in reversed(extents):
-        out.append(following)
-        if nbytes:
-            following = offset
-    return out[::-1]
+        copy_into_arena(sources, keep, offsets[keep], nbytes[keep], arena, threads, zero_after=padding[keep])
 
 
 # -- staging (AsyncStager) --------------------------------------------------------------------
@@ -685,17 +680,18 @@ class _Writer:
                 hint="free space or save elsewhere")
         if copy_bytes:
             self._arena.ensure(copy_bytes)
-            # Each item with where the next one of its file starts: the bytes between are zeroed.
-            copies = [(p, until) for f in copy_files
-                      for p, until in zip(f.items, _next_starts([(p.offset, p.nbytes) for p in f.items], f.end),
-                                          strict=True)]
-            _copy_into(self._arena, [(tensors[p.index], p.offset, until) for p, until in copies if p.index in tensors],
+            # Each item with its padding (up to the next item of its file), which is zeroed.
+            copies = [(p, int(pad)) for f in copy_files
+                      for p, pad in zip(f.items, padding_after([p.offset for p in f.items], [p.nbytes for p in f.items],
+                                                               f.end), strict=True)]
+            _copy_into(self._arena, [(tensors[p.index], p.offset, pad) for p, pad in copies if p.index in tensors],
                        self.threads)
             arena_view = memoryview(self._arena.buffer)
-            for p, until in copies:
+            for p, pad in copies:
                 if p.index in blobs:
-                    arena_view[p.offset:p.offset + p.nbytes] = blobs[p.index]
-                    arena_view[p.offset + p.nbytes:until] = bytes(until - p.offset - p.nbytes)
+                    end = p.offset + p.nbytes
+                    arena_view[p.offset:end] = blobs[p.index]
+                    arena_view[end:end + pad] = bytes(pad)
         buffers = [self._arena.buffer if copy_bytes else None, staging.arena.buffer if staging is not None else None]
         names = [f"{prefix}{n}.{self._tag}.distcp" for n in range(len(files))]
         writes = [(name, memoryview(buffers[f.source])[f.start:f.end])
@@ -838,8 +834,8 @@ class _Writer:
             staging.restage()
             staging.arena.ensure(max(cursor, _PAGE))
             # Files are runs of this arena: the bytes between tensors are padding.
-            until = _next_starts([(offset, _nbytes(t)) for t, offset in zip(sources, offsets, strict=True)], cursor)
-            _copy_into(staging.arena, list(zip(sources, offsets, until, strict=True)), self.threads)
+            padding = padding_after(offsets, [_nbytes(t) for t in sources], cursor).tolist()
+            _copy_into(staging.arena, list(zip(sources, offsets, padding, strict=True)), self.threads)
             # Made under the lock: from here the staged tensors keep the arena in use.
             staged = [staging.tensor(offset, _nbytes(t), t.dtype, tuple(t.shape))
                       for t, offset in zip(sources, offsets, strict=True)]

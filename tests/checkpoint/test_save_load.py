@@ -205,6 +205,17 @@ def shard_bytes(path: Path) -> list[bytes]:
     return [(path / shard["name"]).read_bytes() for shard in manifest["shards"]]
 
 
+def test_padding_runs_to_the_next_non_empty_extent_or_the_end_of_the_file():
+    from ckptbench.checkpoint.plan import padding_after
+
+    # 10 bytes at 0, an empty extent at 64, 100 bytes at 128 (file ends at 256), then 5 bytes at 4096
+    # in the next file (it ends at 4101)
+    offsets, nbytes, limits = [0, 64, 128, 4096], [10, 0, 100, 5], [256, 256, 256, 4101]
+    assert padding_after(offsets, nbytes, limits).tolist() == [118, 64, 28, 0]
+    assert padding_after(offsets[:3], nbytes[:3], 300).tolist() == [118, 64, 72]  # one limit for all
+    assert padding_after([], [], 0).tolist() == []
+
+
 def test_shard_files_do_not_depend_on_what_the_arena_held_before(tmp_path: Path):
     """A reused arena's previous contents must not reach the padding of the next save's files (stale
     bytes of another model in a checkpoint, and the same state saving to different files)."""
