@@ -4,6 +4,17 @@ Conventions (DESIGN.md): GB = 1e9 bytes, GiB = 2**30 bytes, GB/s = 1e9 bytes/s. 
 suffixes on sizes (``4k``, ``1M``, ``2G``) are binary, as in fio and dd. Every parser raises
 :class:`ValueError` with a message naming the bad value and what would be accepted; the CLI turns
 that into a one-line usage error.
+
+Bits and bytes: a capital ``B`` is a byte and a lowercase ``b`` (or ``bit``) a bit, everywhere; the
+prefix letter may take either case. Rates take both (``10Gb/s`` and ``10Gbit/s`` are 1.25 GB/s).
+Sizes are in bytes, so a size in bits (``1Gb``, ``4kb``, ``512b``) is refused, naming the byte
+spelling to write instead (``1GB`` or ``1GiB``).
+
+Sizes are whole bytes: a bare number (or ``B``) must be whole (``1.5`` is refused: did you mean
+``1.5GiB``?); a fraction of a larger unit (``1.5GiB``, ``1.3k``) rounds to the nearest byte.
+
+Durations may combine units, largest first and each once (``1h30m``, ``1d 2h``, as
+:func:`format_duration` prints them); a repeated unit (``1m1m``) or one out of order (``30m1h``) is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ DURATION_UNITS: dict[str, float] = {
 COUNT_UNITS: dict[str, float] = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 _SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*$")
-_RATE_RE = re.compile(rf"^\s*{_NUMBER}\s*([kKmMgGtTpP]?)(i?)(B|b|bit|byte|bytes)?\s*(?:/s|ps)\s*$")
+_RATE_RE = re.compile(rf"^\s*{_NUMBER}\s*([kKmMgGtTpP]?)(i?)(B|b|bits|bit|bytes|byte)?\s*(?:/s|ps)\s*$")
 _DURATION_PART_RE = re.compile(rf"{_NUMBER}\s*([a-zA-Zµ]*)")
 
 
@@ -39,20 +50,50 @@ def _require_finite(value: float, text: object) -> None:
 
 
 def parse_size(text: str | int) -> int:
-    """``"140GB"`` -> 140_000_000_000; ``"1.5GiB"`` -> 1610612736; ``"4k"`` -> 4096; plain ints pass."""
+    """``"140GB"`` -> 140_000_000_000; ``"1.5GiB"`` -> 1610612736; ``"4k"`` -> 4096; plain ints pass.
+
+    Refused: a size in bits (``1Gb``), and a fraction of a byte (``1.5``, ``1.5B``)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         m = _SIZE_RE.match(str(text))
+        bits_prefix = _bits_prefix(m.group(2)) if m else None
+        if m and bits_prefix is not None:
+            raise ValueError(f"{text!r} is in bits; sizes are in bytes (B, not b): write "
+                             f"{_in_bytes(m.group(1), bits_prefix)}")
         unit = m.group(2).lower() if m else None
         if not m or unit not in SIZE_UNITS:
             raise ValueError(f"{text!r} is not a size (try 4096, 4KiB, 1.5GiB, 140GB)")
-        number = float(m.group(1)) * SIZE_UNITS[unit]
-        _require_finite(number, text)
-        value = round(number)
+        number = float(m.group(1))
+        _require_finite(number * SIZE_UNITS[unit], text)
+        if SIZE_UNITS[unit] == 1 and not number.is_integer():
+            raise ValueError(f"{text!r} is not a whole number of bytes; did you mean {m.group(1)}GiB?")
+        value = round(number * SIZE_UNITS[unit])
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return value
+
+
+_SIZE_PREFIXES = ("", "k", "m", "g", "t", "p", "ki", "mi", "gi", "ti", "pi")
+
+
+def _bits_prefix(unit: str) -> str | None:
+    """The prefix of a unit in bits (``"G"`` of ``Gb`` or ``Gbit``, ``""`` of ``b``), or None for any other unit."""
+    for bits in ("bits", "bit", "b"):
+        spelled = unit if bits == "b" else unit.lower()  # "bit" in any case; "b" lowercase only, as "B" is a byte
+        if spelled.endswith(bits) and unit[: -len(bits)].lower() in _SIZE_PREFIXES:
+            return unit[: -len(bits)]
+    return None
+
+
+def _in_bytes(number: str, prefix: str) -> str:
+    """How to write ``number`` ``prefix`` in bytes: ``1GB or 1GiB``, ``1GiB`` (from ``Gib``), ``512B``."""
+    letter = prefix[:1].upper()
+    if not letter:
+        return f"{number}B"
+    if prefix[1:].lower() == "i":
+        return f"{number}{letter}iB"
+    return f"{number}{'k' if letter == 'K' else letter}B or {number}{letter}iB"
 
 
 def parse_rate(text: str | float) -> float:
@@ -69,7 +110,7 @@ def parse_rate(text: str | float) -> float:
             raise ValueError(f"{text!r} is not a rate (try 1GB/s, 800MiB/s, 10Gbit/s)")
         scale = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}[prefix]
         multiplier = (1024**scale) if binary else (1000**scale)
-        is_bits = unit in ("b", "bit") or (unit is None and str(text).strip().endswith("ps"))
+        is_bits = unit in ("b", "bit", "bits") or (unit is None and str(text).strip().endswith("ps"))
         value = float(number) * multiplier / (8 if is_bits else 1)
     _require_finite(value, text)
     if value <= 0:
@@ -79,17 +120,23 @@ def parse_rate(text: str | float) -> float:
 
 def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
     """Seconds from ``"30m"``, ``"2h"``, ``"500ms"``, ``"1d"``, ``"1h30m"`` or a bare number of seconds;
-    positive, or zero too with ``allow_zero`` (a cost that may be nothing, a restart)."""
+    positive, or zero too with ``allow_zero`` (a cost that may be nothing, a restart). Combined units
+    go largest first, each once: ``"1m1m"`` and ``"30m1h"`` are refused."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
         s = str(text).strip().replace(" ", "")
-        pos, value, parts, bare = 0, 0.0, 0, False
+        pos, value, parts, bare, previous_scale = 0, 0.0, 0, False, math.inf
         for m in _DURATION_PART_RE.finditer(s):
             if m.start() != pos or m.group(2).lower() not in DURATION_UNITS:
                 break
-            value += float(m.group(1)) * DURATION_UNITS[m.group(2).lower()]
-            pos, parts, bare = m.end(), parts + 1, bare or not m.group(2)
+            scale = DURATION_UNITS[m.group(2).lower()]
+            if m.group(2) and scale >= previous_scale:
+                problem = "repeats a unit" if scale == previous_scale else "comes after a smaller unit"
+                raise ValueError(f"{text!r} is not a duration: {m.group(0)!r} {problem} (give each unit once, "
+                                 "largest first: 1h30m)")
+            value += float(m.group(1)) * scale
+            pos, parts, bare, previous_scale = m.end(), parts + 1, bare or not m.group(2), scale
         # A bare number means seconds only when it stands alone ("1h30" is ambiguous).
         if parts == 0 or pos != len(s) or (bare and parts > 1):
             raise ValueError(f"{text!r} is not a duration (try 500ms, 140s, 30m, 2h, 1d, 1h30m)")

@@ -22,10 +22,32 @@ def test_parse_size_rejects(bad):
         units.parse_size(bad)
 
 
+@pytest.mark.parametrize(("text", "expected"), [("1.5GiB", 3 * 2**29), ("2.0", 2), ("1.3k", 1331), ("0.5KiB", 512),
+                                                ("1.5e3", 1500), (4096.0, 4096)])
+def test_a_fraction_of_a_larger_unit_rounds_to_the_nearest_byte(text, expected):
+    assert units.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["1.5", "1.5B", " 1.5 B ", 1.5])
+def test_a_fraction_of_a_byte_is_refused(bad):
+    with pytest.raises(ValueError, match=r"is not a whole number of bytes; did you mean 1\.5GiB\?"):
+        units.parse_size(bad)
+
+
+@pytest.mark.parametrize(("bad", "instead"), [
+    ("1Gb", "1GB or 1GiB"), ("1gb", "1GB or 1GiB"), ("4kb", "4kB or 4KiB"), ("2 Mb", "2MB or 2MiB"), ("512b", "512B"),
+    ("1Gib", "1GiB"), ("1Gbit", "1GB or 1GiB"), ("3Tbits", "3TB or 3TiB"),
+])
+def test_a_size_in_bits_is_refused_with_the_byte_spelling(bad, instead):
+    """A lowercase b is a bit, in sizes as in rates; a size is bytes, so it is refused, never read as bytes."""
+    with pytest.raises(ValueError, match=f"is in bits; sizes are in bytes \\(B, not b\\): write {instead}$"):
+        units.parse_size(bad)
+
+
 @pytest.mark.parametrize(
     ("text", "bytes_per_s"),
     [("1GB/s", 1e9), ("10Gbit/s", 1.25e9), ("10Gbps", 1.25e9), ("10Gb/s", 1.25e9), ("800MiB/s", 800 * 2**20),
-     ("1.5 GB/s", 1.5e9), ("100MB/s", 1e8), ("1B/s", 1.0)],
+     ("1.5 GB/s", 1.5e9), ("100MB/s", 1e8), ("1B/s", 1.0), ("1Gbits/s", 1.25e8), ("1Gib/s", 2**30 / 8)],
 )
 def test_parse_rate(text, bytes_per_s):
     assert units.parse_rate(text) == pytest.approx(bytes_per_s)
@@ -49,6 +71,16 @@ def test_parse_duration(text, seconds):
 @pytest.mark.parametrize("bad", ["", "soon", "0s", "-5m", "5 parsecs", "1h30", "m30"])
 def test_parse_duration_rejects(bad):
     with pytest.raises(ValueError, match="duration"):
+        units.parse_duration(bad)
+
+
+@pytest.mark.parametrize(("bad", "part", "problem"), [
+    ("1m1m", "1m", "repeats a unit"), ("1h 1h", "1h", "repeats a unit"), ("1m1min", "1min", "repeats a unit"),
+    ("2h30m30m", "30m", "repeats a unit"), ("30m1h", "1h", "comes after a smaller unit"),
+    ("1s1d", "1d", "comes after a smaller unit"),
+])
+def test_parse_duration_refuses_a_repeated_or_misordered_unit(bad, part, problem):
+    with pytest.raises(ValueError, match=f"^'{bad}' is not a duration: '{part}' {problem} \\(give each unit once"):
         units.parse_duration(bad)
 
 

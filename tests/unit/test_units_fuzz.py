@@ -128,12 +128,13 @@ def test_durations_and_counts_that_overflow_are_refused_as_not_finite(exponent: 
         units.parse_count(f"1e{exponent}")
 
 
-@given(unit=st.sampled_from(["s", "h", "d", "w"]), shares=st.lists(st.floats(min_value=0.6, max_value=0.99),
-                                                                    min_size=2, max_size=4))
-def test_duration_parts_that_overflow_together_are_refused(unit: str, shares: list[float]) -> None:
-    """Every part finite, their sum not: ``1e308s1e308s``."""
-    biggest = 1.7976931348623157e308 / units.DURATION_UNITS[unit]
-    text = "".join(f"{share * biggest!r}{unit}" for share in shares)
+@given(parts=st.lists(st.sampled_from(["w", "d", "h", "m", "s"]), min_size=2, max_size=4, unique=True),
+       shares=st.lists(st.floats(min_value=0.6, max_value=0.99), min_size=4, max_size=4))
+def test_duration_parts_that_overflow_together_are_refused(parts: list[str], shares: list[float]) -> None:
+    """Every part finite, their sum not: ``1e303w1e308s`` (units largest first, each once)."""
+    units_in_order = sorted(parts, key=units.DURATION_UNITS.__getitem__, reverse=True)
+    text = "".join(f"{share * 1.7976931348623157e308 / units.DURATION_UNITS[unit]!r}{unit}"
+                   for share, unit in zip(shares, units_in_order, strict=False))
     with pytest.raises(ValueError, match="finite"):
         units.parse_duration(text)
 
@@ -151,11 +152,35 @@ def test_fractions_refuse_nan_and_infinity(text: str, allow_zero: bool) -> None:
 # -- well-formed input: every unit of every table, any case, any spacing -----------------------------------
 
 
+def _in_bytes(unit: str) -> str:
+    """``unit`` (a key of SIZE_UNITS, lowercase) spelled in bytes: its final b a capital B."""
+    return unit[:-1] + "B" if unit.endswith("b") else unit
+
+
 @given(number=st.floats(min_value=1, max_value=1e6), unit=st.sampled_from(sorted(units.SIZE_UNITS)),
        upper=st.booleans(), space=st.sampled_from(["", " ", "  ", "\t"]))
 def test_every_size_unit_parses_in_any_case_and_spacing(number: float, unit: str, upper: bool, space: str) -> None:
-    text = f"{space}{number!r}{space}{_ascii_upper(unit) if upper else unit}{space}"
+    """The prefix in either case; the byte a capital B. A bare number of bytes must be whole."""
+    if units.SIZE_UNITS[unit] == 1:
+        number = float(round(number))
+    text = f"{space}{number!r}{space}{_in_bytes(_ascii_upper(unit) if upper else unit)}{space}"
     assert units.parse_size(text) == round(number * units.SIZE_UNITS[unit])
+
+
+@given(number=st.floats(min_value=1, max_value=1e6), unit=st.sampled_from(sorted(u for u in units.SIZE_UNITS
+                                                                                 if u.endswith("b"))),
+       upper_prefix=st.booleans(), spelling=st.sampled_from(["b", "bit", "bits", "BIT"]))
+def test_every_size_unit_in_bits_is_refused(number: float, unit: str, upper_prefix: bool, spelling: str) -> None:
+    prefix = unit[:-1].upper() if upper_prefix else unit[:-1]
+    with pytest.raises(ValueError, match="is in bits; sizes are in bytes"):
+        units.parse_size(f"{number!r}{prefix}{spelling}")
+
+
+@given(number=st.floats(min_value=1e-3, max_value=1e6).filter(lambda n: not n.is_integer()),
+       unit=st.sampled_from(["", "B"]))
+def test_a_fraction_of_a_byte_is_refused_whatever_the_number(number: float, unit: str) -> None:
+    with pytest.raises(ValueError, match="is not a whole number of bytes; did you mean"):
+        units.parse_size(f"{number!r}{unit}")
 
 
 @given(number=st.floats(min_value=1e-3, max_value=1e6), unit=st.sampled_from(sorted(units.DURATION_UNITS)),
