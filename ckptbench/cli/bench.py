@@ -233,7 +233,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
     )
     chosen = click.get_current_context().get_parameter_source("block_size") != click.core.ParameterSource.DEFAULT
-    spec = _fit_block_sizes(spec, chosen=chosen)
+    spec = fit_block_sizes(spec, chosen=chosen)
     storage = resolve_target(target, force=force)
     run_and_emit(
         lambda progress: run_fs_bench(spec, storage, progress=progress),
@@ -243,10 +243,14 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     )
 
 
-def _fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
+def fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
     """``spec`` with no block size above ``spec.largest_block_bytes``, the largest I/O its runs issue (the
-    engine cuts none longer): block sizes the user chose are refused before anything runs, as their rows
-    would measure that one instead; the default shrinks to it (logged)."""
+    engine cuts none longer), so that no row claims a block size it did not measure. Every filesystem
+    sweep goes through it before it runs (``bench``, ``recommend``'s fresh sweep).
+
+    Block sizes the user ``chosen`` are refused (UsageError naming the largest that fits). Defaults too
+    large shrink to that largest one (logged); the default sizes that fit are kept.
+    """
     largest = spec.largest_block_bytes
     too_big = [b for b in spec.block_sizes if b > largest]
     if not too_big:
@@ -254,9 +258,10 @@ def _fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
     align = knobs.ALIGNMENT_BYTES
     fits = max(largest - largest % align, align) if spec.direct else largest
     if not chosen:
-        log.info("block size %s shrunk to %s: no I/O of %s files is larger", format_size(too_big[0]),
-                 format_size(fits), format_size(spec.file_size_bytes))
-        return dataclasses.replace(spec, block_sizes=(fits,))
+        log.info("block size%s %s shrunk to %s: no I/O of %s files is larger", "s" if len(too_big) > 1 else "",
+                 ", ".join(format_size(b) for b in too_big), format_size(fits), format_size(spec.file_size_bytes))
+        shrunk = dict.fromkeys(min(b, fits) for b in spec.block_sizes)
+        return dataclasses.replace(spec, block_sizes=tuple(shrunk))
     shown = format_size(fits).replace(" ", "")
     if units.parse_size(shown) != fits:
         shown = str(fits)

@@ -27,7 +27,8 @@ SWEEP_SIZE = 512 * 2**20
               help="With no RESULT files: sweep this directory now (threads 1,2,4 x blocks 1,4,16 MiB, 512 MiB per "
                    "run)  [default: the temporary directory].")
 @click.option("--size", type=params.SIZE, default=None,
-              help="Bytes per run of the fresh sweep  [default: 512MiB].")
+              help="Bytes per run of the fresh sweep, over 4 files (block sizes larger than a file shrink to it)  "
+                   "[default: 512MiB].")
 @click.option("--ckpt-size", type=params.FINITE_SIZE, default=None,
               help="Bytes each node writes per checkpoint: with a failure rate, also recommends the interval.")
 @failure_options(with_count=True)
@@ -112,6 +113,7 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     import tempfile
 
     from ckptbench.bench.fs import run_fs_bench
+    from ckptbench.cli.bench import fit_block_sizes
     from ckptbench.config import FsBenchSpec
     from ckptbench.storage import resolve_target
     from ckptbench.storage.local import LocalDirectory
@@ -119,8 +121,9 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     storage = resolve_target(target or tempfile.gettempdir())
     if not isinstance(storage, LocalDirectory):
         raise UsageError("recommend sweeps directories; for s3:// run `ckptbench bench s3://...` and pass its result")
-    spec = FsBenchSpec(size_bytes=size, files=4, threads=SWEEP_THREADS, block_sizes=SWEEP_BLOCKS,
-                       repeat=2, warmup=1)
+    # Block sizes larger than the files of a small --size shrink to the largest I/O the sweep issues.
+    spec = fit_block_sizes(FsBenchSpec(size_bytes=size, files=4, threads=SWEEP_THREADS, block_sizes=SWEEP_BLOCKS,
+                                       repeat=2, warmup=1), chosen=False)
     with progress_bar(enabled=True) as progress:
         report = run_fs_bench(spec, storage, progress=progress)
     return f"a fresh sweep of {storage}", report.to_dict()

@@ -37,6 +37,25 @@ def test_fresh_sweep_when_no_files(cli, tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_fresh_sweep_measures_no_block_larger_than_its_files(cli, tmp_path: Path, monkeypatch):
+    """As in ``bench``: 8 MiB over 4 files issues no I/O above 2 MiB, so the 4 and 16 MiB blocks of the sweep
+    shrink to 2 MiB instead of being measured (and recommended) as sizes they are not."""
+    from ckptbench.bench import fs
+
+    swept = []
+
+    def run_fs_bench(spec, storage, **kwargs):
+        swept.append(spec.block_sizes)
+        return real(spec, storage, **kwargs)
+
+    real = fs.run_fs_bench
+    monkeypatch.setattr(fs, "run_fs_bench", run_fs_bench)
+    doc = cli.json("recommend", "--target", str(tmp_path), "--size", "8MiB")
+    assert swept == [(2**20, 2 * 2**20)]
+    assert doc["settings"]["block_size_bytes"]["value"] in (2**20, 2 * 2**20)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     (None, "does not exist"),
     ("{nope", "is not JSON"),
