@@ -31,6 +31,8 @@ PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 CACHED_FRACTION = 0.9
 #: Pinned staging above these fractions of host memory warns / fails.
 RAM_WARN_FRACTION, RAM_FAIL_FRACTION = 0.5, 0.9
+#: The cheapest checkpoint the model takes (its stall must be positive): a lower bound on any measured one.
+_INSTANT_CHECKPOINT = model.CheckpointCost.sync(math.ulp(0.0))
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class Job:
             raise UsageError(f"--max-ckpt-time {self.max_ckpt_time_s!r} must be positive")
         if self.retain < 1:
             raise UsageError(f"--retain {self.retain} must be at least 1")
+        # What the storage turns out to do only lengthens the restart (by the restore) and every interval's
+        # segment (by the checkpoint): a job that could not complete even with instant checkpoints is
+        # refused now, before anything is measured.
+        model.check_completes(self.interval_s or 0.0, _INSTANT_CHECKPOINT, self.failures.mtbf_s, self.restart_s)
 
     @property
     def nodes(self) -> int:

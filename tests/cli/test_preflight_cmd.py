@@ -58,6 +58,9 @@ def test_run_config_feeds_the_job(cli, tmp_path: Path):
     (["--model", "llama3-8b", "--params", "7B"], "both give the model size"),
     (["--ranks", "10", "--tp", "4"], "not a multiple"),
     (["--interval", "soon"], "duration"),
+    (["--restart", "1m1m"], "'1m' repeats a unit"),
+    (["--interval", "30m1h"], "'1h' comes after a smaller unit"),
+    (["--measure-size", "512Mb"], "is in bits"),
     (["--max-overhead", "0"], "max-overhead"),
     (["--mtbf", "3h", "--failures", "llama3"], "both give the failure rate"),
     (["--weights-only", "--optimizer", "sgd"], "contradict"),
@@ -74,3 +77,24 @@ def test_bad_input(cli, tmp_path: Path, args, needle):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--restart", "1000d", "--mtbf", "1h"], "restart 1000d is 24,000 times the MTBF (1h)"),
+    (["--interval", "1000d", "--mtbf", "1h"], "interval 1000d is 24,000 times the MTBF (1h)"),
+    (["--restart", "500d", "--interval", "500d", "--mtbf", "1h"], "times the MTBF (1h)"),
+])
+def test_a_job_that_never_completes_is_refused_before_anything_is_measured(cli, tmp_path: Path, monkeypatch, args,
+                                                                           needle):
+    """Whatever the storage does, a restart or an interval hundreds of MTBFs long cannot work: no measuring."""
+    from ckptbench.bench import checkpoint
+
+    def measure(*args, **kwargs):
+        raise AssertionError("the storage was measured before the job was refused")
+
+    monkeypatch.setattr(checkpoint, "run_checkpoint_bench", measure)
+    result = cli("preflight", str(tmp_path), *TINY, *args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
