@@ -476,15 +476,41 @@ def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path | str,
 def writer_failures(w: Writer, action: str, where: Path | str) -> Iterator[None]:
     """A competitor's failure (an OSError, torch's stream errors, dcp's CheckpointException) as one
     StorageIOError naming the writer and what it did; the original stays chained (``-v`` shows it,
-    and a full disk is still recognised from it)."""
-    try:
+    and a full disk is still recognised from it). A failure in a thread the writer started counts too:
+    dcp's FileSystemWriter writes from threads of its own and does not report theirs."""
+    if isinstance(w, CkptbenchWriter):  # ours says what failed itself; anything else is a bug: show it
         yield
-    except (CkptbenchError, KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except BaseException as exc:  # dcp's CheckpointException is a BaseException
-        if isinstance(w, CkptbenchWriter):  # ours says what failed itself; anything else is a bug: show it
+        return
+    with _thread_failures() as in_threads:
+        try:
+            yield
+        except (CkptbenchError, KeyboardInterrupt, SystemExit, GeneratorExit):
             raise
-        raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(exc)}") from exc
+        except BaseException as exc:  # dcp's CheckpointException is a BaseException
+            cause = in_threads[0] if in_threads else exc
+            raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(cause)}") from cause
+    if in_threads:
+        raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(in_threads[0])}") from in_threads[0]
+
+
+@contextlib.contextmanager
+def _thread_failures() -> Iterator[list[BaseException]]:
+    """The exceptions that end threads started inside the block, kept instead of printed as tracebacks."""
+    before = set(threading.enumerate())
+    failures: list[BaseException] = []
+    previous = threading.excepthook
+
+    def keep(args: threading.ExceptHookArgs) -> None:
+        if args.thread is not None and args.thread not in before and isinstance(args.exc_value, BaseException):
+            failures.append(args.exc_value)
+        else:
+            previous(args)
+
+    threading.excepthook = keep
+    try:
+        yield failures
+    finally:
+        threading.excepthook = previous
 
 
 def _first_failure(exc: BaseException) -> str:

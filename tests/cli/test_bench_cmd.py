@@ -123,6 +123,10 @@ def test_target_defaults_to_the_temp_directory(cli, tmp_path: Path, monkeypatch)
         (["s3://bucket/x", "--endpoint-url", "ftp://nowhere"], "not an http"),
         (["s3://bucket/x", "--files", "3"], "applies to filesystem targets"),
         (["{dir}", "--size", "1PiB"], "free"),
+        (["{dir}", "--size", "1.5"], "'1.5' is not a whole number of bytes; did you mean 1.5GiB?"),
+        (["{dir}", "--size", "1Gb"], "'1Gb' is in bits; sizes are in bytes (B, not b): write 1GB or 1GiB"),
+        (["{dir}", "--block-size", "1MiB,4Mb"], "'4Mb' is in bits"),
+        (["{dir}", "--workload", "checkpoint", "--size", "64Mb"], "'64Mb' is in bits"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: Path, args, needle):
@@ -206,7 +210,8 @@ def test_config_file_feeds_defaults(cli, tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [('[bench]\nthreads = "0"\n', "positive"), ("[bench]\nspeed = 3\n", "no setting 'speed'"),
+    [('[bench]\nthreads = "0"\n', "positive"), ("[bench]\nsize = 1.5\n", "not a whole number of bytes"),
+     ('[bench]\nsize = "8Gb"\n', "is in bits"), ("[bench]\nspeed = 3\n", "no setting 'speed'"),
      ("[nonsense]\n", "unknown section"), ("not toml [", "not valid TOML")],
 )
 def test_bad_config_file(cli, tmp_path: Path, text, needle):
@@ -220,3 +225,47 @@ def test_bad_config_file(cli, tmp_path: Path, text, needle):
 def test_traceback_only_with_verbose(cli, tmp_path: Path):
     result = cli("-v", "bench", str(tmp_path / "missing"))
     assert result.exit_code == 2 and "Traceback" in result.stderr
+
+
+def _fail_writes(monkeypatch, writer: str) -> None:
+    """torch.save fails at once (EIO); dcp fails in the threads its FileSystemWriter writes from besides the
+    caller's (``thread_count`` > 1): failures nothing reports back to ``dcp.save``."""
+    import errno
+    import threading
+
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    def torch_save(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    real_create_stream = FileSystem.create_stream
+
+    def create_stream(self, path, mode):
+        if "w" in mode and threading.current_thread() is not threading.main_thread():
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_create_stream(self, path, mode)
+
+    if writer == "torch":
+        monkeypatch.setattr(torch, "save", torch_save)
+    else:
+        monkeypatch.setattr(FileSystem, "create_stream", create_stream)
+
+
+@pytest.mark.parametrize("writer", ["torch", "dcp"])  # dcp: the failure is in a thread of its FileSystemWriter
+def test_a_writer_failure_that_is_not_a_full_disk_is_one_line_naming_the_writer(cli, tmp_path: Path, monkeypatch,
+                                                                                writer: str):
+    import threading
+
+    _fail_writes(monkeypatch, writer)
+    unreported = []  # threads that died of an exception nobody caught: Python prints each as a traceback
+    monkeypatch.setattr(threading, "excepthook", unreported.append)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1", "--warmup",
+                 "0", "--writers", writer)
+    assert result.exit_code == 1, (result.exit_code, result.stderr)  # a runtime I/O failure (errors.StorageIOError)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"ckptbench: error: {writer}: save at {tmp_path}"), lines[0]
+    assert "OSError: [Errno 5] Input/output error" in lines[0] and "ran out of space" not in lines[0]
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+    assert not unreported, [f"{a.thread.name}: {a.exc_value!r}" for a in unreported]
