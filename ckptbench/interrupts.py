@@ -63,7 +63,9 @@ class Deferred:
     """``with Deferred() as signals:`` ... ``signals.check()`` at safe points.
 
     The first signal exception is recorded; later ones while it is recorded are dropped (it is the
-    same request: stop). Leaving the block is a safe point too: a recorded exception not yet checked
+    same request: stop), their handlers still run, each at once: one that ends the process (the
+    command line's, on a Ctrl-C after its cleanup notice) is never held up by the wait it
+    interrupted. Leaving the block is a safe point too: a recorded exception not yet checked
     is raised there, after the handlers are back. Handlers take no lock (a handler runs on the main
     thread, which may hold that very lock), so code that waits polls :attr:`interrupt`. Off the main
     thread nothing is installed (Python runs handlers on the main thread only) and nothing is ever
@@ -148,11 +150,21 @@ def join(thread: threading.Thread, timeout: float | None = None) -> None:
     runs, releases the thread's state lock itself and marks the thread stopped (its bpo-45274 fix).
     Every later join returns at once; the interpreter exits under a thread still in native code, and
     when that thread takes the GIL back it is unwound through C++ frames: the process aborts. A
-    Ctrl-C early in ``ckptbench bench`` did that about 1 run in 5."""
+    Ctrl-C early in ``ckptbench bench`` did that about 1 run in 5.
+
+    It waits in short polls: a signal the kernel gave a thread ckptbench did not start (numpy's
+    OpenBLAS pool blocks nothing; it gets the signal when the main thread has one pending already)
+    has its handler run on the main thread only once that thread runs Python code again, never
+    inside an untimed wait. Ctrl-C again during a cleanup must reach the command line's handler."""
     if thread.ident is None:
         return
+    deadline = None if timeout is None else time.monotonic() + timeout
     with Deferred():
-        thread.join(timeout)
+        while thread.is_alive():
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                break
+            thread.join(left)
 
 
 def result_of(future: Future, timeout: float | None = None) -> Any:
@@ -167,6 +179,13 @@ def result_of(future: Future, timeout: float | None = None) -> Any:
                 break
             wait([future], timeout=left)
     return future.result(timeout=0)
+
+
+def _wait_polling(futures: list[Future]) -> None:
+    """Until every future is done, in waits of ``POLL_S`` (inside a Deferred: nothing raises in them)."""
+    pending = [future for future in futures if not future.done()]
+    while pending:
+        pending = list(wait(pending, timeout=POLL_S).not_done)
 
 
 class Workers:
@@ -218,6 +237,8 @@ class Workers:
             try:
                 if failed and self._on_failure is not None:
                     self._on_failure()
-                self._pool.shutdown(wait=True, cancel_futures=failed)
+                self._pool.shutdown(wait=False, cancel_futures=failed)
+                _wait_polling(self._futures)  # not shutdown's untimed joins: see join()
+                self._pool.shutdown(wait=True)  # idle workers, ending
             finally:
                 self._signals.__exit__()

@@ -4,14 +4,18 @@ This package is the only place that prints or exits. Domain errors (``CkptbenchE
 usage errors are caught once here and become one red line on stderr (traceback only with ``-v``).
 Exit codes: 0 ok, 1 failed check or runtime failure, 2 bad input, 130 interrupted (Ctrl-C, SIGINT),
 143 terminated (SIGTERM). Both signals stop the work the same way: the KeyboardInterrupt unwinds through
-every scratch directory's cleanup, then one line says which signal it was; never a traceback.
+every scratch directory's cleanup, then one line says which signal it was; never a traceback. The
+first Ctrl-C also says at once that it is cleaning up and that Ctrl-C again exits without: that one
+ends the process at once (130), with one line naming what the run may have left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import threading
@@ -19,7 +23,7 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -156,23 +160,121 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that every cleanup on the way out runs."""
 
 
+#: Said on the first Ctrl-C, as the command starts stopping.
+STOPPING_NOTICE = "ckptbench: stopping and cleaning up (press Ctrl-C again to exit at once, without cleaning up)"
+
+
+class _StopOnSignals:
+    """The handlers of SIGINT and SIGTERM while a command runs.
+
+    The first of either stops the command: it raises (KeyboardInterrupt, :class:`Terminated`) in the
+    main thread, where ckptbench.interrupts may defer it to a safe point, and every cleanup on the
+    way out runs. Meanwhile a SIGTERM changes nothing: it must not cut that cleanup short (a
+    supervisor escalates to SIGKILL itself). A Ctrl-C prints :data:`STOPPING_NOTICE` the first time
+    and ends the process at once the next: a cleanup can wait on a request that never answers for as
+    long as the store retries it (S3: read timeout x attempts, 8 minutes by default; a hard NFS mount:
+    forever), and a user pressing Ctrl-C again wants out. Only an exit the user was told of: a Ctrl-C
+    after a SIGTERM prints the notice and lets the cleanup go on.
+
+    ``os._exit``, not an exception: ckptbench.interrupts defers a handler's exception until the wait
+    it interrupted ends (raised inside it, it broke the wait's locks), but runs the handler at once;
+    and an exception that cut the cleanup short would remove files while a worker still writes them,
+    then finalize the interpreter under a thread inside the engine (an abort). The process ends, its
+    threads with it, without either. Only the command line installs these: a library call never exits
+    the process (its second Ctrl-C waits for the cleanup, see ckptbench.interrupts)."""
+
+    def __init__(self) -> None:
+        self.stopping = False  # the first signal was raised: the command is on its way out
+        self.warned = False  # the notice said what the next Ctrl-C does
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        if self.warned:
+            _exit_without_cleanup()
+        first, self.stopping, self.warned = not self.stopping, True, True  # before printing: one may come meanwhile
+        _signal_line(STOPPING_NOTICE, "yellow")
+        if first:
+            raise KeyboardInterrupt
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            self.stopping = True
+            raise Terminated
+
+
+def _signal_line(text: str, color: str, *, show_cursor: bool = False) -> None:
+    """One line on stderr from a signal handler: straight to the descriptor, as the handler may have
+    interrupted a write to ``sys.stderr`` (whose buffer would refuse a reentrant one). On a terminal it
+    first clears the line, where a progress bar may be drawn, and is coloured as click would."""
+    stream = sys.stderr
+    with contextlib.suppress(Exception):
+        stream.flush()  # what was printed before comes first
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (click's CliRunner): its own buffer then
+        with contextlib.suppress(Exception):
+            stream.write(text + "\n")
+            stream.flush()
+        return
+    if os.isatty(fd):
+        # the progress bar hides the cursor until it stops: an exit at once must give it back
+        text = "\r\x1b[2K" + click.style(text, fg=color) + ("\x1b[?25h" if show_cursor else "")
+    with contextlib.suppress(OSError):
+        os.write(fd, (text + "\n").encode(getattr(stream, "encoding", None) or "utf-8", "replace"))
+
+
+def _exit_without_cleanup() -> NoReturn:
+    """End the process now (130), saying what this run may have left: its scratch directory or prefix
+    (named after this process's id, see ``storage.local.scratch_name``) and the result file opened in
+    --output before the run. Told from what the run imported and the command's parameters: a handler
+    neither imports nor looks at a filesystem (it may be the one hanging)."""
+    pid, left = os.getpid(), []
+    local = sys.modules.get("ckptbench.storage.local")
+    if hasattr(local, "SCRATCH_PREFIX"):
+        left.append(f"{local.SCRATCH_PREFIX}{pid}-* in its target directory")
+    objects = sys.modules.get("ckptbench.storage.objects")
+    if hasattr(objects, "SCRATCH_PREFIX"):
+        prefix = f"{objects.SCRATCH_PREFIX}{pid}-*"
+        left.append(f"{prefix} (objects, incomplete multipart uploads) under its object-store prefix")
+    ctx = click.get_current_context(silent=True)
+    output_dir = ctx.params.get("output_dir") if ctx is not None else None
+    if output_dir is not None:
+        left.append(f"an empty result file in {params.shown_path(output_dir)}")
+    line = "ckptbench: error: interrupted again (SIGINT): exited without cleaning up"
+    if left:
+        listed = left[0] if len(left) == 1 else f"{', '.join(left[:-1])} and {left[-1]}"
+        line += f"; this run may have left {listed}"
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()  # what the command printed is not lost
+    _signal_line(line, "red", show_cursor=True)
+    os._exit(128 + signal.SIGINT)
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While a command runs, SIGTERM raises :class:`Terminated` in the main thread instead of killing the
-    process mid-write. Only the first: a second SIGTERM must not cut the cleanup of the first short."""
+def _stop_on_signals() -> Iterator[None]:
+    """:class:`_StopOnSignals`' handlers while the block runs (the main thread only), the previous ones
+    back after it. An ignored SIGINT stays ignored (a background job: Ctrl-C is not meant for it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    stop = _StopOnSignals()
+    ours = {signal.SIGTERM: stop.on_sigterm, signal.SIGINT: stop.on_sigint}
+    previous = {signum: signal.getsignal(signum) for signum in ours}
+    if previous[signal.SIGINT] is signal.SIG_IGN:
+        del previous[signal.SIGINT]
     try:
+        for signum in previous:
+            signal.signal(signum, ours[signum])
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        # signal.signal runs the handlers of pending signals: one that raises must not leave ours behind
+        raised = None
+        for signum, handler in previous.items():
+            try:
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+            except BaseException as exc:  # noqa: BLE001 - raised below, once every handler is back
+                raised = raised or exc
+        if raised is not None:
+            raise raised
 
 
 #: click >= 8.2 raises this for a group run without a command (8.1 printed the help and exited 0).
@@ -182,7 +284,7 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
-        with _sigterm_as_interrupt():
+        with _stop_on_signals():
             code = click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
         if isinstance(code, int):  # ctx.exit(N) from a command (e.g. preflight's verdict)
             return code

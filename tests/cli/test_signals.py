@@ -6,6 +6,10 @@ and no result file (nor the --output directory made for it) left behind.
 
 Each run is signalled only once bytes are being written inside its scratch directory, so the signal
 lands in the middle of the work, not before it starts. Small I/O; never asserts timings.
+
+A cleanup can wait on I/O that never answers (S3 retries a read timeout for minutes, a hard NFS
+mount forever): the first Ctrl-C says it is cleaning up and that another one exits without it, and
+that other one ends the process at once, naming what this run may have left behind.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,10 @@ from ckptbench.storage.local import SCRATCH_PREFIX
 START_S = 240
 #: how long the cleanup may take once signalled
 STOP_S = 120
+#: how long a Ctrl-C after the cleanup notice may take to end the process (at once; generous for a busy machine)
+ESCAPE_S = 30
+
+NOTICE = "ckptbench: stopping and cleaning up (press Ctrl-C again to exit at once, without cleaning up)"
 
 
 @dataclass(frozen=True)
@@ -96,16 +106,19 @@ def test_a_signal_mid_run_cleans_up_and_exits_with_its_code(tmp_path: Path, name
     code, line = SIGNALS[sig]
     assert "Traceback" not in err, err
     assert proc.returncode == code, err
-    assert err.strip().splitlines() == [line]
+    said = [text for text in err.splitlines() if text.strip()]  # click ends a Ctrl-C's line with a blank one
+    assert said == ([NOTICE] if sig == signal.SIGINT else []) + [line]
     assert out == ""
     assert not (cwd / "results").exists(), _contents(cwd)
     assert {d: _contents(d) for d in (cwd, *dirs.values())} == before  # every scratch directory removed
 
 
-def test_sigterm_is_ours_only_while_a_command_runs(cli, tmp_path: Path) -> None:
-    """In-process (a library caller, a test runner), the SIGTERM handler in place before a command is put
-    back when it returns, whatever the outcome."""
+def test_sigterm_and_sigint_are_ours_only_while_a_command_runs(cli, tmp_path: Path) -> None:
+    """In-process (a library caller, a test runner), the SIGTERM and SIGINT handlers in place before a
+    command are put back when it returns, whatever the outcome: the CLI's Ctrl-C that exits without
+    cleanup never outlives the command."""
     before = signal.getsignal(signal.SIGTERM)
+    before_int = signal.getsignal(signal.SIGINT)
     seen: list[int] = []
 
     def mine(signum: int, frame: object) -> None:
@@ -115,7 +128,9 @@ def test_sigterm_is_ours_only_while_a_command_runs(cli, tmp_path: Path) -> None:
     try:
         assert cli("interval", "--ckpt-time", "140s", "--mtbf", "3h", "--json").exit_code == 0
         assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is before_int
         assert cli("bench", str(tmp_path / "missing")).exit_code == 2
+        assert signal.getsignal(signal.SIGINT) is before_int
         assert signal.getsignal(signal.SIGTERM) is mine  # checked before sending: ours would stop pytest
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -124,3 +139,102 @@ def test_sigterm_is_ours_only_while_a_command_runs(cli, tmp_path: Path) -> None:
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+# ``ckptbench ARGS`` whose writes hang once started and ignore the cancel, as a request to a store that
+# stopped answering does: the cleanup of the first signal waits on it (the engine's worker must be
+# joined before the scratch directory is removed) for as long as the hang lasts.
+HUNG_WRITES = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from ckptbench import native
+    from ckptbench.cli import main
+
+    marker = Path(sys.argv[1])
+
+    def hung_write(jobs, *, control, **options):
+        marker.write_text("writing")
+        while not control.cancel_requested:
+            time.sleep(0.01)
+        marker.write_text("cancelled")  # the first signal was taken: its cleanup now waits on this write
+        time.sleep(3600)
+
+    native.write = hung_write
+    main(sys.argv[2:], prog_name="ckptbench")
+""")
+
+
+class _StderrLines:
+    """A child's stderr read line by line as it comes (the test acts on the cleanup notice)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+
+    def wait_for(self, line: str, timeout_s: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: line in self.lines, timeout_s)
+
+    def all(self) -> list[str]:
+        self._reader.join(ESCAPE_S)
+        return self.lines
+
+
+def _wait_for_marker(proc: subprocess.Popen, marker: Path, text: str, lines: _StderrLines) -> None:
+    deadline = time.monotonic() + START_S
+    while not (marker.exists() and marker.read_text() == text):
+        if proc.poll() is not None:
+            pytest.fail(f"ended (exit {proc.returncode}) before its write was {text}:\n{lines.all()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"its write was never {text} in {START_S} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_ctrl_c_again_during_a_hung_cleanup_exits_at_once_naming_what_is_left(tmp_path: Path, first: int) -> None:
+    """The first signal stops the run; its cleanup hangs on a write that never returns. After SIGINT the
+    notice is printed at once; after SIGTERM a second SIGTERM changes nothing (it must not cut a cleanup
+    short) and the first Ctrl-C prints the notice without cutting it short either. The next Ctrl-C exits
+    130 at once, with one line naming the scratch directory it leaves, which is indeed there."""
+    target, marker = tmp_path / "target", tmp_path / "marker"
+    target.mkdir()
+    bench = f"bench {target} --size 8MiB --files 1 --threads 1 --block-size 1MiB --repeat 1 --json".split()
+    driver = [sys.executable, "-c", HUNG_WRITES, str(marker), *bench]
+    proc = subprocess.Popen(driver, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = _StderrLines(proc)
+    try:
+        _wait_for_marker(proc, marker, "writing", lines)
+        os.kill(proc.pid, first)
+        _wait_for_marker(proc, marker, "cancelled", lines)  # the cleanup now waits on the hung write
+        if first == signal.SIGTERM:
+            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGINT)
+        assert lines.wait_for(NOTICE, ESCAPE_S), f"no cleanup notice: {lines.lines}"
+        assert proc.poll() is None, lines.all()  # still cleaning up: nothing cut it short
+        os.kill(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=ESCAPE_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still waiting on the hung cleanup {ESCAPE_S} s after Ctrl-C again: {lines.lines}")
+        out = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = lines.all()
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert not any("Traceback" in line for line in err), err
+    assert len(err) == 2 and err[0] == NOTICE, err
+    left = f".ckptbench-scratch-{proc.pid}-*"
+    assert err[1].startswith("ckptbench: error: interrupted again (SIGINT): exited without cleaning up; "), err
+    assert f"{left} in its target directory" in err[1], err
+    assert [p.name for p in target.glob(left)], _contents(target)  # what the line names is really there

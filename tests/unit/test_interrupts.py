@@ -47,6 +47,88 @@ def test_later_signals_are_dropped_while_one_is_recorded_and_leaving_raises_an_u
             signals.check()
 
 
+def test_the_handler_runs_for_every_signal_even_while_one_is_recorded():
+    """Only the exception is dropped: a handler that acts on a later signal (the CLI's Ctrl-C after its
+    cleanup notice ends the process) does so at once, inside whatever wait the block is in."""
+    calls = []
+
+    def counting(signum, frame):
+        calls.append(signum)
+        raise KeyboardInterrupt(len(calls))
+
+    previous = signal.signal(signal.SIGINT, counting)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info, Deferred():
+            for _ in range(3):
+                ctrl_c()
+            assert len(calls) == 3
+        assert info.value.args == (1,)  # the first one's exception
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_in_a_library_call_ctrl_c_again_during_cleanup_waits_for_it():
+    """Outside the command line nothing ends the process: a second Ctrl-C while run_interruptible joins
+    its cancelled worker is raised once the worker has finished, as the first one was."""
+    from ckptbench import native
+
+    seen = {}
+
+    def call(*, control):
+        while not control.cancel_requested:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the caller waits for this worker
+        time.sleep(0.2)
+        seen["finished"] = True
+
+    threading.Timer(0.1, ctrl_c).start()
+    with pytest.raises(KeyboardInterrupt):
+        native.run_interruptible(call)
+    assert seen.get("finished") is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@contextlib.contextmanager
+def a_foreign_thread_taking_sigusr1():
+    """``(seen, send)``: ``send()`` signals a thread ckptbench did not start (as numpy's OpenBLAS pool),
+    signals not blocked, and the SIGUSR1 handler sets ``seen``. The kernel hands a process's signal to
+    such a thread when the main thread has one pending already (a Ctrl-C right after another signal);
+    Python runs the handler only once the main thread runs Python code again."""
+    seen = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.set())
+    foreign = threading.Thread(target=seen.wait, args=(30,), name="foreign")
+    foreign.start()
+    try:
+        yield seen, lambda: signal.pthread_kill(foreign.ident, signal.SIGUSR1)
+    finally:
+        seen.set()
+        foreign.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_signal_another_thread_took_is_handled_while_join_waits():
+    handled_in_the_wait = []
+    with a_foreign_thread_taking_sigusr1() as (seen, send):
+        worker = interrupts.QuietThread(target=lambda: handled_in_the_wait.append(seen.wait(20)))
+        worker.start()
+        threading.Timer(0.1, send).start()
+        interrupts.join(worker)
+    assert handled_in_the_wait == [True]
+
+
+def test_a_signal_another_thread_took_is_handled_while_workers_wait_for_running_jobs():
+    handled_in_the_wait = []
+    with (
+        a_foreign_thread_taking_sigusr1() as (seen, send),
+        pytest.raises(ValueError, match="stop"),
+        Workers(1, "test-workers") as pool,
+    ):
+        pool.submit(lambda: handled_in_the_wait.append(seen.wait(20)))
+        threading.Timer(0.1, send).start()
+        raise ValueError("stop")  # leaving by an exception waits for the running job
+    assert handled_in_the_wait == [True]
+
+
 def failing_on_call(real, when):
     """``real`` (signal.signal / pthread_sigmask) that, on the call ``when`` picks, does its work and then
     raises as a pending signal's handler run inside it would."""
@@ -145,8 +227,8 @@ def test_an_application_sys_exit_on_sigterm_is_deferred_with_its_code():
 
 
 def test_a_handler_that_replaces_itself_keeps_its_replacement():
-    """The CLI's SIGTERM handler switches SIGTERM to SIG_IGN before raising (a second one must not cut
-    the cleanup short): leaving the block must not put the raising handler back."""
+    """An application's SIGTERM handler that switches SIGTERM to SIG_IGN before raising (so a second one
+    cannot cut its cleanup short): leaving the block must not put the raising handler back."""
 
     def once(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
