@@ -89,7 +89,7 @@ def run_interruptible(
                 signals.check()
     except BaseException:
         control.cancel()
-        interrupts.join(worker)  # another Ctrl-C waits too: cleanup must not race the worker's files
+        interrupts.join(worker)  # another Ctrl-C waits too (the CLI's exits instead): cleanup must not race the worker's files
         raise
     if "error" in outcome:
         raise outcome["error"]
