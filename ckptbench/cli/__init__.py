@@ -223,18 +223,12 @@ def _signal_line(text: str, color: str, *, show_cursor: bool = False) -> None:
 
 
 def _exit_without_cleanup() -> NoReturn:
-    """End the process now (130), saying what this run may have left: its scratch directory or prefix
-    (named after this process's id, see ``storage.local.scratch_name``) and the result file opened in
-    --output before the run. Told from what the run imported and the command's parameters: a handler
-    neither imports nor looks at a filesystem (it may be the one hanging)."""
-    pid, left = os.getpid(), []
+    """End the process now (130), saying what this run may have left: the scratch directories and
+    prefixes in use (``storage.local.SCRATCH_IN_USE``) and the result file opened in --output before
+    the run. Told from what the run recorded and the command's parameters: a handler neither imports
+    nor looks at a filesystem (it may be the one hanging)."""
     local = sys.modules.get("ckptbench.storage.local")
-    if hasattr(local, "SCRATCH_PREFIX"):
-        left.append(f"{local.SCRATCH_PREFIX}{pid}-* in its target directory")
-    objects = sys.modules.get("ckptbench.storage.objects")
-    if hasattr(objects, "SCRATCH_PREFIX"):
-        prefix = f"{objects.SCRATCH_PREFIX}{pid}-*"
-        left.append(f"{prefix} (objects, incomplete multipart uploads) under its object-store prefix")
+    left = list(getattr(local, "SCRATCH_IN_USE", ()))
     ctx = click.get_current_context(silent=True)
     output_dir = ctx.params.get("output_dir") if ctx is not None else None
     if output_dir is not None:

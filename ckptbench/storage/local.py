@@ -56,6 +56,21 @@ def mount_of(path: Path) -> MountInfo | None:
     return best
 
 
+#: The scratch directories and prefixes of this process that exist now, in creation order: what the
+#: command line names when a second Ctrl-C makes it exit without cleaning up.
+SCRATCH_IN_USE: list[str] = []
+
+
+@contextmanager
+def scratch_in_use(where: str) -> Iterator[None]:
+    """``where`` listed in :data:`SCRATCH_IN_USE` while the block runs (its cleanup included)."""
+    SCRATCH_IN_USE.append(where)
+    try:
+        yield
+    finally:
+        SCRATCH_IN_USE.remove(where)
+
+
 def scratch_name(prefix: str = SCRATCH_PREFIX) -> str:
     """A name no earlier run used: the scratch prefix, this process's id and random hex."""
     return f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
@@ -135,12 +150,13 @@ class LocalDirectory:
             raise TargetError(f"cannot create a scratch directory in {self.path} ({exc.strerror})",
                               hint="pick a directory on a regular filesystem") from None
         log.info("scratch directory %s", scratch)
-        try:
-            yield scratch
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            if scratch.exists():
-                log.warning("could not remove scratch directory %s", scratch)
+        with scratch_in_use(str(scratch)):
+            try:
+                yield scratch
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+                if scratch.exists():
+                    log.warning("could not remove scratch directory %s", scratch)
 
     @contextmanager
     def reporting_full_disk(self, needs_bytes: int | None = None) -> Iterator[None]:

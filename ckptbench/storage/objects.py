@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ckptbench.storage.local import scratch_name
+from ckptbench.storage.local import scratch_in_use, scratch_name
 from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,11 @@ class ObjectTarget:
         prefix another rank of a launch named."""
         scratch = ObjectScratch(self, shared_name or scratch_name(SCRATCH_PREFIX))
         log.info("scratch prefix %s", scratch.url)
-        try:
-            yield scratch
-        finally:
-            scratch.cleanup()
+        with scratch_in_use(f"{scratch.url}/ (objects, incomplete multipart uploads)"):
+            try:
+                yield scratch
+            finally:
+                scratch.cleanup()
 
 
 class ObjectScratch:

@@ -125,6 +125,13 @@ def test_scratch_directories_are_private_whatever_the_umask(tmp_path: Path, umas
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_scratch_directory_is_listed_as_in_use_until_it_is_removed(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), LocalDirectory(tmp_path).scratch() as scratch:
+        assert local.SCRATCH_IN_USE[-1] == str(scratch)  # what a second Ctrl-C names as left behind
+        raise RuntimeError("the run fails")
+    assert str(scratch) not in local.SCRATCH_IN_USE and not scratch.exists()
+
+
 @pytest.mark.parametrize("workload", ["fs", "checkpoint"])
 def test_benchmarks_write_inside_a_private_scratch_directory(cli, tmp_path: Path, monkeypatch, workload: str) -> None:
     modes: list[int] = []
