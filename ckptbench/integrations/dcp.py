@@ -619,6 +619,7 @@ class _Writer:
                 with self._stage_lock:
                     for staging in used:
                         staging.pending = False
+                    self._keep_one_idle()
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -842,27 +843,35 @@ class _Writer:
         return _rebuild(state_dict, iter(staged))
 
     def _idle_staging(self) -> _Staging:
-        """A staging arena no save needs any more (the biggest), else a new one; other idle ones are
-        closed. Called with ``_stage_lock`` held."""
-        idle = [s for s in self._stagings if not s.in_use]
-        if not idle and self._stagings:
+        """A staging arena no save needs any more (the biggest), else a new one. Called with
+        ``_stage_lock`` held."""
+        staging = self._keep_one_idle()
+        if staging is None and len(self._stagings) >= 2:
             # A failed save's staged tensors outlive it in reference cycles (its exception's traceback
-            # holds the frames that hold them) until the collector runs: far cheaper than a new arena.
+            # holds the frames that hold them) until the collector runs. Collected only before a third
+            # arena: one save still in flight (the common overlap) costs no collection in the stall.
             gc.collect()
-            idle = [s for s in self._stagings if not s.in_use]
-        if idle:
-            staging = max(idle, key=lambda s: s.arena.nbytes)
-        else:
+            staging = self._keep_one_idle()
+        if staging is None:
             log.info("the %d staging arena(s) of this writer are still in use by saves in flight (an async save "
                      "not waited for, or a failed one whose error is still referenced); staging into another",
                      len(self._stagings))
             staging = _Staging()
             self._stagings.append(staging)
+        return staging
+
+    def _keep_one_idle(self) -> _Staging | None:
+        """Close every idle staging arena but the biggest, and return that one (None: none is idle).
+        Memory a staged tensor still points into stays valid: its storage holds the buffer."""
+        idle = [s for s in self._stagings if not s.in_use]
+        if not idle:
+            return None
+        kept = max(idle, key=lambda s: s.arena.nbytes)
         for spare in idle:
-            if spare is not staging:
+            if spare is not kept:
                 spare.arena.close()
                 self._stagings.remove(spare)
-        return staging
+        return kept
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` returns after its copy completes."""

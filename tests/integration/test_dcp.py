@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import pickle
 import resource
@@ -328,7 +329,8 @@ def test_saves_failing_before_they_write_do_not_take_an_arena_each(tmp_path: Pat
 def test_a_writer_staging_for_another_storage_writer_reuses_its_arena(tmp_path: Path) -> None:
     """``async_save(..., storage_writer=FileSystemWriter(...), async_stager=writer)``: our write_data
     never runs, so the arena is free once the staged tensors are gone: after the save, after a failed
-    save whose future was dropped, and after a copy staged by hand and dropped unsaved."""
+    save whose future was dropped, and after a copy staged by hand and dropped unsaved. At most two
+    arenas, and one once idle."""
     (tmp_path / "file").write_text("not a directory")
     stager = Writer(tmp_path / "unused")
     arenas = []
@@ -348,9 +350,13 @@ def test_a_writer_staging_for_another_storage_writer_reuses_its_arena(tmp_path: 
         assert_same(state, loaded)
     staged = stager.stage(state)
     del staged
+    gc.collect()  # as the collector does in time: the failed save's cycles go
     stager.stage(state)
     arenas += staging_arenas(stager)
-    assert len(arenas) == 5 and all(arena is arenas[0] for arena in arenas), "a new arena was allocated"
+    # The failed save's staged tensors live on in its traceback's reference cycles until a collection: the
+    # save after it may take a second arena (no collection in the stall for that), never a new one each time.
+    assert len(arenas) >= 5 and len({id(arena) for arena in arenas}) <= 2, "a new arena was allocated"
+    assert staging_arenas(stager) == [arenas[-1]]  # the spare was closed once idle
     stager.close()
 
 
@@ -368,10 +374,13 @@ class PausedPlanner(DefaultSavePlanner):
         return super().resolve_data(write_item)
 
 
-def test_an_arena_is_never_staged_over_while_its_checkpoint_is_being_written(tmp_path: Path) -> None:
+def test_an_arena_is_never_staged_over_while_its_checkpoint_is_being_written(tmp_path: Path, monkeypatch) -> None:
     """Two async saves back to back, sharing a stager, each with a storage writer of its own: the first
     is held inside write_data, its staged bytes not read yet, while the second stages. The second gets
-    another arena, both checkpoints load back bit-exact, and once both ended the next save reuses one."""
+    another arena (without a garbage collection in its stall), both checkpoints load back bit-exact, and
+    once both ended the next save reuses one."""
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
     stager = Writer(tmp_path / "unused")
     states = [{"w": random_bits(torch.float32, (64, 1024), 40 + k), "step": k} for k in range(3)]
     held = PausedPlanner()
@@ -394,6 +403,7 @@ def test_an_arena_is_never_staged_over_while_its_checkpoint_is_being_written(tmp
     dcp.async_save(states[2], storage_writer=Writer(tmp_path / "2"), async_stager=stager).result()
     (reused,) = staging_arenas(stager)
     assert reused is arena_first or reused is arena_second, "a new arena although both saves had ended"
+    assert collections == [], "a collection in the stall of a save that overlapped only one other"
     loaded = {"w": torch.zeros(64, 1024), "step": None}
     dcp.load(loaded, storage_reader=Reader(tmp_path / "2"))
     assert_same(states[2], loaded)
