@@ -450,7 +450,7 @@ class Checkpointer:
                  "offset": e.offset, "alias_of": e.alias_of, "crc32c": per_entry.get(e.index)}
                 for e in plan.entries
             ],
-            "skeleton": plan.skeleton,
+            "skeleton": plan.manifest_skeleton,
         }
         return report, section
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import keyword
 import math
 import re
 from typing import Any
@@ -266,24 +265,28 @@ def _extras_problem(node: dict) -> str | None:
     if "__metadata__" in node:
         if node.get("__ordered__") is not True:
             return "__metadata__ belongs to an OrderedDict (__ordered__: true)"
-        problem = _skeleton_problem(node["__metadata__"], 0)  # plain values only
-        if problem:
-            return f"__metadata__: {problem}"
-    if "__class__" in node:
-        name = node["__class__"]
-        if not (isinstance(name, str) and ":" in name):
-            return f"__class__ {_clip(name)} is not a 'module:qualname'"
+        if not _metadata_ok(node["__metadata__"]):
+            return f"__metadata__ {_clip(node['__metadata__'])} is not [[prefix, [[name, value], ...]], ...]"
+    if "__class__" in node and not (isinstance(node["__class__"], str) and ":" in node["__class__"]):
+        return f"__class__ {_clip(node['__class__'])} is not a 'module:qualname'"
     if "__fields__" in node:
-        fields, typename = node["__fields__"], str(node.get("__class__", "")).partition(":")[2].rpartition(".")[2]
-        names = fields if isinstance(fields, list) else [None]
-        if "__class__" not in node or not all(_identifier(f) and not f.startswith("_") for f in names) \
-                or len(set(names)) != len(names) or not _identifier(typename):
+        fields = node["__fields__"]
+        if "__class__" not in node or not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             return f"__fields__ {_clip(fields)} of {_clip(node.get('__class__'))} are not a namedtuple's"
     return None
 
 
-def _identifier(name: Any) -> bool:
-    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+def _metadata_ok(metadata: Any) -> bool:
+    """``plan._encode_metadata``'s shape: [[prefix, [[name, None|bool|int|str], ...]], ...]."""
+    def pair(item: Any, value_ok: Any) -> bool:
+        return isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and value_ok(item[1])
+
+    def scalar(value: Any) -> bool:
+        return value is None or isinstance(value, (bool, int, str))
+
+    return isinstance(metadata, list) and all(
+        pair(entry, lambda pairs: isinstance(pairs, list) and all(pair(p, scalar) for p in pairs))
+        for entry in metadata)
 
 
 def _value_ok(value: Any, *, hashable: bool) -> bool:

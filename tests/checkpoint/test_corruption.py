@@ -130,9 +130,10 @@ PART_DAMAGE: dict[str, Callable[[dict], None]] = {
     "skeleton-metadata-of-a-plain-dict": _set("skeleton", {"__dict__": [], "__metadata__": {"__value__": 1}}),
     "skeleton-class-not-a-str": _set("skeleton", {"__tuple__": [], "__class__": 5}),
     "skeleton-fields-without-class": _set("skeleton", {"__tuple__": [], "__fields__": ["x"]}),
-    "skeleton-fields-not-names": _set("skeleton", {"__tuple__": [], "__class__": "m:P", "__fields__": ["_x", "1"]}),
-    "skeleton-fields-twice": _set("skeleton", {"__tuple__": [], "__class__": "m:P", "__fields__": ["x", "x"]}),
-    "skeleton-typename-a-keyword": _set("skeleton", {"__tuple__": [], "__class__": "m:class", "__fields__": ["x"]}),
+    "skeleton-fields-not-strings": _set("skeleton", {"__tuple__": [], "__class__": "m:P", "__fields__": ["x", 1]}),
+    "skeleton-metadata-not-pairs": _set("skeleton", {"__dict__": [], "__ordered__": True, "__metadata__": [["", 1]]}),
+    "skeleton-metadata-value-a-list": _set("skeleton", {"__dict__": [], "__ordered__": True,
+                                                        "__metadata__": [["", [["version", [2]]]]]}),
 }
 
 
@@ -255,6 +256,22 @@ def test_a_skeleton_pointing_past_the_tensors_is_refused(saved):
     path = rewrite(c, manifest)
     with pytest.raises(NotACheckpointError, match=rf"^{path} is not a valid manifest: skeleton: tensor index {count} "):
         ckptbench.load(c)
+
+
+@pytest.mark.parametrize("node", [
+    {"__tuple__": [{"__value__": 2**70}], "__class__": "torch:Size"},  # no int64: no torch.Size
+    {"__tuple__": [{"__value__": 1}, {"__value__": 2}], "__class__": "__main__:X", "__fields__": ["\ufb01", "fi"]},
+    {"__tuple__": [{"__value__": 1}], "__class__": "collections:OrderedDict", "__fields__": ["a"]},  # not a tuple
+    {"__tuple__": [{"__value__": 1}], "__class__": "tests.checkpoint.test_corruption:Pair", "__fields__": ["first"]},
+    {"__tuple__": [{"__value__": 1}], "__class__": "torch:distributed.reduce_op", "__fields__": ["a"]},
+    {"__tuple__": [{"__value__": 1}], "__class__": "no.such.module:P", "__fields__": ["a"]},
+], ids=["size-overflow", "nfkc-twins", "not-a-tuple-class", "other-fields", "module-attribute", "not-imported"])
+def test_a_class_record_that_does_not_fit_loads_as_a_plain_tuple(saved, node):
+    c, manifest = saved
+    manifest["skeleton"]["__dict__"].append(["odd", node])
+    rewrite(c, manifest)
+    out = ckptbench.load(c)
+    assert type(out["odd"]) is tuple and len(out["odd"]) == len(node["__tuple__"])
 
 
 def test_one_bad_rank_part_is_named_with_its_rank(saved):
