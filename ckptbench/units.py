@@ -67,7 +67,8 @@ def parse_size(text: str | int) -> int:
         number = float(m.group(1))
         _require_finite(number * SIZE_UNITS[unit], text)
         if SIZE_UNITS[unit] == 1 and not number.is_integer():
-            raise ValueError(f"{text!r} is not a whole number of bytes; did you mean {m.group(1)}GiB?")
+            guess = "" if m.group(2) else f"; did you mean {m.group(1)}GiB?"  # a bare number: the unit forgotten
+            raise ValueError(f"{text!r} is not a whole number of bytes{guess}")
         value = round(number * SIZE_UNITS[unit])
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
