@@ -258,7 +258,7 @@ def _skeleton_problem(node: Any, tensors: int) -> str | None:
 
 
 def _extras_problem(node: dict) -> str | None:
-    """What is wrong with a node's optional keys (types, a namedtuple's names), or None."""
+    """What is wrong with a node's optional keys (their types and shapes), or None."""
     for flag in ("__parameter__", "__requires_grad__", "__ordered__"):
         if flag in node and type(node[flag]) is not bool:
             return f"{flag} is {_clip(node[flag])}, not true or false"
