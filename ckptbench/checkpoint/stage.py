@@ -48,6 +48,7 @@ class Arena:
         self.buffer: native.AlignedBuffer | None = None
         self._registered = False
         self._bytes_view: Any = None
+        self.prepared = gather.Prepared()  # GPU staging work prepared for the last save, reused when it repeats
 
     @property
     def mapped(self) -> bool:
@@ -93,6 +94,7 @@ class Arena:
         return self._bytes_view
 
     def close(self) -> None:
+        self.prepared.clear()
         if self.buffer is None:
             return
         if self._registered:
@@ -159,32 +161,39 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     if len(routes) == 0:
         return
     lowest, highest = int(routes.min()), int(routes.max())
-    # First the CPU tensors and the zeros, in one engine call (a gathered GPU run that writes zeros into
-    # the padding too comes after, not alongside). ``sources`` keeps every source alive meanwhile.
-    all_host = lowest == highest == ROUTE_HOST
-    host = slice(None) if all_host else np.flatnonzero(routes == ROUTE_HOST)
     if zero_after is None:
-        rows = np.column_stack((addresses[host], offsets[host], nbytes[host]))
-    else:
-        rows = np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host]))
-        if not all_host:  # the padding after tensors staged otherwise: zeros only
-            padded = np.flatnonzero((routes != ROUTE_HOST) & (zero_after > 0))
-            none = np.zeros(len(padded), np.int64)
-            rows = np.vstack((rows, np.column_stack((none, offsets[padded] + nbytes[padded], none,
-                                                     zero_after[padded]))))
-    if len(rows):
-        native.copy_from_addresses(arena.buffer, rows, threads)
-    if all_host:
+        zero_after = np.zeros(len(routes), np.int64)
+    if lowest == highest == ROUTE_HOST:  # all on the host: one engine call
+        native.copy_from_addresses(arena.buffer, np.column_stack((addresses, offsets, nbytes, zero_after)), threads)
         return
+    # The GPU copies are queued first, then the engine copies the CPU tensors (and zeroes the padding
+    # after the tensors copied by value) meanwhile: every copy writes its own bytes, none overlap.
     flat = arena.bytes_tensor()
-    for device in np.unique(routes[routes >= 0]).tolist():
-        on = np.flatnonzero(routes == device)
-        stage_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on], on), flat,
-                          mapped=arena.mapped)
-    others = np.flatnonzero(routes == ROUTE_TORCH)
-    if others.size:
-        _copy_by_value([(sources[i], offsets[k], nbytes[k]) for k, i in zip(others.tolist(), index[others].tolist(),
-                                                                             strict=True)], flat)
+    queued: list[gather.Queued] = []
+    try:
+        if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
+            queued.append(queue_from_device(DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after),
+                                            flat, arena.mapped, arena.prepared))
+            return
+        for device in np.unique(routes[routes >= 0]).tolist():
+            on = np.flatnonzero(routes == device)
+            queued.append(queue_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on], on,
+                                                         zero_after[on]), flat, arena.mapped, arena.prepared))
+        host = np.flatnonzero(routes == ROUTE_HOST)
+        others = np.flatnonzero(routes == ROUTE_TORCH)
+        padded = others[zero_after[others] > 0]
+        none = np.zeros(len(padded), np.int64)
+        rows = np.vstack((np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host])),
+                          np.column_stack((none, offsets[padded] + nbytes[padded], none, zero_after[padded]))))
+        if len(rows):
+            native.copy_from_addresses(arena.buffer, rows, threads)
+        if others.size:
+            _copy_by_value([(sources[i], offsets[k], nbytes[k]) for k, i in zip(others.tolist(),
+                                                                                 index[others].tolist(), strict=True)],
+                           flat)
+    finally:  # also after an error: nothing may still be copying into the arena once this returns
+        for work in queued:
+            work.wait()
 
 
 def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
@@ -207,19 +216,21 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
             stream.synchronize()
 
 
-_streams: dict[int, Any] = {}
+_streams: dict[tuple[int, int], Any] = {}
+GATHER_STREAM, COPY_STREAM = 0, 1
 
 
-def side_stream(device: Any) -> Any:
-    """This process's staging stream on CUDA ``device``, made to wait for the work already queued on the
-    current stream there (the tensors' producers). One stream per device for the whole process, so
-    the caching allocator reuses the gather buffers of earlier saves (its blocks belong to a stream)."""
+def side_stream(device: Any, role: int = GATHER_STREAM) -> Any:
+    """This process's staging stream on CUDA ``device`` for ``role`` (gathering, or the copy engine's
+    device-to-host copies), made to wait for the work already queued on the current stream there (the
+    tensors' producers). One stream per device and role for the whole process, so the caching
+    allocator reuses the gather buffers of earlier saves (its blocks belong to a stream)."""
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _streams.get(index)
+    stream = _streams.get((index, role))
     if stream is None:
-        stream = _streams.setdefault(index, torch.cuda.Stream(device=index))
+        stream = _streams.setdefault((index, role), torch.cuda.Stream(device=index))
     stream.wait_stream(torch.cuda.current_stream(index))
     return stream
 
@@ -238,26 +249,30 @@ class DeviceCopies:
     """Contiguous tensors of one device to stage, by arena offset: ``sources[index[k]]`` starts at
     ``addresses[k]`` and goes to ``offsets[k]`` in the arena, ``nbytes[k]`` long. ``positions[k]`` is
     its place among *all* the tensors staged into the arena, by offset: a gathered run may only span
-    neighbours, or its zero padding would overwrite a tensor staged another way (a CPU tensor, say)."""
+    neighbours, or its zero padding would overwrite a tensor staged another way (a CPU tensor, say);
+    None when these are all the tensors. ``zero_after[k]``: bytes of padding after it to zero (up to the next tensor of its shard file)."""
 
     sources: list[Any]
     index: np.ndarray
     addresses: np.ndarray
     offsets: np.ndarray
     nbytes: np.ndarray
-    positions: np.ndarray
+    positions: np.ndarray | None
+    zero_after: np.ndarray
 
     def where(self, mask: np.ndarray) -> DeviceCopies:
         """The copies that ``mask`` selects."""
         return DeviceCopies(self.sources, self.index[mask], self.addresses[mask], self.offsets[mask],
-                            self.nbytes[mask], self.positions[mask])
+                            self.nbytes[mask], None if self.positions is None else self.positions[mask],
+                            self.zero_after[mask])
 
     @classmethod
-    def of(cls, items: list[tuple[Any, int, int]]) -> DeviceCopies:
-        """From (tensor, arena offset, nbytes) items (contiguous tensors, the arena's only ones), in any order."""
+    def of(cls, items: list[tuple[Any, int, int, int]]) -> DeviceCopies:
+        """From (tensor, arena offset, nbytes, zero bytes after) items (contiguous tensors, the arena's only
+        ones), in any order."""
         items = sorted(items, key=lambda item: item[1])
-        column = np.array([[t.data_ptr(), offset, nbytes] for t, offset, nbytes in items], np.int64).reshape(-1, 3)
-        return cls([t for t, _, _ in items], np.arange(len(items)), *column.T, np.arange(len(items)))
+        column = np.array([[t.data_ptr(), *rest] for t, *rest in items], np.int64).reshape(-1, 4)
+        return cls([item[0] for item in items], np.arange(len(items)), *column[:, :3].T, None, column[:, 3])
 
 
 def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes: int,
@@ -286,64 +301,92 @@ def gather_runs(offsets: np.ndarray, nbytes: np.ndarray, max_gap: int, run_bytes
     return list(zip(first, first[1:] + [n], strict=True))
 
 
-def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False) -> None:
-    """Device-to-host copies of contiguous (CUDA) tensors into the (registered) arena ``flat`` on a side stream.
+def stage_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
+                      prepared: gather.Prepared | None = None) -> None:
+    """:func:`queue_from_device`, then wait for it."""
+    queue_from_device(copies, flat, mapped, prepared).wait()
 
-    Big tensors are copied straight into their place. Small ones would each pay a copy's fixed cost
-    (several microseconds), so runs of neighbours in the arena (:func:`gather_runs`) are first gathered
-    on the device into a buffer laid out exactly as in the arena, padding zeroed, then moved with one
-    device-to-host copy per run. The gather is one kernel launch for thousands of tensors
-    (:mod:`ckptbench.checkpoint.gather`); where it cannot be compiled, one ``torch.cat`` per run.
-    With ``mapped`` (``flat`` is registered host memory the GPU can address) and
-    ``knobs.STAGE_GATHER_DIRECT``, the kernel writes the small tensors straight into ``flat`` instead.
+
+def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
+                      prepared: gather.Prepared | None = None) -> gather.Queued:
+    """Queue the device-to-host copies of contiguous (CUDA) tensors into the (registered) arena ``flat``,
+    and the zeroing of their padding, on side streams; :meth:`~gather.Queued.wait` waits for them.
+
+    Big tensors are copied straight into their place by the copy engine. Small ones would each pay a
+    copy's fixed cost (several microseconds), so a kernel (:mod:`ckptbench.checkpoint.gather`) copies
+    thousands per launch: with ``mapped`` (``flat`` is registered host memory the GPU can address) and
+    ``knobs.STAGE_GATHER_DIRECT`` (the default) straight into ``flat``; otherwise runs of neighbours in
+    the arena (:func:`gather_runs`) are gathered into device buffers, one launch per batch of runs,
+    while the copy engine moves the batches gathered before to the host. Where the kernel cannot be
+    compiled, one ``torch.cat`` per run. ``prepared`` (the arena's) keeps the kernel's prepared work
+    for the next staging of the same copies. Once waited for, nothing copies into the arena or reads
+    the tensors any more.
     """
     import torch
 
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
-        return
-    stream = side_stream(device) if device.type == "cuda" else None  # CPU tensors: how it is unit-tested
+        return gather.Queued((), [])
+    cuda = device.type == "cuda"  # CPU tensors: how it is unit-tested, everything in order
+    gather_stream, copy_stream = (side_stream(device), side_stream(device, COPY_STREAM)) if cuda else (None, None)
     big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
     small = copies.where(~big) if big.any() else copies
+    queued = gather.Queued((gather_stream, copy_stream), [])
     try:
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for k in np.flatnonzero(big).tolist():
+        with torch.cuda.stream(copy_stream) if cuda else contextlib.nullcontext():
+            for k in np.flatnonzero(big).tolist():  # first in the copy engine's queue: no gathering to wait for
                 offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
-                flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=True)
-            if len(small.index):
-                kernel = gather.kernel_for(device) if stream is not None else None
-                if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
-                    gather.gather_into_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes, flat)
-                else:
-                    runs = gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
-                                       knobs.STAGE_GATHER_RUN_BYTES, small.positions)
-                    if kernel is not None:
-                        gather.gather_runs_to_host(kernel, device, stream, small.addresses, small.offsets, small.nbytes,
-                                                   runs, flat)
-                    else:
-                        _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
-                                  small.nbytes.tolist(), runs, flat, device)
-    finally:
-        # Also after an error: nothing may still be copying into the arena (or from the tensors) once this
-        # returns. Buffers freed above return to the caching allocator on this stream, so their reuse is
-        # ordered after the copies that read them; the caller may change its tensors once this returns.
-        if stream is not None:
-            stream.synchronize()
+                flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=cuda)
+        if len(small.index):
+            kernel = gather.kernel_for(device)
+            def runs() -> list[tuple[int, int]]:
+                return gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
+                                   knobs.STAGE_GATHER_RUN_BYTES, small.positions)
+
+            if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
+                queued.keep.append(gather.gather_into_host(kernel, device, gather_stream, small.addresses,
+                                                           small.offsets, small.nbytes, small.zero_after, flat,
+                                                           prepared))
+            elif kernel is not None:
+                ring = gather.Ring(device, (gather_stream, copy_stream), knobs.STAGE_GATHER_SLOTS, _slot_bytes(small))
+                queued.keep.append(ring)
+                gather.gather_to_host(kernel, ring, small.addresses, small.offsets, small.nbytes, small.zero_after,
+                                      runs, flat, prepared)
+            else:
+                with torch.cuda.stream(gather_stream) if cuda else contextlib.nullcontext():
+                    _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
+                              small.nbytes.tolist(), small.zero_after.tolist(), runs(), flat, device)
+        for k in np.flatnonzero(big & (copies.zero_after > 0)).tolist():  # the big ones' padding, on the host
+            end = int(copies.offsets[k] + copies.nbytes[k])
+            flat[end:end + int(copies.zero_after[k])].zero_()
+    except BaseException:
+        queued.wait()
+        raise
+    return queued
 
 
-def _cat_runs(sources: list[Any], offsets: list[int], nbytes: list[int], runs: list[tuple[int, int]], flat: Any,
-              device: Any) -> None:
-    """Gather each run with one ``torch.cat`` (zero padding between tensors) and copy it to the arena."""
+def _slot_bytes(small: DeviceCopies) -> int:
+    """A gather buffer's size: a batch (up to ``knobs.STAGE_GATHER_RUN_BYTES``, plus the tensor that
+    crosses it and padding), or everything when that is less."""
+    everything = int(small.offsets[-1] + small.nbytes[-1] + small.zero_after[-1] - small.offsets[0])
+    return min(everything, knobs.STAGE_GATHER_RUN_BYTES + knobs.STAGE_GATHER_BELOW_BYTES + 2 * 4096)
+
+
+def _cat_runs(sources: list[Any], offsets: list[int], nbytes: list[int], zero_after: list[int],
+              runs: list[tuple[int, int]], flat: Any, device: Any) -> None:
+    """Gather each run with one ``torch.cat`` (zeros between tensors and after the last, its padding)
+    and copy it to the arena."""
     import torch
 
-    pad = torch.zeros(knobs.STAGE_GATHER_MAX_GAP_BYTES, dtype=torch.uint8, device=device)
+    pad = torch.zeros(max(knobs.STAGE_GATHER_MAX_GAP_BYTES, max(zero_after, default=0)), dtype=torch.uint8,
+                      device=device)
     for first, stop in runs:
-        start = cursor = offsets[first]
+        start = offsets[first]
         parts = []
         for k in range(first, stop):
-            if offsets[k] > cursor:
-                parts.append(pad[:offsets[k] - cursor])
             parts.append(as_bytes(sources[k]))
-            cursor = offsets[k] + nbytes[k]
+            gap = offsets[k + 1] - offsets[k] - nbytes[k] if k + 1 < stop else zero_after[k]
+            if gap:
+                parts.append(pad[:gap])
         gathered = parts[0] if len(parts) == 1 else torch.cat(parts)
-        flat[start:cursor].copy_(gathered, non_blocking=True)
+        flat[start:start + len(gathered)].copy_(gathered, non_blocking=device.type == "cuda")

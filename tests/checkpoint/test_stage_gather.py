@@ -18,6 +18,29 @@ from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, plan_save
 from ckptbench.checkpoint.stage import Arena, DeviceCopies, gather_runs, stage, stage_from_device
 
 
+def _copies(plan, sources) -> DeviceCopies:
+    """Every stored tensor of ``plan`` as one device's copies, with its padding."""
+    index, offsets, nbytes = plan.placements.T
+    return DeviceCopies(list(sources), index, np.frombuffer(sources.addresses, np.int64)[index], offsets, nbytes,
+                        np.arange(len(index)), plan.padding)
+
+
+def _fill_arena(plan, value: int) -> tuple[Arena, torch.Tensor]:
+    arena = Arena()
+    arena.ensure(plan.arena_bytes)
+    flat = arena.bytes_tensor()
+    flat.fill_(value)
+    return arena, flat
+
+
+def _between_shards(plan) -> np.ndarray:
+    """Arena bytes in no shard file (alignment between shards): no staging path writes them."""
+    outside = np.ones(plan.arena_bytes, bool)
+    for shard in plan.shards:
+        outside[shard.arena_offset:shard.arena_offset + shard.nbytes] = False
+    return outside
+
+
 def _state() -> dict:
     g = torch.Generator().manual_seed(3)
     return {
@@ -46,14 +69,15 @@ def test_gathered_staging_matches_direct_copies(monkeypatch, below, run):
 
     monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", below)
     monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", run)
-    arena = Arena()
-    arena.ensure(plan.arena_bytes)
-    flat = arena.bytes_tensor()
-    flat.fill_(0)
-    items = [(t, plan.arena_offset(e), e.nbytes) for e, t in zip(plan.entries, tensors, strict=True)
-             if e.alias_of is None and e.nbytes]
+    arena, flat = _fill_arena(plan, 0xAB)  # the padding must come out zero, as the engine leaves it
+    copies = _copies(plan, tensors)
+    items = [(copies.sources[i], o, n, z) for i, o, n, z in zip(copies.index.tolist(), copies.offsets.tolist(),
+                                                               copies.nbytes.tolist(), copies.zero_after.tolist(),
+                                                               strict=True)]
     stage_from_device(DeviceCopies.of(items[::-1]), flat)  # order must not matter
-    assert bytes(memoryview(arena.buffer)[:plan.arena_bytes]) == expected
+    got = np.frombuffer(bytes(memoryview(arena.buffer)[:plan.arena_bytes]), np.uint8)
+    inside = ~_between_shards(plan)
+    assert np.array_equal(got[inside], np.frombuffer(expected, np.uint8)[inside])
 
 
 def test_non_contiguous_and_conjugate_views_are_staged_by_value():
@@ -121,24 +145,23 @@ def test_device_staging_keeps_the_bytes_of_a_tensor_between_its_runs(monkeypatch
     flat = arena.bytes_tensor()
     flat[64:128].copy_(foreign.view(torch.uint8))
     copies = DeviceCopies([a, foreign, c], np.array([0, 2]), np.array([a.data_ptr(), c.data_ptr()], np.int64),
-                          np.array([0, 128], np.int64), np.array([64, 64], np.int64), np.array([0, 2]))
+                          np.array([0, 128], np.int64), np.array([64, 64], np.int64), np.array([0, 2]),
+                          np.array([0, 0], np.int64))
     if fake_kernel:  # the kernel path's runs and table, with the CPU stand-in for the kernel
-        runs = gather_runs(copies.offsets, copies.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
-                           knobs.STAGE_GATHER_RUN_BYTES, copies.positions)
-        gather.gather_runs_to_host(_fake_kernel, torch.device("cpu"), None, copies.addresses, copies.offsets,
-                                   copies.nbytes, runs, flat)
-    else:
-        stage_from_device(copies, flat)
+        monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
+    stage_from_device(copies, flat)
     assert torch.equal(flat[:192].view(torch.float32), torch.cat([a, foreign, c]))
 
 
 def _fake_kernel(grid, block, args, stream=None):
-    """The gather kernel's contract, on CPU tensors: copy each (address, offset, nbytes) row into dst."""
+    """The gather kernel's contract, on CPU tensors: copy each (address, offset, nbytes, zeros) row into
+    dst, then that many zero bytes after it; rows are at most a piece long."""
     table, n, dst = args
-    assert table.shape == (n, 3) and grid[0] >= 1 and stream is None
-    for address, offset, nbytes in table.tolist():
-        assert offset + nbytes <= dst.numel()
+    assert table.shape == (n, 4) and grid[0] >= 1 and stream is None
+    for address, offset, nbytes, zeros in table.tolist():
+        assert offset >= 0 and offset + nbytes + zeros <= dst.numel() and 0 < nbytes <= gather.PIECE_BYTES
         ctypes.memmove(dst.data_ptr() + offset, address, nbytes)
+        ctypes.memset(dst.data_ptr() + offset + nbytes, 0, zeros)
 
 
 def test_torch_release_parsing():
@@ -146,40 +169,100 @@ def test_torch_release_parsing():
     assert gather._release("2.13.0a0+git123") == (2, 13) and gather._release("3") == (3, 0)
 
 
-@pytest.mark.parametrize("scratch", [2**30, 1, 700])
-def test_kernel_table_and_batches_match_direct_copies(monkeypatch, scratch):
-    """The rows handed to the kernel and the scratch batching, checked with a CPU stand-in for the kernel."""
+@pytest.mark.parametrize(("run", "slots", "piece", "direct"), [
+    (2**30, 3, 2**16, False), (1, 1, 2**16, False), (700, 2, 2**16, False), (900, 3, 96, False),
+    (5000, 1, 100, False), (900, 3, 2**16, True), (900, 3, 100, True)])
+def test_kernel_table_and_batches_match_direct_copies(monkeypatch, run, slots, piece, direct):
+    """The rows handed to the kernel, the pieces, the batches and their buffers, checked with a CPU
+    stand-in for the kernel: the arena comes out as the engine stages it, padding zeroed."""
     g = torch.Generator().manual_seed(5)
     state = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate(torch.randint(1, 300, (200,)))}
     state["mid"] = torch.randn(5000, generator=g)
+    state["odd"] = torch.randn(3000, generator=g)[1:]  # contiguous at an address that is not 16-byte aligned
     plan, sources = plan_save(state, shard_size=8000, shard_prefix="s")  # several shards
     expected = _arena_bytes(plan, sources)
 
-    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 900)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_SCRATCH_BYTES", scratch)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", run)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_SLOTS", slots)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", int(direct))
     monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", 10_000)  # "mid" is copied directly
+    monkeypatch.setattr(gather, "PIECE_BYTES", piece)
     monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
-    copies = DeviceCopies.of([(t, plan.arena_offset(e), e.nbytes) for e, t in zip(plan.entries, sources, strict=True)
-                              if e.alias_of is None and e.nbytes])
+    launches, launch = [], gather._launch
+    monkeypatch.setattr(gather, "_launch", lambda k, s, table, dst: launches.append(len(table))
+                        or launch(k, s, table, dst))
+    arena, flat = _fill_arena(plan, 0xAB)  # padding must come out zero, as the engine path leaves it
+    copies = _copies(plan, sources)
     small = np.flatnonzero(copies.nbytes < knobs.STAGE_GATHER_BELOW_BYTES)
-    runs = gather_runs(copies.offsets[small], copies.nbytes[small], knobs.STAGE_GATHER_MAX_GAP_BYTES, 900)
-    assert len(runs) > 3
-    arena = Arena()
-    arena.ensure(plan.arena_bytes)
-    flat = arena.bytes_tensor()
-    flat.fill_(0xAB)  # padding must come out zero, as the engine path leaves it
-    gather.gather_runs_to_host(_fake_kernel, torch.device("cpu"), None, copies.addresses[small],
-                               copies.offsets[small], copies.nbytes[small], runs, flat)
-    for k in np.flatnonzero(copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES).tolist():
-        o, n = int(copies.offsets[k]), int(copies.nbytes[k])
-        flat[o:o + n].copy_(copies.sources[k].view(-1).view(torch.uint8))
-    got = bytes(memoryview(arena.buffer)[:plan.arena_bytes])
-    # Bytes outside every run (between shards) were never gathered; compare the runs and tensors.
-    covered = np.zeros(plan.arena_bytes, bool)
-    for first, stop in runs:
-        start = int(copies.offsets[small][first])
-        covered[start:int(copies.offsets[small][stop - 1] + copies.nbytes[small][stop - 1])] = True
-    for k in range(len(copies.offsets)):
-        covered[int(copies.offsets[k]):int(copies.offsets[k] + copies.nbytes[k])] = True
-    mask = np.flatnonzero(covered)
-    assert np.array_equal(np.frombuffer(got, np.uint8)[mask], np.frombuffer(expected, np.uint8)[mask])
+    runs = gather_runs(copies.offsets[small], copies.nbytes[small], knobs.STAGE_GATHER_MAX_GAP_BYTES, run,
+                       copies.positions[small])
+    assert len(runs) > 3 or run > 10**6
+    stage_from_device(copies, flat, mapped=direct)
+    got = np.frombuffer(bytes(memoryview(arena.buffer)[:plan.arena_bytes]), np.uint8)
+    inside = ~_between_shards(plan)
+    assert np.array_equal(got[inside], np.frombuffer(expected, np.uint8)[inside])
+    if direct:  # one launch for all, straight into the arena
+        assert len(launches) == 1 and launches[0] >= len(small)
+        return
+    # One launch per batch: a batch per run when runs are tiny, one for all when batches are huge.
+    assert len(launches) >= len(runs) if run <= 1 else len(launches) >= 1
+    assert (len(launches) == 1) == (run > 10**6)
+    assert sum(launches) >= len(small) + (piece < 1000)  # long tensors were split
+
+
+@pytest.mark.parametrize(("nbytes", "piece", "expected"), [
+    ([10, 20], 64, [(0, 0, 10, 3), (1, 100, 20, 4)]),
+    ([64, 65], 64, [(0, 0, 64, 3), (1, 100, 64, 0), (65, 164, 1, 4)]),
+    ([150], 64, [(0, 0, 64, 0), (64, 64, 64, 0), (128, 128, 22, 3)]),
+])
+def test_kernel_table_splits_long_copies_into_pieces(nbytes, piece, expected):
+    n = len(nbytes)
+    addresses, offsets = np.array([0, 1][:n], np.int64), np.array([0, 100][:n], np.int64)
+    table, starts = gather.kernel_table(addresses, offsets, np.array(nbytes, np.int64), np.array([3, 4][:n]), piece)
+    assert [tuple(row) for row in table.tolist()] == expected
+    assert starts.tolist() == [0, *np.cumsum([-(-b // piece) for b in nbytes]).tolist()]
+
+
+@pytest.mark.parametrize(("spans", "limit", "expected"), [
+    ([], 10, []), ([5], 1, [(0, 1)]), ([4, 4, 4], 8, [(0, 2), (2, 3)]), ([9, 1, 1], 8, [(0, 1), (1, 3)]),
+    ([1, 1, 1], 100, [(0, 3)]),
+])
+def test_batches_group_runs_up_to_a_size(spans, limit, expected):
+    assert gather.batches(np.array(spans, np.int64), limit) == expected
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_prepared_work_is_reused_only_for_the_same_copies(monkeypatch, direct):
+    """The arena keeps the kernel's prepared table for the next staging: the same copies again take no
+    preparation or upload; another address, size or knob is prepared anew, and every staging is exact."""
+    g = torch.Generator().manual_seed(9)
+    state = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate(torch.randint(1, 3000, (120,)))}
+    plan, sources = plan_save(state, shard_size=64 * 1024, shard_prefix="s")
+    monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", int(direct))
+    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 20_000)
+    uploads, upload = [], gather.upload
+    monkeypatch.setattr(gather, "upload", lambda table, *rest: uploads.append(len(table)) or upload(table, *rest))
+    prepared = gather.Prepared()
+    arena, flat = _fill_arena(plan, 0xAB)
+    inside = ~_between_shards(plan)
+
+    def staged(copies) -> np.ndarray:
+        flat.fill_(0xAB)
+        stage_from_device(copies, flat, mapped=direct, prepared=prepared)
+        return np.frombuffer(bytes(memoryview(arena.buffer)[:plan.arena_bytes]), np.uint8)[inside]
+
+    def expected() -> np.ndarray:
+        return np.frombuffer(_arena_bytes(plan, sources), np.uint8)[inside]
+
+    assert np.array_equal(staged(_copies(plan, sources)), expected()) and uploads
+    uploads.clear()
+    for t in state.values():
+        t.add_(1)  # new values at the same addresses: the same copies
+    assert np.array_equal(staged(_copies(plan, sources)), expected()) and uploads == []
+    state["t5"] = torch.randn(state["t5"].shape, generator=g)  # another tensor (address) at that place
+    plan, sources = plan_save(state, shard_size=64 * 1024, shard_prefix="s")
+    assert np.array_equal(staged(_copies(plan, sources)), expected()) and uploads
+    uploads.clear()
+    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 30_000)
+    assert np.array_equal(staged(_copies(plan, sources)), expected()) and (uploads != []) != direct

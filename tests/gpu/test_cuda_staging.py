@@ -109,32 +109,39 @@ def _gpu_state(seed: int) -> dict:
 
 
 def _staged(state: dict) -> bytes:
+    """The bytes of the shard files as staged into an arena that held other bytes before (0xAB): the
+    padding must come out zero whichever way the tensors were copied."""
     from ckptbench.checkpoint.plan import plan_save
     from ckptbench.checkpoint.stage import Arena, stage
 
     plan, sources = plan_save(state, shard_size=4 * 2**20, shard_prefix="s")
     arena = Arena()
+    arena.ensure(plan.arena_bytes)
+    arena.bytes_tensor().fill_(0xAB)
     stage(plan, sources, arena, threads=2)
-    out = bytes(memoryview(arena.buffer)[:plan.arena_bytes])
+    out = b"".join(bytes(memoryview(arena.buffer)[s.arena_offset:s.arena_offset + s.nbytes]) for s in plan.shards)
     arena.close()
     return out
 
 
 @pytest.mark.skipif(not hasattr(torch.cuda, "_compile_kernel"), reason="torch has no torch.cuda._compile_kernel")
-@pytest.mark.parametrize(("scratch", "direct"), [(256 * 2**20, 0), (4096, 0), (256 * 2**20, 1)])
-def test_gather_kernel_stages_the_same_bytes_as_torch_cat(monkeypatch, scratch, direct):
+@pytest.mark.parametrize(("run", "slots", "direct"), [(256 * 1024, 3, 0), (4096, 1, 0), (4096, 3, 0),
+                                                     (256 * 1024, 3, 1)])
+def test_gather_kernel_stages_the_same_bytes_as_torch_cat(monkeypatch, run, slots, direct):
     from ckptbench import knobs
     from ckptbench.checkpoint import gather
 
     assert gather.kernel_for(torch.device("cuda")) is not None  # NVRTC compiled it
     state = _gpu_state(2)
     monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", direct)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_SCRATCH_BYTES", scratch)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 256 * 1024)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_SLOTS", slots)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", run)
     with_kernel = _staged(state)
     monkeypatch.setattr(knobs, "STAGE_GATHER_KERNEL", 0)
     with_cat = _staged(state)
     assert with_kernel == with_cat
+    on_cpu = _staged({k: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() for k, v in state.items()})
+    assert with_kernel == on_cpu  # the engine's copies of the same tensors on the host
 
 
 def test_staging_waits_for_work_queued_on_the_current_stream(tmp_path: Path):
@@ -181,3 +188,33 @@ def test_checkpoint_bench_with_the_state_dict_on_the_gpu(cli, tmp_path: Path):
         "ckptbench", "torch", "dcp"}
     assert all(a["verified"] for a in doc["async"])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda, "_compile_kernel"), reason="torch has no torch.cuda._compile_kernel")
+@pytest.mark.parametrize("direct", [0, 1])
+def test_repeated_saves_reuse_the_prepared_staging_and_save_the_new_values(tmp_path: Path, monkeypatch, direct):
+    """A training loop's saves: the same tensors (addresses) with new values reuse the arena's prepared
+    gathering; a tensor replaced by another one is prepared anew. Every checkpoint holds its values."""
+    from ckptbench import knobs
+    from ckptbench.checkpoint import gather
+
+    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", direct)
+    uploads, upload = [], gather.upload
+    monkeypatch.setattr(gather, "upload", lambda table, *rest: uploads.append(len(table)) or upload(table, *rest))
+    state = _gpu_state(3)
+    ckpt = Checkpointer()
+    for step in range(4):
+        uploads.clear()
+        for tensors in state.values():
+            for t in tensors if isinstance(tensors, list) else [tensors]:
+                t.logical_not_() if t.dtype == torch.bool else t.add_(1)
+        if step == 3:
+            state["many"][7] = state["many"][7].clone()  # another address
+        expected = {k: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() for k, v in state.items()}
+        ckpt.save(state, tmp_path / f"c{step}")
+        got = ckpt.load(tmp_path / f"c{step}")
+        for key, value in expected.items():
+            pairs = zip(got[key], value, strict=True) if isinstance(value, list) else [(got[key], value)]
+            assert all(torch.equal(a, b) for a, b in pairs), (step, key)
+        assert (uploads == []) == (step in (1, 2)), (step, uploads)  # prepared once, reused, then anew
+    ckpt.close()

@@ -12,6 +12,8 @@ t0=$(date +%s)
 $PY -m pip install --no-build-isolation --no-deps -q -e . 2>&1 | grep -v "as the 'root' user" | tail -5
 echo "build: $(( $(date +%s) - t0 )) s"
 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
-$PY -m pytest -q -p no:cacheprovider -m 'not slow' tests/checkpoint tests/native 2>&1 | tee "$OUT/cpu-tests.log" | tail -4
-$PY tests/perf/gpu_staging.py --size "${SIZE:-2GiB}" --rounds 5 --save "$OUT" 2>&1 | tee "$OUT/gpu-staging.log"
+timeout "${CPU_TESTS_S:-300}" $PY -m pytest -q -p no:cacheprovider -m 'not slow' tests/checkpoint tests/native 2>&1 \
+    | tee "$OUT/cpu-tests.log" | tail -4
+$PY tests/perf/gpu_staging.py --size "${SIZE:-2GiB}" --rounds 5 --save "$OUT" ${PROFILE:+--profile} 2>&1 \
+    | tee "$OUT/gpu-staging.log" | grep -v "^ \|^--\|^$\|^Name\|Self CPU\|Self CUDA\|function calls\|Ordered by\|List reduced"
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -7,10 +7,16 @@ For each state_dict shape the benchmark times, alternating the order every round
   memory (``torch.empty(..., pin_memory=True).copy_(..., non_blocking=True)`` = cudaMemcpyAsync),
   the ceiling of a device-to-host copy;
 - ``stage``: ckptbench's staging step (``checkpoint.stage.stage``) into its reused, cudaHostRegister'ed
-  arena (the part of an async save that blocks training), small tensors gathered by one kernel launch;
-- ``stage (direct)``: the same with the kernel writing straight into the mapped arena
-  (``CKPTBENCH_STAGE_GATHER_DIRECT=1``);
-- ``stage (torch.cat)``: the same with the kernel switched off (``CKPTBENCH_STAGE_GATHER_KERNEL=0``);
+  arena (the part of an async save that blocks training) with the default knobs, as a training loop
+  saves the same state_dict again and again: big tensors by the copy engine, small ones by a kernel
+  writing straight into the mapped arena from the table the arena prepared the first time;
+- ``stage (new layout)``: the same, the table prepared anew each time (the first save, or tensors that
+  moved);
+- ``stage (gather+copy)``: small tensors gathered into device buffers, a launch per batch of runs,
+  while the copy engine moves earlier batches (``CKPTBENCH_STAGE_GATHER_DIRECT=0``), prepared once
+  or (``new layout``) each time;
+- ``stage (torch.cat)``: the kernel switched off (``CKPTBENCH_STAGE_GATHER_KERNEL=0``);
+- ``gather only (device)``: the kernel alone into a device buffer (no copy to the host);
 - ``plan``: planning alone (flattening the state_dict and laying it out);
 - ``plan+stage``: the same plus planning (the whole stall of ``save(async_=True)`` minus the wait);
 - ``tensor.cpu()``: the per-tensor copy that ``torch.save`` of GPU tensors does (to pageable memory).
@@ -37,7 +43,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from ckptbench import knobs
@@ -86,7 +94,56 @@ def time_it(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = False) -> dict:
+def gather_only(plan, tensors) -> Any:
+    """The gather kernel alone over every small tensor, into a device buffer laid out like the arena
+    (no copy to the host): how fast the device gathers."""
+    from ckptbench.checkpoint import gather
+
+    index, offsets, nbytes = plan.placements.T
+    small = nbytes < knobs.STAGE_GATHER_BELOW_BYTES
+    addresses = np.frombuffer(tensors.addresses, np.int64)[index]
+    if not small.any():
+        return lambda: None
+    table, _ = gather.kernel_table(addresses[small], offsets[small], nbytes[small], plan.padding[small])
+    device = torch.device("cuda")
+    rows = torch.from_numpy(table).to(device)
+    out = torch.empty(plan.arena_bytes, dtype=torch.uint8, device=device)
+    kernel = gather.kernel_for(device)
+    return lambda: gather._launch(kernel, torch.cuda.current_stream(), rows, out)
+
+
+def issue_time(fn) -> tuple[float, float, float]:
+    """Seconds from the start of one call of ``fn`` until its first kernel launch, until staging's device
+    work was all queued, and until it was done."""
+    from ckptbench.checkpoint import gather
+
+    queued: list[float] = []
+    launched: list[float] = []
+    wait, launch = gather.Queued.wait, gather._launch
+
+    def timed_wait(self) -> None:
+        queued.append(time.perf_counter())
+        wait(self)
+
+    def timed_launch(*args) -> None:
+        launched.append(time.perf_counter())
+        launch(*args)
+
+    torch.cuda.synchronize()
+    gather.Queued.wait, gather._launch = timed_wait, timed_launch
+    try:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+    finally:
+        gather.Queued.wait, gather._launch = wait, launch
+    nan = float("nan")
+    return (launched[0] - t0 if launched else nan), (queued[0] - t0 if queued else nan), t1 - t0
+
+
+def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = False,
+             trace: Path | None = None) -> dict:
     nbytes = total_bytes(state)
     device_flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -98,21 +155,28 @@ def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = 
         p, ts = plan_save(state, 256 * 2**20, shard_prefix="s")
         stage(p, ts, arena, threads)
 
-    def stage_with(knob: str, value: int):
+    def stage_with(new_layout: bool = False, **settings: int):
         def run() -> None:
-            before = getattr(knobs, knob)
-            setattr(knobs, knob, value)
+            before = {knob: getattr(knobs, knob) for knob in settings}
+            for knob, value in settings.items():
+                setattr(knobs, knob, value)
+            if new_layout:  # as for the first save, or a state_dict whose tensors moved
+                arena.prepared.clear()
             try:
                 stage(plan, tensors, arena, threads)
             finally:
-                setattr(knobs, knob, before)
+                for knob, value in before.items():
+                    setattr(knobs, knob, value)
         return run
 
     contenders = {
         "memcpy": lambda: pinned.copy_(device_flat, non_blocking=True),
         "stage": lambda: stage(plan, tensors, arena, threads),
-        "stage (direct)": stage_with("STAGE_GATHER_DIRECT", 1),
-        "stage (torch.cat)": stage_with("STAGE_GATHER_KERNEL", 0),
+        "stage (new layout)": stage_with(new_layout=True),
+        "stage (gather+copy)": stage_with(STAGE_GATHER_DIRECT=0),
+        "stage (gather+copy, new layout)": stage_with(new_layout=True, STAGE_GATHER_DIRECT=0),
+        "stage (torch.cat)": stage_with(STAGE_GATHER_KERNEL=0),
+        "gather only (device)": gather_only(plan, tensors),
         "plan": lambda: plan_save(state, 256 * 2**20, shard_prefix="s"),
         "plan+stage": do_plan_stage,
         "tensor.cpu()": lambda: [t.cpu() for t in state.values()],
@@ -122,7 +186,8 @@ def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = 
         order = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
         for key in order:
             times[key].append(time_it(contenders[key]))
-    # Bit-exactness of the staged bytes, tensor by tensor.
+    # Bit-exactness of the staged bytes, tensor by tensor, after the default staging.
+    stage(plan, tensors, arena, threads)
     flat = arena.bytes_tensor()
     for entry, tensor in zip(plan.entries, tensors, strict=True):
         if entry.alias_of is None and entry.nbytes:
@@ -139,12 +204,19 @@ def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = 
             torch.cuda.synchronize()
             print(f"-- Python profile of {key} ({name})")
             pstats.Stats(prof).sort_stats("tottime").print_stats(8)
-        for key in ("stage", "stage (direct)"):
+        for key in ("stage", "stage (new layout)", "stage (gather+copy)"):
+            issued = [issue_time(contenders[key]) for _ in range(3)]
+            print(f"-- {key} ({name}): first launch, all queued, done after " + ", ".join(
+                f"{f * 1e3:.2f}/{q * 1e3:.2f}/{t * 1e3:.2f} ms" for f, q, t in issued))
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
             with torch.profiler.profile(activities=activities) as prof:
                 time_it(contenders[key])
             print(f"-- CUDA calls and kernels of {key} ({name})")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=6))
+            if trace is not None and key in ("stage", "stage (gather+copy)"):
+                tag = "".join(ch if ch.isalnum() else "-" for ch in key)
+                prof.export_chrome_trace(str(trace / f"trace-{name}-{tag}.json"))
     arena.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
@@ -197,15 +269,22 @@ def main() -> int:
     ap.add_argument("--async-rounds", type=int, default=3)
     ap.add_argument("--cases", default=",".join(CASES), help=f"which state_dicts, of {','.join(CASES)}")
     ap.add_argument("--profile", action="store_true", help="print where staging and planning spend CPU time")
+    ap.add_argument("--trace", type=Path, help="with --profile: write Chrome traces of staging (small, tiny) here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from ckptbench.checkpoint import gather
+
+    if gather.kernel_for(torch.device("cuda")) is None:
+        print("the gather kernel did not compile (see the log); only torch.cat would be measured", file=sys.stderr)
         return 2
     size = parse_size(args.size)
     results = {}
     states = shapes(size, tuple(args.cases.split(",")))
     for name, state in states.items():
-        results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name in ("small", "tiny"))
+        results[name] = res = run_case(name, state, args.rounds, args.threads, args.profile and name in ("small", "tiny"),
+                                    args.trace)
         print(f"{name:6s} {res['tensors']:6d} tensors {format_size(res['bytes']):>10s}  " + "  ".join(
             f"{k} {res['gbps'][k]:6.1f} GB/s ({res['ratio_vs_memcpy'][k]:.2f}x)" for k in res["gbps"]), flush=True)
     if args.async_rounds and "llama" in states:
