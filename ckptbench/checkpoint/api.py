@@ -24,7 +24,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -590,7 +590,9 @@ class Checkpointer:
            naming it.
 
         So no rank returns a part of one checkpoint while another loads a different one, and every
-        rank makes the same collective calls (the failures gathered are the same on all of them).
+        rank makes the same collective calls (the failures gathered are the same on all of them). With
+        ``into=``, a rank copies into it only once every rank has read its part and found that it fits:
+        when one fails, no rank's ``into`` has changed.
         """
         manifest = _shared_manifest(world, store)
         for attempt in range(1, LOAD_ATTEMPTS + 1):
@@ -599,12 +601,16 @@ class Checkpointer:
                 # A single-process checkpoint loads whole on every rank; a distributed one part by part.
                 part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
                                     world_size=world.world_size)
-                loaded = self._timed_load(store, manifest, part, device, verify, into)
+                # With into=, each rank reads its part and checks that it fits, but copies nothing yet.
+                loaded = self._timed_load(store, manifest, part, device, verify, into, defer=into is not None)
             except Exception as exc:
                 failure, error = (f"{type(exc).__name__}: {exc}", isinstance(exc, _MAYBE_REPLACED)), exc
             failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
             bad = {r: f for r, f in enumerate(failures) if f is not None}
             if not bad:
+                if into is not None:
+                    loaded()  # every rank's part was read and fits its into=: now each copies
+                    return into
                 return loaded
             verdict, latest = "failed", None
             if all(maybe_replaced for _, maybe_replaced in bad.values()):
@@ -627,16 +633,27 @@ class Checkpointer:
         raise AssertionError("unreachable")
 
     def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                    into: dict | None) -> dict:
-        """``_load_part``, its time kept in ``last_load_s`` (reads and rebuild, no coordination)."""
+                    into: dict | None, defer: bool = False) -> Any:
+        """``_load_part``, its time kept in ``last_load_s`` (reads and rebuild, no coordination; with
+        ``defer``, the copy into ``into`` is timed into it when it is made)."""
         start = time.perf_counter()
-        loaded = self._load_part(store, manifest, part, device, verify, into)
+        loaded = self._load_part(store, manifest, part, device, verify, into, defer)
         self.last_load_s = time.perf_counter() - start
-        return loaded
+        if not defer:
+            return loaded
+
+        def copy() -> None:
+            started = time.perf_counter()
+            loaded()
+            self.last_load_s += time.perf_counter() - started
+
+        return copy
 
     def _load_part(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                   into: dict | None) -> dict:
-        """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`."""
+                   into: dict | None, defer: bool = False) -> Any:
+        """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`. With ``into`` and
+        ``defer``: check that the part fits ``into`` and return the copy into it, to be called (before
+        the next load reuses the read buffer) instead of made."""
         import torch
 
         shards = part["shards"]  # checked by mf.check_part: well formed, every tensor inside its shard
@@ -689,8 +706,10 @@ class Checkpointer:
             _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
             return loaded
-        _copy_into(into, loaded)
-        _synchronize_all(into)
+        copy = _fit_into(into, loaded)
+        if defer:
+            return copy
+        copy()
         return into
 
     def _read_verified(self, store: Store, buffer: Any, files: list[tuple[str, memoryview]],
@@ -813,11 +832,12 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
         interrupts.join(helper)
 
 
-def _copy_into(dst: Any, src: Any) -> None:
-    """Make ``dst`` (``load``'s ``into=``) hold the loaded ``src``: each tensor copied into the matching
-    preallocated tensor, in place (under no_grad: parameters are fine), and each plain value that
-    differs (a step counter, a learning rate) put into its dict or list. Everything is checked before
-    anything changes: an ``into=`` that does not fit is refused untouched, naming the first misfit."""
+def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
+    """How ``dst`` (``load``'s ``into=``) comes to hold the loaded ``src``: each tensor copied into the
+    matching preallocated tensor, in place (under no_grad: parameters are fine), and each plain value
+    that differs (a step counter, a learning rate) put into its dict or list. Everything is checked
+    here, and the copy returned to be made: an ``into=`` that does not fit is refused untouched, naming
+    the first misfit."""
     import torch
 
     copies: list[tuple[Any, Any, str]] = []
@@ -865,15 +885,20 @@ def _copy_into(dst: Any, src: Any) -> None:
             updates.append((parent, slot, s))
 
     visit(dst, src, "")
-    with torch.no_grad():
-        for d, s, path in copies:
-            try:
-                copy_values(d, s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
-            except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
-                raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
-                                 "before it in into= were loaded") from exc
-    for container, slot, value in updates:
-        container[slot] = value
+
+    def copy() -> None:
+        with torch.no_grad():
+            for d, s, path in copies:
+                try:
+                    copy_values(d, s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+                except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
+                    raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
+                                     "before it in into= were loaded") from exc
+        for container, slot, value in updates:
+            container[slot] = value
+        _synchronize_all(dst)
+
+    return copy
 
 
 def _unwritable(t: Any) -> str | None:

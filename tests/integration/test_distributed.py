@@ -180,12 +180,13 @@ def test_a_rank_killed_mid_save_is_named_and_nothing_commits(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["single_under_launch", "async_fail", "async_exit", "unknown", "badpath",
-                                      "rank0_plan"])
+                                      "rank0_plan", "into_misfit"])
 def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
     """A whole single-process checkpoint loads on every rank; a rank 1 failure during an async save
     commits nothing; an async save still running at a normal exit is completed on every rank; a
     manifest write whose outcome is unknown leaves every rank's shards; rank 0's own setup error
-    reaches rank 1 at once (no wait for the timeout)."""
+    reaches rank 1 at once (no wait for the timeout); a load into= that does not fit on rank 1 leaves
+    rank 0's into= untouched too."""
     import torch
 
     import ckptbench
@@ -216,6 +217,10 @@ def test_every_rank_ends_the_same_way(tmp_path: Path, scenario: str):
             assert all((ckpt / s["name"]).exists() for s in part["shards"])
         for rank in (0, 1):
             assert torch.equal(ckptbench.load(ckpt, rank=rank)["w"], torch.full((1000,), 5.0 + rank))
+    elif scenario == "into_misfit":
+        assert errors[1].startswith("UsageError") and "does not fit" in errors[1], errors[1]
+        assert errors[0].startswith("RankFailedError") and "rank 1 (UsageError" in errors[0], errors[0]
+        assert (tmp_path / "rank0.untouched").exists()  # nothing copied: another rank's into= did not fit
     elif scenario == "rank0_plan":  # rank 0's state_dict cannot be saved: rank 1 hears it, removes its shards
         assert errors[0].startswith("UsageError") and "cannot be saved" in errors[0], errors[0]
         assert errors[1].startswith("RankFailedError") and "rank 0 failed: UsageError" in errors[1], errors[1]
@@ -539,6 +544,19 @@ def _worker(scenario: str, out: Path) -> None:
             raise AssertionError("the save went through")
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             record_error(exc)
+    elif scenario == "into_misfit":
+        ckptbench.save({"w": torch.full((1000,), float(rank)), "step": 5}, out / "ckpt")
+        into = {"w": torch.zeros(1000 if rank == 0 else 999), "step": 0}
+        try:
+            ckptbench.load(out / "ckpt", into=into)
+            raise AssertionError("the load went through")
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            record_error(exc)
+        if torch.equal(into["w"], torch.zeros(into["w"].shape)) and into["step"] == 0:
+            (out / f"rank{rank}.untouched").touch()
+        fits = {"w": torch.zeros(1000), "step": 0}
+        assert ckptbench.load(out / "ckpt", into=fits) is fits
+        assert torch.equal(fits["w"], torch.full((1000,), float(rank))) and fits["step"] == 5
     elif scenario == "rank0_plan":
         state = {"w": torch.full((1000,), float(rank))}
         if rank == 0:
