@@ -367,7 +367,7 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
         w.prepare(state_dict)
     memcpy_bps = native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3)
     rss = PeakRss()
-    probe = ComputeProbe() if async_writers else None
+    probe = ComputeProbe(device=spec.device) if async_writers else None
     samples = {w.name: _Samples() for w in writers}
     async_samples = {w.name: _AsyncSamples() for w in async_writers}
     memory = None

@@ -570,18 +570,23 @@ class FioReference(Writer):
 class ComputeProbe:
     """A fixed matmul loop standing in for training compute; its step time measures interference.
 
-    One step is ``inner`` products of two ``size`` x ``size`` fp32 matrices, ``inner`` chosen once so
-    a step takes about ``step_s`` alone.
+    One step is ``inner`` products of two ``size`` x ``size`` fp32 matrices on ``device``, ``inner``
+    chosen once so a step takes about ``step_s`` alone. On a GPU (``--device cuda``, as in training)
+    the matrices are larger and each step waits for its products: the persist then competes for the
+    host thread that launches them (the GIL, CPU time), not for the GPU itself.
     """
 
-    def __init__(self, size: int = 256, step_s: float = 0.005) -> None:
+    def __init__(self, size: int | None = None, step_s: float = 0.005, device: str = "cpu") -> None:
         import torch
 
-        generator = torch.Generator().manual_seed(0)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        size = size or (2048 if self.cuda else 256)
+        generator = torch.Generator(device=self.device).manual_seed(0)
         self.size = size
-        self._a = torch.randn(size, size, generator=generator)
-        self._b = torch.randn(size, size, generator=generator)
-        self._out = torch.empty(size, size)
+        self._a = torch.randn(size, size, generator=generator, device=self.device)
+        self._b = torch.randn(size, size, generator=generator, device=self.device)
+        self._out = torch.empty(size, size, device=self.device)
         self.inner = 1
         self.step()  # warm the kernels
         once = min(self.step() for _ in range(5))
@@ -593,6 +598,8 @@ class ComputeProbe:
         start = time.perf_counter()
         for _ in range(self.inner):
             torch.mm(self._a, self._b, out=self._out)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
     def run_for(self, seconds: float) -> list[float]:
@@ -610,8 +617,8 @@ class ComputeProbe:
         return steps
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "torch.mm fp32", "matrix": [self.size, self.size], "products_per_step": self.inner,
-                "torch_threads": _torch_threads()}
+        return {"kind": "torch.mm fp32", "device": str(self.device), "matrix": [self.size, self.size],
+                "products_per_step": self.inner, "torch_threads": _torch_threads()}
 
 
 def _torch_threads() -> int:

@@ -487,8 +487,10 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
                           "-" if a["interference"] is None else f"{a['interference']:+.0%}")
         console.print(table)
         probe = document["probe"]
+        where = probe.get("device", "cpu")
+        where = f"{probe['torch_threads']} threads" if where == "cpu" else f"on {where}"
         console.print(f"interference: slowdown of a {probe['kind']} {probe['matrix'][0]}x{probe['matrix'][1]} loop "
-                      f"({probe['torch_threads']} threads) while persisting, vs the same loop alone")
+                      f"({where}) while persisting, vs the same loop alone")
     memory = document["memory"]
     if memory:
         console.print(

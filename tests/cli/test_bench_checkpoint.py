@@ -39,7 +39,7 @@ def test_every_writer_saved_loaded_and_verified(cli, tmp_path: Path):
         assert a["verified"] is True and a["stall_s"] > 0 and a["persist_s"] > 0
         assert a["total_s"] == pytest.approx(a["stall_s"] + a["persist_s"])
         assert len(a["runs_interference"]) == 1
-    assert doc["probe"]["kind"] and doc["probe"]["products_per_step"] >= 1
+    assert doc["probe"]["kind"] and doc["probe"]["products_per_step"] >= 1 and doc["probe"]["device"] == "cpu"
     memory = doc["memory"]
     assert memory["saves"] == 10 and len(memory["rss_after_bytes"]) == 10
     assert memory["checkpoint_bytes"] == workload["total_bytes"]

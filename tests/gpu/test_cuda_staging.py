@@ -187,6 +187,7 @@ def test_checkpoint_bench_with_the_state_dict_on_the_gpu(cli, tmp_path: Path):
     assert all(r["verified"] for r in doc["results"]) and {r["writer"] for r in doc["results"]} == {
         "ckptbench", "torch", "dcp"}
     assert all(a["verified"] for a in doc["async"])
+    assert doc["probe"]["device"].startswith("cuda")  # the interference probe computes where training does
     assert list(tmp_path.iterdir()) == []
 
 
