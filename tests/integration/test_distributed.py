@@ -589,7 +589,7 @@ def _worker(scenario: str, out: Path) -> None:
 
             LocalStore.read_files = removed_first
 
-        def replace_then_read(self, store, manifest, part, *args):
+        def replace_then_read(self, store, manifest, part, *args, **kwargs):
             """Between rank 0 handing the manifest round and this rank's reads: a save replaces it."""
             if scenario == "replaced_after_rank0_read" and not reads:
                 if rank == 1:  # once rank 0 read the old checkpoint, another process replaces it
@@ -605,7 +605,7 @@ def _worker(scenario: str, out: Path) -> None:
                 else:
                     _wait_for_file(out / f"replaced-{len(reads) + 1}")
             try:
-                loaded = real(self, store, manifest, part, *args)
+                loaded = real(self, store, manifest, part, *args, **kwargs)
             except Exception:
                 reads.append("failed")
                 raise
