@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,6 +263,18 @@ class Prepared:
     def put(self, device: Any, settings: tuple, arrays: list[np.ndarray], program: Program) -> None:
         self._programs[device] = (settings, [a.copy() for a in arrays], program)
 
+    @staticmethod
+    def reuse(prepared: Prepared | None, device: Any, direct: bool, arrays: list[np.ndarray],
+              make: Callable[[], Program]) -> Program:
+        """``prepared``'s program for these copies, or ``make()``'s, kept in ``prepared`` for next time."""
+        settings = Prepared.settings(direct)
+        program = prepared.get(device, settings, arrays) if prepared is not None else None
+        if program is None:
+            program = make()
+            if prepared is not None:
+                prepared.put(device, settings, arrays, program)
+        return program
+
     def clear(self) -> None:
         self._programs.clear()
 
@@ -278,13 +291,9 @@ def gather_to_host(kernel: Any, ring: Ring, addresses: np.ndarray, offsets: np.n
     holds this staging's program already)."""
     import torch
 
-    arrays = [addresses, offsets, nbytes, zero_after]
-    settings = Prepared.settings(False)
-    program = prepared.get(ring.device, settings, arrays) if prepared is not None else None
-    if program is None:
-        program = _program(addresses, offsets, nbytes, zero_after, runs() if callable(runs) else runs, ring)
-        if prepared is not None:
-            prepared.put(ring.device, settings, arrays, program)
+    program = Prepared.reuse(prepared, ring.device, False, [addresses, offsets, nbytes, zero_after],
+                             lambda: _program(addresses, offsets, nbytes, zero_after,
+                                              runs() if callable(runs) else runs, ring))
     table = program.table
     # Lean loop: copies on the current stream (the copy stream), kernels given their stream.
     with torch.cuda.stream(ring.streams[1]) if ring.cuda else contextlib.nullcontext():
@@ -331,13 +340,9 @@ def gather_into_host(kernel: Any, device: Any, stream: Any, addresses: np.ndarra
     import torch
 
     arrays = [addresses, offsets, nbytes, zero_after]
-    settings = Prepared.settings(True)
-    program = prepared.get(device, settings, arrays) if prepared is not None else None
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        if program is None:
-            program = Program(upload(kernel_table(*arrays)[0], device, stream))
-            if prepared is not None:
-                prepared.put(device, settings, arrays, program)
+        program = Prepared.reuse(prepared, device, True, arrays,
+                                 lambda: Program(upload(kernel_table(*arrays)[0], device, stream)))
         _launch(kernel, stream, program.table, flat)
     return Queued((stream,), [program.table])
 
