@@ -33,7 +33,7 @@ from ckptbench import __version__, interrupts, knobs, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
-from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, SavePlan, plan_save, rebuild
+from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild
 from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
@@ -180,6 +180,7 @@ class Checkpointer:
             raise UsageError(f"threads ({self.threads}), shard_size ({self.shard_size}) and block_size "
                              f"({self.block_size}) must be positive")
         self._arena = Arena()
+        self._plans = PlanCache()  # the last save's plan, for the next save of the same layout
         self._read_buffer = Arena()
         self._in_flight: Future | None = None
         self._lock = threading.Lock()
@@ -225,7 +226,7 @@ class Checkpointer:
             raise CheckpointExistsError.at(store.url)
         save_id = secrets.token_hex(4)
         planning = time.perf_counter()
-        plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
+        plan, tensors = self._plans.plan(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
         plan_s = time.perf_counter() - planning
         store.prepare()
         # Held from before the first shard write until the stale files are removed (async: released
@@ -303,7 +304,8 @@ class Checkpointer:
         key = f"save/{save_id}"
         try:
             started = time.perf_counter()
-            plan, tensors = plan_save(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}-r{world.rank:05d}")
+            plan, tensors = self._plans.plan(state_dict, self.shard_size,
+                                             shard_prefix=f"shard-{save_id}-r{world.rank:05d}")
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
@@ -748,6 +750,7 @@ class Checkpointer:
         """Wait for a save in flight, then free the staging arena."""
         self._wait_in_flight()
         self._arena.close()
+        self._plans.clear()
         self._read_buffer.close()
 
     def __enter__(self) -> Checkpointer:
