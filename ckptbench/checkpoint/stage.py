@@ -49,6 +49,7 @@ class Arena:
         self._registered = False
         self._bytes_view: Any = None
         self.prepared = gather.Prepared()  # GPU staging work prepared for the last save, reused when it repeats
+        self._repeat: tuple[tuple, tuple, Direct] | None = None
 
     @property
     def mapped(self) -> bool:
@@ -93,8 +94,26 @@ class Arena:
             self._bytes_view = torch.frombuffer(self.buffer, dtype=torch.uint8)
         return self._bytes_view
 
+    def remember(self, key: tuple, direct: Direct) -> None:
+        """Keep ``direct``, the staging worked out from the arrays ``key``, for :meth:`repeat_for`."""
+        self._repeat = (key, _direct_settings(), direct)
+
+    def repeat_for(self, key: tuple) -> Direct | None:
+        """The staging remembered for the very arrays ``key`` (the same objects: they are never changed
+        once planned, so the work out of them is the same) under the same knobs, else None. The key's
+        arrays stay referenced while remembered, so no other array can take an identity."""
+        if self._repeat is None or self._repeat[1] != _direct_settings():
+            return None
+        known = self._repeat[0]
+        return self._repeat[2] if len(known) == len(key) and all(a is b for a, b in zip(known, key, strict=True)) else None
+
+    def forget(self) -> None:
+        """Drop the remembered staging (:meth:`repeat_for`); the prepared tables stay."""
+        self._repeat = None
+
     def close(self) -> None:
         self.prepared.clear()
+        self.forget()
         if self.buffer is None:
             return
         if self._registered:
@@ -104,6 +123,12 @@ class Arena:
             self._registered = False
         self._bytes_view = None
         self.buffer = None
+
+
+def _direct_settings() -> tuple:
+    """The knobs a remembered direct staging was worked out under."""
+    return (knobs.STAGE_GATHER_DIRECT, knobs.STAGE_GATHER_KERNEL, knobs.STAGE_GATHER_BELOW_BYTES,
+            gather.Prepared.settings(True))
 
 
 def dtype_of(name: str) -> Any:
@@ -146,23 +171,35 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     tensors: :func:`stage_from_device` per device; anything else: ``Tensor.copy_`` one by one.
     """
     arena.ensure(plan.arena_bytes)
+    sources = Sources.of(tensors)
+    key = (plan.placements, sources.addresses, sources.routes, plan.padding)
+    repeat = arena.repeat_for(key)
+    if repeat is not None:  # the very arrays staged last time (a Checkpointer's reused plan): as it was
+        repeat.issue(sources, arena.bytes_tensor()).wait()
+        return
     index, offsets, nbytes = plan.placements.T
-    copy_into_arena(Sources.of(tensors), index, offsets, nbytes, arena, threads, zero_after=plan.padding)
+    copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key)
 
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
-                    threads: int, zero_after: np.ndarray | None = None) -> None:
+                    threads: int, zero_after: np.ndarray | None = None, key: tuple | None = None) -> None:
     """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
     (rows sorted by offset, non-empty, not overlapping); returns when every byte is there. The arena
     must already be large enough. ``zero_after[k]``: zero that many bytes after copy k (the padding
-    of shard files, up to the next copy)."""
-    routes = np.frombuffer(sources.routes, np.int16)[index]
-    addresses = np.frombuffer(sources.addresses, np.int64)[index]
-    if len(routes) == 0:
+    of shard files, up to the next copy). ``key``: the arrays these come from, under which the arena
+    keeps a staging of one device's tensors straight into it for the next time (:meth:`Arena.repeat_for`)."""
+    if len(index) == 0:
         return
+    routes = np.frombuffer(sources.routes, np.int16)
     lowest, highest = int(routes.min()), int(routes.max())
+    if lowest == highest:  # every source takes one route: no need to pick the copied ones' out
+        routes = np.full(len(index), lowest, np.int16)
+    else:
+        routes = routes[index]
+        lowest, highest = int(routes.min()), int(routes.max())
+    addresses = np.frombuffer(sources.addresses, np.int64)[index]
     if zero_after is None:
-        zero_after = np.zeros(len(routes), np.int64)
+        zero_after = np.zeros(len(index), np.int64)
     if lowest == highest == ROUTE_HOST:  # all on the host: one engine call
         native.copy_from_addresses(arena.buffer, np.column_stack((addresses, offsets, nbytes, zero_after)), threads)
         return
@@ -172,8 +209,14 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     queued: list[gather.Queued] = []
     try:
         if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
-            queued.append(queue_from_device(DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after),
-                                            flat, arena.mapped, arena.prepared))
+            copies = DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after)
+            direct = Direct.of(copies, arena.mapped, arena.prepared)
+            if direct is None:
+                queued.append(queue_from_device(copies, flat, arena.mapped, arena.prepared))
+                return
+            if key is not None:
+                arena.remember(key, direct)
+            queued.append(direct.issue(sources, flat))
             return
         for device in np.unique(routes[routes >= 0]).tolist():
             on = np.flatnonzero(routes == device)
@@ -324,30 +367,29 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     """
     import torch
 
+
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
         return gather.Queued((), [])
+    direct = Direct.of(copies, mapped, prepared)
+    if direct is not None:
+        return direct.issue(copies.sources, flat)
     cuda = device.type == "cuda"  # CPU tensors: how it is unit-tested, everything in order
-    gather_stream, copy_stream = (side_stream(device), side_stream(device, COPY_STREAM)) if cuda else (None, None)
     big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
     small = copies.where(~big) if big.any() else copies
+    kernel = gather.kernel_for(device) if len(small.index) else None
+    gather_stream = side_stream(device) if cuda else None
+    copy_stream = side_stream(device, COPY_STREAM) if cuda else None
     queued = gather.Queued((gather_stream, copy_stream), [])
     try:
-        with torch.cuda.stream(copy_stream) if cuda else contextlib.nullcontext():
-            for k in np.flatnonzero(big).tolist():  # first in the copy engine's queue: no gathering to wait for
-                offset, nbytes = int(copies.offsets[k]), int(copies.nbytes[k])
-                flat[offset:offset + nbytes].copy_(as_bytes(copies.sources[int(copies.index[k])]), non_blocking=cuda)
+        rows = _big_rows(copies, big)
+        _copy_big(rows, copies.sources, flat, copy_stream, cuda)
         if len(small.index):
-            kernel = gather.kernel_for(device)
             def runs() -> list[tuple[int, int]]:
                 return gather_runs(small.offsets, small.nbytes, knobs.STAGE_GATHER_MAX_GAP_BYTES,
                                    knobs.STAGE_GATHER_RUN_BYTES, small.positions)
 
-            if kernel is not None and mapped and knobs.STAGE_GATHER_DIRECT:
-                queued.keep.append(gather.gather_into_host(kernel, device, gather_stream, small.addresses,
-                                                           small.offsets, small.nbytes, small.zero_after, flat,
-                                                           prepared))
-            elif kernel is not None:
+            if kernel is not None:
                 ring = gather.Ring(device, (gather_stream, copy_stream), knobs.STAGE_GATHER_SLOTS, _slot_bytes(small))
                 queued.keep.append(ring)
                 gather.gather_to_host(kernel, ring, small.addresses, small.offsets, small.nbytes, small.zero_after,
@@ -356,13 +398,88 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
                 with torch.cuda.stream(gather_stream) if cuda else contextlib.nullcontext():
                     _cat_runs([small.sources[i] for i in small.index.tolist()], small.offsets.tolist(),
                               small.nbytes.tolist(), small.zero_after.tolist(), runs(), flat, device)
-        for k in np.flatnonzero(big & (copies.zero_after > 0)).tolist():  # the big ones' padding, on the host
-            end = int(copies.offsets[k] + copies.nbytes[k])
-            flat[end:end + int(copies.zero_after[k])].zero_()
+        _zero_after_big(rows, flat)
     except BaseException:
         queued.wait()
         raise
     return queued
+
+
+@dataclass
+class Direct:
+    """One device's contiguous tensors staged straight into the registered (mapped) arena, worked out:
+    the big ones are copied by the copy engine on a side stream (``big``: source position, arena
+    offset, bytes, padding after), the small ones by one launch of the gather kernel over its prepared
+    table (``program``), on the current stream, after the tensors' producers. The arena keeps it and
+    issues it again as it is for the next staging of the very same plan arrays (a Checkpointer's
+    reused plan), with none of the per-tensor work of working it out."""
+
+    device: Any
+    big: list[tuple[int, int, int, int]]
+    kernel: Any
+    program: gather.Program | None
+
+    @classmethod
+    def of(cls, copies: DeviceCopies, mapped: bool, prepared: gather.Prepared | None) -> Direct | None:
+        """The direct staging of ``copies``, or None where the kernel cannot write into the arena
+        (not ``mapped``, no kernel, ``knobs.STAGE_GATHER_DIRECT`` off); its table from ``prepared``."""
+        if not (mapped and knobs.STAGE_GATHER_DIRECT and len(copies.index)):
+            return None
+        device = copies.sources[int(copies.index[0])].device
+        big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
+        any_big = bool(big.any())
+        small = copies.where(~big) if any_big else copies
+        kernel = gather.kernel_for(device) if len(small.index) else None
+        if len(small.index) and kernel is None:
+            return None
+        program = None
+        if len(small.index):
+            program = gather.prepared_direct(device, small.addresses, small.offsets, small.nbytes, small.zero_after,
+                                             prepared)
+        return cls(device, _big_rows(copies, big) if any_big else [], kernel, program)
+
+    def issue(self, sources: list[Any], flat: Any) -> gather.Queued:
+        """Queue it for ``sources`` (the tensors, by position) into ``flat``; returns without waiting."""
+        cuda = self.device.type == "cuda"
+        stream = gather.CurrentStream.of(self.device) if cuda else None
+        # The copy engine's stream only where it copies something (each stream joined costs the host ~50 us).
+        copy_stream = side_stream(self.device, COPY_STREAM) if cuda and self.big else None
+        queued = gather.Queued((stream, copy_stream), [])
+        try:
+            _copy_big(self.big, sources, flat, copy_stream, cuda)
+            if self.program is not None:
+                gather.launch_direct(self.kernel, self.device, stream, self.program, flat)
+                queued.keep.append(self.program.table)
+            _zero_after_big(self.big, flat)
+        except BaseException:
+            queued.wait()
+            raise
+        return queued
+
+
+def _big_rows(copies: DeviceCopies, big: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(source position, arena offset, bytes, padding after) of the ``big`` copies, for the copy engine."""
+    at = np.flatnonzero(big)
+    return list(zip(copies.index[at].tolist(), copies.offsets[at].tolist(), copies.nbytes[at].tolist(),
+                    copies.zero_after[at].tolist(), strict=True))
+
+
+def _copy_big(rows: list[tuple[int, int, int, int]], sources: list[Any], flat: Any, stream: Any, cuda: bool) -> None:
+    """Queue the copy engine's copies of ``rows`` on ``stream`` (first in its queue: nothing to wait for)."""
+    import torch
+
+    if not rows:
+        return
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for i, offset, nbytes, _ in rows:
+            flat[offset:offset + nbytes].copy_(as_bytes(sources[i]), non_blocking=cuda)
+
+
+def _zero_after_big(rows: list[tuple[int, int, int, int]], flat: Any) -> None:
+    """Zero the padding after the big copies, on the host (the copies write only their own bytes)."""
+    for _, offset, nbytes, zeros in rows:
+        if zeros:
+            flat[offset + nbytes:offset + nbytes + zeros].zero_()
 
 
 def _slot_bytes(small: DeviceCopies) -> int:

@@ -266,3 +266,118 @@ def test_prepared_work_is_reused_only_for_the_same_copies(monkeypatch, direct):
     uploads.clear()
     monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 30_000)
     assert np.array_equal(staged(_copies(plan, sources)), expected()) and (uploads != []) != direct
+
+
+class _Driver:
+    """A CPU stand-in for the CUDA driver's ``cuLaunchKernel``: reads the launch's parameters back from
+    the memory the launcher points it at and does what the kernel would."""
+
+    def __init__(self, error: int = 0) -> None:
+        self.error, self.calls = error, []
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):  # noqa: N802
+        self.calls.append((func.value, (gx, gy, gz), (bx, by, bz), shared, stream, extra))
+        if self.error:
+            return self.error
+        table_at = ctypes.cast(params[0], ctypes.POINTER(ctypes.c_void_p))[0]
+        rows = ctypes.cast(params[1], ctypes.POINTER(ctypes.c_int))[0]
+        dst = ctypes.cast(params[2], ctypes.POINTER(ctypes.c_void_p))[0]
+        table = np.ctypeslib.as_array(ctypes.cast(table_at, ctypes.POINTER(ctypes.c_int64)), (rows, 4))
+        for address, offset, nbytes, zeros in table.tolist():
+            ctypes.memmove(dst + offset, address, nbytes)
+            ctypes.memset(dst + offset + nbytes, 0, zeros)
+        return 0
+
+    def cuGetErrorString(self, err, text):  # noqa: N802
+        ctypes.cast(text, ctypes.POINTER(ctypes.c_char_p))[0] = b"CUDA_ERROR_INVALID_VALUE"
+        return 0
+
+
+class _Kernel:
+    func = ctypes.c_void_p(0xF00)
+
+
+class _Stream:
+    cuda_stream = 0x5EED
+
+
+@pytest.mark.parametrize("count", [3, gather.MAX_BLOCKS + 5])
+def test_launch_gives_the_driver_the_table_its_rows_and_the_destination(monkeypatch, count):
+    """The launcher's one driver call: the kernel's function on the given stream, a block per row up to
+    MAX_BLOCKS, and parameters pointing at (table address, row count, destination address)."""
+    driver = _Driver()
+    monkeypatch.setattr(gather, "_driver", lambda: driver)
+    sources = [torch.full((1 + k % 7,), float(k)) for k in range(count)]
+    nbytes = np.array([4 * t.numel() for t in sources], np.int64)
+    offsets = np.zeros(count, np.int64)
+    offsets[1:] = np.cumsum(nbytes + 4)[:-1]
+    table, _ = gather.kernel_table(np.array([t.data_ptr() for t in sources], np.int64), offsets, nbytes,
+                                   np.full(count, 4, np.int64))
+    dst = torch.full((int(offsets[-1] + nbytes[-1] + 4),), 0xAB, dtype=torch.uint8)
+    gather._launch(_Kernel(), _Stream(), torch.from_numpy(table), dst)
+    assert driver.calls == [(0xF00, (min(count, gather.MAX_BLOCKS), 1, 1), (gather.THREADS_PER_BLOCK, 1, 1), 0,
+                             0x5EED, None)]
+    expected = torch.cat([torch.cat([t.view(torch.uint8), torch.zeros(4, dtype=torch.uint8)]) for t in sources])
+    assert torch.equal(dst, expected)
+
+
+def test_launch_failure_names_the_driver_error(monkeypatch):
+    monkeypatch.setattr(gather, "_driver", lambda: _Driver(error=1))
+    with pytest.raises(RuntimeError, match="CUDA error 1 .CUDA_ERROR_INVALID_VALUE"):
+        gather._launch(_Kernel(), _Stream(), torch.zeros((1, 4), dtype=torch.int64), torch.zeros(8, dtype=torch.uint8))
+
+
+def test_staging_the_same_plan_arrays_again_issues_the_remembered_work(monkeypatch):
+    """stage() of the very plan and sources staged last time (a Checkpointer's reused plan) issues the
+    staging the arena remembered, without working it out again; other arrays, other knobs or a closed
+    arena work it out anew, and every staging writes the tensors' current bytes, padding zeroed."""
+    from array import array
+
+    from ckptbench.checkpoint import stage as staging
+
+    g = torch.Generator().manual_seed(4)
+    state = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate(torch.randint(1, 3000, (60,)))}
+    state["big"] = torch.randn(12_001, generator=g)  # padding after it, in its shard
+    plan, sources = plan_save(state, shard_size=64 * 1024, shard_prefix="s")
+    sources.routes = array("h", [0] * len(sources))  # as CUDA tensors of one device: the direct path
+    monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", 40_000)  # "big" goes by the copy engine
+    worked_out = []
+    monkeypatch.setattr(staging.Direct, "of", classmethod(
+        lambda cls, *args, of=staging.Direct.of.__func__: worked_out.append(1) or of(cls, *args)))
+    arena, flat = _fill_arena(plan, 0xAB)
+    arena._registered = True  # mapped, as cudaHostRegister leaves it
+    inside = ~_between_shards(plan)
+
+    def staged(sources) -> np.ndarray:
+        flat.fill_(0xAB)
+        stage(plan, sources, arena, threads=2)
+        got = np.frombuffer(bytes(memoryview(arena.buffer)[:plan.arena_bytes]), np.uint8)[inside]
+        expected_arena = Arena()
+        stage(plan, list(sources), expected_arena, threads=2)  # the engine's copies of the same tensors
+        expected = np.frombuffer(bytes(memoryview(expected_arena.buffer)[:plan.arena_bytes]), np.uint8)[inside]
+        assert np.array_equal(got, expected)
+        return got
+
+    staged(sources)
+    assert len(worked_out) == 1
+    for t in state.values():
+        t.add_(1)
+    staged(sources)
+    assert len(worked_out) == 1  # remembered
+    copy = type(sources).of_columns(list(sources), array("q", sources.addresses), sources.routes)
+    staged(copy)  # equal arrays, but not the same ones: worked out anew, remembered for those
+    assert len(worked_out) == 2
+    staged(copy)
+    assert len(worked_out) == 2
+    monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", 10**9)
+    staged(copy)
+    assert len(worked_out) == 3
+    arena._registered = False  # (never registered: nothing to unregister)
+    arena.close()
+    arena.ensure(plan.arena_bytes)
+    arena._registered = True
+    flat = arena.bytes_tensor()
+    staged(copy)
+    assert len(worked_out) == 4
+    arena._registered = False

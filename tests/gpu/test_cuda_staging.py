@@ -5,6 +5,7 @@ Run on a machine with a GPU: ``pytest -m gpu tests/gpu``. Without one every test
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -144,14 +145,17 @@ def test_gather_kernel_stages_the_same_bytes_as_torch_cat(monkeypatch, run, slot
     assert with_kernel == on_cpu  # the engine's copies of the same tensors on the host
 
 
-def test_staging_waits_for_work_queued_on_the_current_stream(tmp_path: Path):
-    """Tensors written by kernels still running when save() is called are saved with their final values."""
-    a = torch.randn(8192, 8192, device="cuda")
-    for _ in range(5):
-        a = a @ a / 8192  # queue milliseconds of work ahead of the fills
-    outs = [torch.empty(1000, device="cuda").fill_(float(i)) for i in range(500)]
+@pytest.mark.parametrize("own_stream", [False, True])
+def test_staging_waits_for_work_queued_on_the_current_stream(tmp_path: Path, own_stream):
+    """Tensors written by kernels still running when save() is called are saved with their final values,
+    on the default stream and on a stream the caller made current (small tensors are staged on it)."""
     ckpt = Checkpointer()
-    ckpt.save({"outs": outs}, tmp_path / "c")
+    with torch.cuda.stream(torch.cuda.Stream()) if own_stream else contextlib.nullcontext():
+        a = torch.randn(8192, 8192, device="cuda")
+        for _ in range(5):
+            a = a @ a / 8192  # queue milliseconds of work ahead of the fills
+        outs = [torch.empty(1000, device="cuda").fill_(float(i)) for i in range(500)]
+        ckpt.save({"outs": outs}, tmp_path / "c")
     got = ckpt.load(tmp_path / "c")
     assert all(torch.equal(t, torch.full((1000,), float(i))) for i, t in enumerate(got["outs"]))
     ckpt.close()
@@ -218,4 +222,36 @@ def test_repeated_saves_reuse_the_prepared_staging_and_save_the_new_values(tmp_p
             pairs = zip(got[key], value, strict=True) if isinstance(value, list) else [(got[key], value)]
             assert all(torch.equal(a, b) for a, b in pairs), (step, key)
         assert (uploads == []) == (step in (1, 2)), (step, uploads)  # prepared once, reused, then anew
+    ckpt.close()
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda, "_compile_kernel"), reason="torch has no torch.cuda._compile_kernel")
+def test_a_training_loop_on_one_gpu_repeats_the_remembered_staging(tmp_path: Path, monkeypatch):
+    """Every tensor on one GPU: a Checkpointer's next save of the same layout reuses its plan, and the
+    arena issues the staging it remembered for those very plan arrays (no per-tensor work); the values
+    saved are each step's. A replaced tensor (another address) plans and works it out anew."""
+    from ckptbench.checkpoint import stage as staging
+
+    worked_out = []
+    monkeypatch.setattr(staging.Direct, "of", classmethod(
+        lambda cls, *args, of=staging.Direct.of.__func__: worked_out.append(1) or of(cls, *args)))
+    full = _gpu_state(4)
+    state = {"many": full["many"], "odd": full["odd"], "big": full["big"], "bool": full["bool"], "step": 0}
+    ckpt = Checkpointer()
+    for step in range(4):
+        worked_out.clear()
+        for tensors in state.values():
+            for t in tensors if isinstance(tensors, list) else [tensors] if isinstance(tensors, torch.Tensor) else []:
+                t.logical_not_() if t.dtype == torch.bool else t.add_(1)
+        state["step"] = step
+        if step == 3:
+            state["many"][5] = state["many"][5].clone()
+        expected = {k: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() for k, v in state.items() if k != "step"}
+        ckpt.save(state, tmp_path / f"c{step}")
+        assert ckpt._plans.reused == (step in (1, 2)) and len(worked_out) == (0 if step in (1, 2) else 1), step
+        got = ckpt.load(tmp_path / f"c{step}")
+        assert got["step"] == step
+        for key, value in expected.items():
+            pairs = zip(got[key], value, strict=True) if isinstance(value, list) else [(got[key], value)]
+            assert all(torch.equal(a, b) for a, b in pairs), (step, key)
     ckpt.close()
