@@ -21,7 +21,7 @@ import ctypes
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,10 +145,23 @@ class Queued:
     keep: list[Any]
 
     def wait(self) -> None:
-        for stream in self.streams:
-            if stream is not None:
-                stream.synchronize()
-        self.keep.clear()
+        try:
+            wait_all(stream.synchronize for stream in self.streams if stream is not None)
+        finally:
+            self.keep.clear()
+
+
+def wait_all(waits: Iterable[Callable[[], None]]) -> None:
+    """Call each of ``waits`` (each waits for some device work), every one even when one fails, then
+    raise the first failure: nothing may still write into the arena once staging has returned."""
+    first: BaseException | None = None
+    for wait in waits:
+        try:
+            wait()
+        except BaseException as exc:  # noqa: BLE001 - raised below, after the others are waited for
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def batches(spans: np.ndarray, batch_bytes: int) -> list[tuple[int, int]]:
@@ -358,16 +371,18 @@ def _launch(kernel: Any, stream: Any, table: Any, dst: Any) -> None:
 
     One driver call: torch's launcher opens the driver library, checks that host tensors are pinned and
     converts its arguments anew on every call, ~0.15 ms of a staging that may take 1 ms in all. A
-    stand-in kernel (no ``func``, as in the CPU tests) is called the way torch's launcher is."""
+    stand-in kernel (no ``func``, as in the CPU tests) is called the way torch's launcher is, and so is
+    the kernel where there is no CUDA driver library to call (a ROCm build)."""
     rows = int(table.shape[0])
     grid = min(rows, MAX_BLOCKS)
     func = getattr(kernel, "func", None)
-    if func is None or stream is None:
+    driver = _driver() if func is not None and stream is not None else None
+    if driver is None:
         kernel(grid=(grid, 1, 1), block=(THREADS_PER_BLOCK, 1, 1), args=[table, rows, dst], stream=stream)
         return
     values = (ctypes.c_void_p(table.data_ptr()), ctypes.c_int(rows), ctypes.c_void_p(dst.data_ptr()))
     params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-    _check(_driver().cuLaunchKernel(func, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream.cuda_stream, params, None),
+    _check(driver.cuLaunchKernel(func, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream.cuda_stream, params, None),
            "launching the gather kernel")
 
 
@@ -382,10 +397,14 @@ class CurrentStream:
     cuda_stream: int
 
     @classmethod
-    def of(cls, device: Any) -> CurrentStream:
+    def of(cls, device: Any) -> Any:
+        """The current stream of ``device``; torch's stream object where the driver is not called
+        directly (:func:`_driver`)."""
         import torch
 
         index = device.index if device.index is not None else torch.cuda.current_device()
+        if _driver() is None:
+            return torch.cuda.current_stream(index)
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         return cls(device, raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream)
 
@@ -414,9 +433,17 @@ def _check(err: int, what: str) -> None:
 
 
 @functools.cache
-def _driver() -> Any:
-    """The CUDA driver library, the calls made here typed once."""
-    driver = ctypes.CDLL("libcuda.so.1")
+def _driver() -> Any | None:
+    """The CUDA driver library, the calls made here typed once; None on a ROCm build of torch (its
+    kernels compile with hiprtc and launch through torch's launcher) or without the library."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return None
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
     driver.cuLaunchKernel.argtypes = (ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_void_p)
     driver.cuStreamSynchronize.argtypes = (ctypes.c_void_p,)

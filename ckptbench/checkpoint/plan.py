@@ -244,7 +244,8 @@ class _Flattener:
         self.skeleton: Any = None
         self._seen: dict[tuple, int] = {}
         #: What the layout depends on, in visiting order (see :class:`PlanCache`): each container's type
-        #: and length, each key, each tensor's :func:`_tensor_record`; not the plain values.
+        #: and length, each key, each tensor's :func:`_tensor_record`, each plain value's place (None),
+        #: not its value.
         self.record: list = []
 
     def visit(self, value: Any, path: str) -> Any:
@@ -259,6 +260,7 @@ class _Flattener:
         if isinstance(value, (list, tuple)):
             self.record.append((type(value), len(value)))
             return _sequence_node(value, [self.visit(v, f"{path}[{i}]") for i, v in enumerate(value)])
+        self.record.append(None)  # a plain value's place: [0, t] and [t, 0] key t differently
         return {"__value__": _encode_value(value, path or "<root>")}
 
     def _key(self, key: Any, path: str) -> Any:
@@ -327,6 +329,7 @@ class _Relayout(_Flattener):
         if isinstance(value, (list, tuple)):
             self.record.append((type(value), len(value)))
             return _sequence_node(value, [self.visit(v) for v in value])
+        self.record.append(None)
         return {"__value__": _encode_value(value, path or "<value>")}
 
 

@@ -235,8 +235,7 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
                                                                                  index[others].tolist(), strict=True)],
                            flat)
     finally:  # also after an error: nothing may still be copying into the arena once this returns
-        for work in queued:
-            work.wait()
+        gather.wait_all(work.wait for work in queued)
 
 
 def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
@@ -255,8 +254,7 @@ def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
                 copy_values(typed_view(flat, int(offset), int(nbytes), tensor.dtype, tuple(tensor.shape)), tensor,
                             non_blocking=stream is not None)
     finally:  # also after an error: nothing may still be copying into the arena once this returns
-        for stream in streams.values():
-            stream.synchronize()
+        gather.wait_all(stream.synchronize for stream in streams.values())
 
 
 _streams: dict[tuple[int, int], Any] = {}

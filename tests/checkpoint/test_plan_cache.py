@@ -42,7 +42,8 @@ def _state(ts: dict[str, torch.Tensor], **changes) -> dict:
           "opt": {"state": {0: {"step": ts["scalar"], "exp_avg": ts["w"]}},
                   "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0, 1], "name": None}]},
           "w": ts["w"], "b": ts["b"], "tied": ts["tied"], "t": ts["t"], "empty": ts["empty"], "half": ts["half"],
-          "grad": ts["grad"], "c": ts["c"], "pair": Pair(ts["b"], 3), "step": 100, "loss": 0.0, (1, 2.0): "key"}
+          "grad": ts["grad"], "c": ts["c"], "pair": Pair(ts["b"], 3), "step": 100, "loss": 0.0, (1, 2.0): "key",
+          "mixed": [0, ts["scalar"], None]}
     for path, value in changes.items():
         *parents, last = path.split("/")
         node = sd
@@ -88,6 +89,9 @@ def test_the_same_layout_reuses_the_plan_renamed_and_equal_to_a_fresh_one():
     pytest.param(lambda ts: {"opt/param_groups/0/betas": [0.9, 0.95]}, id="tuple-to-list"),
     pytest.param(lambda ts: {"pair": (ts["b"], 3)}, id="namedtuple-to-tuple"),
     pytest.param(lambda ts: {"extra": 1}, id="key-added"),
+    pytest.param(lambda ts: {"mixed": [ts["scalar"], 0, None]}, id="tensor-and-value-swapped"),
+    pytest.param(lambda ts: {"mixed": [0, None, ts["scalar"]]}, id="tensor-and-none-swapped"),
+    pytest.param(lambda ts: {"mixed": [0, [ts["scalar"]], None]}, id="tensor-nested-deeper"),
     pytest.param(lambda ts: {"opt/state/0/exp_avg_sq": ts["b"]}, id="tensor-added"),
     pytest.param(lambda ts: {"model": dict(_state(ts)["model"])}, id="ordereddict-to-dict"),
 ])
@@ -109,6 +113,7 @@ def test_any_change_planning_reads_plans_afresh(change):
     pytest.param(lambda ts: {"loss": -0.0}, id="negative-zero"),
     pytest.param(lambda ts: {"opt/param_groups/0/lr": 2e-3}, id="nested-value"),
     pytest.param(lambda ts: {"opt/param_groups/0/name": "decay"}, id="none-to-str"),
+    pytest.param(lambda ts: {"mixed": [7.5, ts["scalar"], "x"]}, id="values-beside-a-tensor"),
     pytest.param(lambda ts: {"b": torch.nn.Parameter(ts["b"])}, id="as-parameter"),
     pytest.param(lambda ts: {"b": torch.nn.Parameter(ts["b"], requires_grad=False)}, id="frozen-parameter"),
     pytest.param(lambda ts: {"b": ts["b"].detach().requires_grad_()}, id="requires-grad"),

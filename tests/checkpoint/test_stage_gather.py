@@ -381,3 +381,40 @@ def test_staging_the_same_plan_arrays_again_issues_the_remembered_work(monkeypat
     staged(copy)
     assert len(worked_out) == 4
     arena._registered = False
+
+
+def test_launch_without_a_driver_library_goes_through_the_kernels_own_launcher(monkeypatch):
+    """A ROCm build (no libcuda to call): the compiled kernel is launched the way torch launches it."""
+    calls = []
+
+    class Kernel:
+        func = ctypes.c_void_p(0xF00)
+
+        def __call__(self, grid, block, args, stream=None):
+            calls.append((grid, block, args[1], stream))
+
+    monkeypatch.setattr(gather, "_driver", lambda: None)
+    stream = _Stream()
+    gather._launch(Kernel(), stream, torch.zeros((3, 4), dtype=torch.int64), torch.zeros(8, dtype=torch.uint8))
+    assert calls == [((3, 1, 1), (gather.THREADS_PER_BLOCK, 1, 1), 3, stream)]
+
+
+def test_waiting_waits_for_every_stream_and_raises_the_first_failure():
+    """A failing wait (a CUDA error) must not leave other streams' copies running into the arena."""
+    waited = []
+
+    class Stream:
+        def __init__(self, name: str, error: Exception | None = None) -> None:
+            self.name, self.error = name, error
+
+        def synchronize(self) -> None:
+            waited.append(self.name)
+            if self.error is not None:
+                raise self.error
+
+    keep = [object()]
+    queued = gather.Queued((Stream("a", RuntimeError("first")), None, Stream("b", ValueError("second")),
+                            Stream("c")), keep)
+    with pytest.raises(RuntimeError, match="first"):
+        queued.wait()
+    assert waited == ["a", "b", "c"] and keep == []
