@@ -267,12 +267,9 @@ def _extras_problem(node: dict) -> str | None:
             return "__metadata__ belongs to an OrderedDict (__ordered__: true)"
         if not _metadata_ok(node["__metadata__"]):
             return f"__metadata__ {_clip(node['__metadata__'])} is not [[prefix, [[name, value], ...]], ...]"
-    if "__class__" in node and not (isinstance(node["__class__"], str) and ":" in node["__class__"]):
-        return f"__class__ {_clip(node['__class__'])} is not a 'module:qualname'"
-    if "__fields__" in node:
-        fields = node["__fields__"]
-        if "__class__" not in node or not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
-            return f"__fields__ {_clip(fields)} of {_clip(node.get('__class__'))} are not a namedtuple's"
+    problem = _tuple_class_problem(node)
+    if problem is not None:
+        return problem
     return None
 
 
@@ -289,6 +286,17 @@ def _metadata_ok(metadata: Any) -> bool:
         for entry in metadata)
 
 
+def _tuple_class_problem(node: dict) -> str | None:
+    """What is wrong with a tuple node's ``__class__`` / ``__fields__`` (a tuple subclass), or None."""
+    if "__class__" in node and not (isinstance(node["__class__"], str) and ":" in node["__class__"]):
+        return f"__class__ {_clip(node['__class__'])} is not a 'module:qualname'"
+    if "__fields__" in node:
+        fields = node["__fields__"]
+        if "__class__" not in node or not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+            return f"__fields__ {_clip(fields)} of {_clip(node.get('__class__'))} are not a namedtuple's"
+    return None
+
+
 def _value_ok(value: Any, *, hashable: bool) -> bool:
     """Whether a plain value decodes (``{"__tuple__": [...]}``, ``{"__float__": "nan"}``, lists, scalars)."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -298,7 +306,8 @@ def _value_ok(value: Any, *, hashable: bool) -> bool:
     if isinstance(value, dict):
         if "__tuple__" in value:
             items = value["__tuple__"]
-            return isinstance(items, list) and all(_value_ok(v, hashable=hashable) for v in items)
+            return (isinstance(items, list) and all(_value_ok(v, hashable=hashable) for v in items)
+                    and _tuple_class_problem(value) is None)
         if "__float__" in value:
             try:
                 float(value["__float__"])

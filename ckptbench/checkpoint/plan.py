@@ -230,7 +230,10 @@ def _encode_value(value: Any, path: str) -> Any:
         return value if math.isfinite(value) else {"__float__": repr(value)}
     if isinstance(value, (list, tuple)):
         items = [_encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        return items if isinstance(value, list) else {"__tuple__": items}
+        if isinstance(value, list):
+            return items
+        # A namedtuple or torch.Size (dict keys: a tuple value is visited as a container) keeps its class.
+        return {"__tuple__": items} if type(value) is tuple else {"__tuple__": items, **_tuple_class(type(value))}
     raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved",
                      hint="state_dict leaves must be tensors or plain Python values (numbers, str, bool, None, "
                           "lists, tuples, dicts)")
@@ -458,7 +461,8 @@ def _decode_value(node: Any) -> Any:
         return [_decode_value(v) for v in node]
     if isinstance(node, dict):
         if "__tuple__" in node:
-            return tuple(_decode_value(v) for v in node["__tuple__"])
+            items = tuple(_decode_value(v) for v in node["__tuple__"])
+            return _as_saved_class(node["__class__"], node.get("__fields__"), items) if "__class__" in node else items
         if "__float__" in node:
             return float(node["__float__"])
     return node

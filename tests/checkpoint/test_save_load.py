@@ -146,6 +146,22 @@ def test_module_metadata_is_encoded_off_the_stall_and_compactly():
                                                                                     ["0", [["version", 1]]]]
 
 
+def test_namedtuple_and_size_dict_keys_come_back_as_saved(tmp_path: Path):
+    """Tuple subclasses as dict keys keep their class like tuple values do (they came back as plain
+    tuples); one whose class the load does not find comes back a plain tuple of the same items."""
+    local = collections.namedtuple("Local", "a b")
+    sd = {Moments(1, 2): torch.ones(2), torch.Size([2, 3]): "shape", (Moments(3, 4), torch.Size([5])): 1,
+          local(5, 6): "local", (7, 8): "plain"}
+    ckptbench.save(sd, tmp_path / "c")
+    out = ckptbench.load(tmp_path / "c")
+    assert list(out) == list(sd)
+    kinds = [type(k) for k in out]
+    assert kinds == [Moments, torch.Size, tuple, tuple, tuple]
+    nested = list(out)[2]
+    assert type(nested[0]) is Moments and type(nested[1]) is torch.Size
+    assert list(out)[3] == (5, 6) and torch.equal(out[Moments(1, 2)], torch.ones(2))
+
+
 def test_a_namedtuple_whose_module_is_not_imported_is_not_imported_by_the_load(tmp_path: Path):
     ckptbench.save({"t": Moments(torch.ones(1), 1)}, tmp_path / "c")
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
