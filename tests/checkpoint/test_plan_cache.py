@@ -188,3 +188,74 @@ def test_a_training_loop_saves_each_step_values_through_the_reused_plan(tmp_path
             assert out["step"] == step and torch.equal(out["w"], torch.full((40, 30), float(step)))
             assert torch.equal(out["t"], out["tied"].t()) and type(out["pair"]) is Pair
             assert out["model"]._metadata == {"": {"version": 1}, "layer": {"version": 2}}
+
+
+def _random_state(rng, pool: list[torch.Tensor], depth: int = 0):
+    """A random nested state_dict over ``pool``'s tensors (ties, views, plain values of every kind)."""
+    kinds = ["tensor", "view", "value", "dict", "list", "tuple", "pair", "ordered"] if depth < 3 else ["tensor", "value"]
+    kind = kinds[rng.randrange(len(kinds))]
+    if kind in ("tensor", "value") and depth and rng.random() < 0.3:  # lists mixing values and tensors
+        return [rng.choice([0, None, "v"]), pool[rng.randrange(len(pool))]]
+    if kind == "tensor":
+        return pool[rng.randrange(len(pool))]
+    if kind == "view":
+        t = pool[rng.randrange(len(pool))]
+        return t.t() if t.dim() == 2 else t[1:] if t.numel() > 1 else t
+    if kind == "value":
+        return rng.choice([0, 1, -0.0, 2.5, float("inf"), True, None, "s", (1, 2.0), [3, "x"]])
+    children = [_random_state(rng, pool, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == "list":
+        return children
+    if kind == "tuple":
+        return tuple(children)
+    if kind == "pair":
+        return Pair(pool[rng.randrange(len(pool))], rng.randrange(3))
+    keys = rng.sample(["a", "b", "c", "d", 1, 2.0, (1, "k"), None, False], len(children))
+    node = (collections.OrderedDict if kind == "ordered" else dict)(zip(keys, children, strict=True))
+    if kind == "ordered":
+        node._metadata = {"": {"version": rng.randrange(3)}}
+    return node
+
+
+def _mutate(rng, state: dict, pool: list[torch.Tensor]) -> dict:
+    """``state`` rebuilt with one random change somewhere (or none)."""
+    def walk(node):
+        if isinstance(node, dict):
+            out = type(node)((k, walk(v)) for k, v in node.items())
+            if hasattr(node, "_metadata"):
+                out._metadata = dict(node._metadata)
+            return out
+        if isinstance(node, Pair):
+            return Pair(walk(node.first), node.second)
+        if isinstance(node, (list, tuple)):
+            items = [walk(v) for v in node]
+            if len(items) > 1 and rng.random() < 0.2:  # neighbours swapped: [0, t] -> [t, 0]
+                k = rng.randrange(len(items) - 1)
+                items[k], items[k + 1] = items[k + 1], items[k]
+            return items if isinstance(node, list) else tuple(items)
+        if isinstance(node, torch.Tensor) and rng.random() < 0.3:  # same address and shape, other bits
+            if node.dim() == 2 and node.shape[0] == node.shape[1]:
+                return node.t()
+            if node.is_complex():
+                return node.conj()
+        if rng.random() < 0.1:  # pool[-1] is square: its transpose differs in strides only
+            return rng.choice([pool[rng.randrange(len(pool))], 7, "changed", None, pool[0].clone(), [1], pool[-1].t()])
+        return node
+    return walk(state)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_state_dicts_and_changes_plan_as_planning_afresh_does(seed):
+    import random
+
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    pool = [torch.randn(int(n), generator=g) for n in torch.randint(1, 50, (4,), generator=g)]
+    pool += [torch.randn(3, 5, generator=g), torch.zeros(0), torch.tensor(1.5), torch.randn(4, dtype=torch.complex64).conj(),
+             torch.randn(4, 4, generator=g)]
+    state = {"root": _random_state(rng, pool), "t": pool[0]}
+    cache = PlanCache()
+    _assert_same(cache.plan(state, 256, "s"), plan_save(state, 256, "s"))
+    for _ in range(4):
+        state = _mutate(rng, state, pool)
+        _assert_same(cache.plan(state, 256, "s"), plan_save(state, 256, "s"))
