@@ -413,7 +413,8 @@ class CkptbenchWriter(Writer):
             return {}
         return {"threads": last.threads, "shard_size_bytes": last.shard_size, "block_size_bytes": last.block_size,
                 "direct_requested": self._ckpt.direct, "direct": last.direct, "sync": last.sync,
-                "checksum": last.checksum, "direct_fallback_reason": last.direct_fallback_reason}
+                "checksum": last.checksum, "direct_fallback_reason": last.direct_fallback_reason,
+                "plan_reused": last.plan_reused}
 
     def fresh(self) -> Any:
         """A new Checkpointer with the same settings (an empty arena), for memory measurements."""

@@ -100,6 +100,9 @@ class SaveResult:
     #: This process's own work, without waits for others: planning + staging, and writing its shards.
     stage_s: float = 0.0
     write_s: float = 0.0
+    #: The plan of the save before was reused: the state_dict was laid out the same way (a training
+    #: loop's next save; ``Checkpointer`` only, see ``plan.PlanCache``).
+    plan_reused: bool = False
 
     @property
     def total_s(self) -> float:
@@ -473,7 +476,7 @@ class Checkpointer:
             stall_s=stall_s, persist_s=now - staged_at, commit_s=now - written_at, stage_s=stage_s, write_s=write_s,
             threads=self.threads,
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
-            checksum=self.checksum, direct_fallback_reason=report.fallback_reason, **world,
+            checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused, **world,
         )
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,

@@ -90,6 +90,8 @@ class SavePlan:
                                                                 repr=False)
     #: (OrderedDict node of the skeleton, its ``_metadata`` items) to encode off the stall, see :attr:`manifest_skeleton`.
     later: tuple[tuple[dict, list], ...] = field(default=(), compare=False, repr=False)
+    #: Laid out by an earlier save and reused for this one (:class:`PlanCache`).
+    reused: bool = field(default=False, compare=False)
 
     @functools.cached_property
     def manifest_skeleton(self) -> Any:
@@ -106,7 +108,7 @@ class SavePlan:
         module metadata, its shards named after ``shard_prefix``; what was worked out from the layout
         already (entries, padding) goes along."""
         shards = tuple(replace(s, name=shard_name(shard_prefix, s.index)) for s in self.shards)
-        plan = replace(self, shards=shards, skeleton=skeleton, later=later)
+        plan = replace(self, shards=shards, skeleton=skeleton, later=later, reused=True)
         for worked_out in ("entries", "padding"):
             if worked_out in self.__dict__:
                 plan.__dict__[worked_out] = self.__dict__[worked_out]

@@ -177,8 +177,8 @@ def test_a_training_loop_saves_each_step_values_through_the_reused_plan(tmp_path
                 if t.numel() and not t.is_complex():
                     t.data.fill_(step)
             handle = ckpt.save(_state(ts, step=step), tmp_path / f"c{step}", async_=step == 1)
-            (handle.result() if step == 1 else handle)
-            assert ckpt._plans.reused == (step > 0)
+            result = handle.result() if step == 1 else handle
+            assert ckpt._plans.reused == result.plan_reused == (step > 0)
         for t in ts.values():
             if t.numel() and not t.is_complex():
                 t.data.fill_(3)

@@ -33,6 +33,7 @@ def test_every_writer_saved_loaded_and_verified(cli, tmp_path: Path):
         assert r["files"] >= 1 and r["disk_bytes"] > 0 and r["durable"] and r["load_how"]
     ours = doc["results"][0]
     assert ours["details"]["threads"] >= 1 and ours["details"]["checksum"] is True
+    assert isinstance(ours["details"]["plan_reused"], bool)
     assert doc["data_verified"] is True
     assert [a["writer"] for a in doc["async"]] == ["ckptbench", "dcp"]
     for a in doc["async"]:
