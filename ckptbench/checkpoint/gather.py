@@ -82,9 +82,8 @@ def kernel_for(device: Any) -> Any | None:
     """The compiled gather kernel for CUDA ``device`` (compiled on first use), or None where unavailable."""
     if not knobs.STAGE_GATHER_KERNEL or device.type != "cuda":
         return None
-    import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     with _lock:
         if index not in _kernels:
             _kernels[index] = _compile(index)
@@ -138,8 +137,8 @@ def kernel_table(addresses: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray,
 
 @dataclass
 class Queued:
-    """Device work queued by staging (:func:`gather_to_host`, :func:`launch_direct`...): the streams to wait for
-    and the device buffers they use, kept alive until :meth:`wait` returns."""
+    """Device work queued by staging (:func:`gather_to_host`, :func:`launch_direct`...): the streams to
+    wait for and the device buffers they use, kept alive until :meth:`wait` returns."""
 
     streams: tuple[Any, ...]
     keep: list[Any]
@@ -223,9 +222,10 @@ class Ring:
 
 
 def upload(table: np.ndarray, device: Any, stream: Any) -> Any:
-    """``table`` (int64) on ``device``, copied on ``stream`` (None: the current one) through page-locked memory: from pageable
-    memory the copy costs the host ~0.5 ms per 600 KB. The caller keeps the result until ``stream``
-    is done (the caching allocators order later reuse of both buffers after the copy)."""
+    """``table`` (int64) on ``device``, copied on ``stream`` (None: the current one) through page-locked
+    memory: from pageable memory the copy costs the host ~0.5 ms per 600 KB. The caller keeps the
+    result until ``stream`` is done (the caching allocators order later reuse of both buffers after
+    the copy)."""
     import torch
 
     if device.type != "cuda":
@@ -402,7 +402,7 @@ class CurrentStream:
         directly (:func:`_driver`)."""
         import torch
 
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)
         if _driver() is None:
             return torch.cuda.current_stream(index)
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -420,9 +420,18 @@ def on_device(device: Any) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     current = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)()
     return contextlib.nullcontext() if current == index else torch.cuda.device(index)
+
+
+def device_index(device: Any) -> int:
+    """The index of CUDA ``device`` (``cuda`` alone: the current one)."""
+    if device.index is not None:
+        return device.index
+    import torch
+
+    return torch.cuda.current_device()
 
 
 def _check(err: int, what: str) -> None:

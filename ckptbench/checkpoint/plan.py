@@ -232,10 +232,8 @@ def _encode_value(value: Any, path: str) -> Any:
         return value if math.isfinite(value) else {"__float__": repr(value)}
     if isinstance(value, (list, tuple)):
         items = [_encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        if isinstance(value, list):
-            return items
         # A namedtuple or torch.Size (dict keys: a tuple value is visited as a container) keeps its class.
-        return {"__tuple__": items} if type(value) is tuple else {"__tuple__": items, **_tuple_class(type(value))}
+        return items if isinstance(value, list) else _sequence_node(value, items)
     raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved",
                      hint="state_dict leaves must be tensors or plain Python values (numbers, str, bool, None, "
                           "lists, tuples, dicts)")
@@ -318,24 +316,14 @@ class _Flattener:
 
 
 class _Relayout(_Flattener):
-    """A walk that, for a state_dict laid out as one planned before, makes what differs: the skeleton
-    (plain values change from save to save: the step, the learning rate), the module metadata, the
-    tensors in order, and the record to tell whether the layout is that one. Nothing per tensor
-    beyond the record: no keys, sizes or aliases (the plan has them)."""
+    """The walk of a state_dict laid out as one planned before: it makes what differs from save to save,
+    the skeleton (plain values: the step, the learning rate), the module metadata, the tensors in
+    order, and the record that tells whether the layout is that one. Of each tensor nothing beyond
+    the record: no entry, refusal, address or route (the plan has them)."""
 
-    def visit(self, value: Any, path: str = "") -> Any:
-        if _is_tensor(value):
-            self.record.append(_tensor_record(value))
-            self.tensors.append(value)
-            return _tensor_node(len(self.tensors) - 1, value)
-        if isinstance(value, dict):
-            self.record.append((type(value), len(value)))
-            return self._dict_node(value, [[self._key(k, path), self.visit(v)] for k, v in value.items()])
-        if isinstance(value, (list, tuple)):
-            self.record.append((type(value), len(value)))
-            return _sequence_node(value, [self.visit(v) for v in value])
-        self.record.append(None)
-        return {"__value__": _encode_value(value, path or "<value>")}
+    def _tensor(self, t: Any, path: str) -> int:
+        self.tensors.append(t)
+        return len(self.tensors) - 1
 
 
 def _tensor_record(t: Any) -> tuple:
@@ -494,13 +482,18 @@ def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:
 
 def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:
     """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
-    if shard_size <= 0:
-        raise UsageError(f"shard_size {shard_size} must be positive")
     # Planning creates a few objects per tensor; with many tensors alive a collection pass in the
     # middle (seen here: 50 -> 130 ms for 11k tensors) would land in an async save's stall.
     with _gc_paused():
-        f = flatten(state_dict)
-        return layout(f.entries, f.skeleton, shard_size, shard_prefix, later=tuple(f.later)), f.tensors
+        plan, f = _plan(state_dict, shard_size, shard_prefix)
+        return plan, f.tensors
+
+
+def _plan(state_dict: Any, shard_size: int, shard_prefix: str) -> tuple[SavePlan, _Flattener]:
+    if shard_size <= 0:
+        raise UsageError(f"shard_size {shard_size} must be positive")
+    f = flatten(state_dict)
+    return layout(f.entries, f.skeleton, shard_size, shard_prefix, later=tuple(f.later)), f
 
 
 class PlanCache:
@@ -510,12 +503,13 @@ class PlanCache:
     Planning visits every tensor and builds a few objects for each (~5 us per tensor: 50-90 ms of an
     async save's stall for 11k tensors). The next save walks the state_dict more lightly
     (:class:`_Relayout`): it makes the skeleton anew, as plain values change from save to save, and a
-    record of what the layout depends on, each container's type and length, each key, and of each
-    tensor its address, shape, strides, dtype, device, conjugate and negative bits. A record equal to the one planning made gives the same layout, so
-    the plan is reused with the new skeleton and this save's shard names, and the sources are the
-    tensors just visited with the addresses and routes recorded then. Otherwise it plans afresh.
-    Nothing of the tensors is kept between saves (records hold none). ``knobs.PLAN_REUSE=0`` plans
-    every save afresh."""
+    record of what the layout depends on: each container's type and length, each key, each plain
+    value's place, and of each tensor its address, shape, strides, dtype, device, conjugate and
+    negative bits. A record equal to the one planning made gives the same layout, so the plan is
+    reused with the new skeleton and this save's shard names, and the sources are the tensors just
+    visited with the addresses and routes recorded then. Otherwise it plans afresh. Nothing of the
+    tensors is kept between saves (records hold none). ``knobs.PLAN_REUSE=0`` plans every save
+    afresh."""
 
     def __init__(self) -> None:
         self._last: tuple[int, list, SavePlan, array, array] | None = None
@@ -532,7 +526,7 @@ class PlanCache:
             if last is not None and last[0] == shard_size and isinstance(state_dict, dict):
                 walk = _Relayout()
                 try:
-                    skeleton = walk.visit(state_dict)
+                    skeleton = walk.visit(state_dict, "")
                 except Exception:  # noqa: BLE001 - planning below says what is wrong, with the key
                     walk.record = None
                 if walk.record == last[1]:
@@ -540,8 +534,7 @@ class PlanCache:
                     return (last[2].relaid(shard_prefix, skeleton, tuple(walk.later)),
                             Sources.of_columns(walk.tensors, last[3], last[4]))
             self._last = None
-            f = flatten(state_dict)
-            plan = layout(f.entries, f.skeleton, shard_size, shard_prefix, later=tuple(f.later))
+            plan, f = _plan(state_dict, shard_size, shard_prefix)
             # The arrays themselves, never changed once planned: every save of this layout shares them,
             # and staging knows them again (``Arena.repeat_for``).
             self._last = (shard_size, f.record, plan, f.tensors.addresses, f.tensors.routes)

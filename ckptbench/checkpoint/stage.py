@@ -268,7 +268,7 @@ def side_stream(device: Any, role: int = GATHER_STREAM) -> Any:
     allocator reuses the gather buffers of earlier saves (its blocks belong to a stream)."""
     import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = gather.device_index(device)
     stream = _streams.get((index, role))
     if stream is None:
         stream = _streams.setdefault((index, role), torch.cuda.Stream(device=index))
@@ -364,7 +364,6 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     the tensors any more.
     """
     import torch
-
 
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
