@@ -194,7 +194,12 @@ class Sources(list):
 
 def route_of(t: Any, device: int) -> int:
     """``t``'s staging route; ``device`` is ``t.get_device()``."""
-    if not t.is_contiguous() or t.is_conj() or t.is_neg():
+    return _route(t, device, t.is_conj() or t.is_neg())
+
+
+def _route(t: Any, device: int, lazy_bits: bool) -> int:
+    """:func:`route_of` with ``t``'s conjugate or negative bit read already (``lazy_bits``: either set)."""
+    if lazy_bits or not t.is_contiguous():
         return ROUTE_TORCH
     if t.is_cuda:
         return device
@@ -247,15 +252,13 @@ class _Flattener:
         self.skeleton: Any = None
         self._seen: dict[tuple, int] = {}
         #: What the layout depends on, in visiting order (see :class:`PlanCache`): each container's type
-        #: and length, each key, each tensor's :func:`_tensor_record`, each plain value's place (None),
-        #: not its value.
+        #: and length, each key, each tensor's :func:`_tensor_record` (made by ``_tensor``), each plain
+        #: value's place (None), not its value.
         self.record: list = []
 
     def visit(self, value: Any, path: str) -> Any:
         if _is_tensor(value):
-            index = self._tensor(value, path)  # refuses what cannot be saved, before anything reads more
-            self.record.append(_tensor_record(value))
-            return _tensor_node(index, value)
+            return _tensor_node(self._tensor(value, path), value)
         if isinstance(value, dict):
             self.record.append((type(value), len(value)))
             return self._dict_node(value, [[self._key(k, path), self.visit(v, f"{path}.{k}" if path else str(k))]
@@ -287,7 +290,8 @@ class _Flattener:
         shape = tuple(t.shape)
         dtype = t.dtype
         numel = t.numel()
-        device, address = t.get_device(), t.data_ptr()
+        device, address, stride, lazy = t.get_device(), t.data_ptr(), t.stride(), (t.is_conj(), t.is_neg())
+        self.record.append((address, shape, stride, dtype, t.device, *lazy))  # as _tensor_record, read once
         alias = None
         if numel > 0 and not address:
             raise UsageError(f"{path}: this {type(t).__name__} holds no data of its own (a wrapper tensor "
@@ -296,13 +300,13 @@ class _Flattener:
             # Tied weights: the same first byte, layout and dtype on the same device, and the same lazy
             # conjugate/negative bits (c.conj() shares c's bytes but not its values: checked only on a
             # match, off the common path).
-            identity = (device, address, shape, t.stride(), dtype)
+            identity = (device, address, shape, stride, dtype)
             alias = self._seen.setdefault(identity, index)
             if alias == index:
                 alias = None
             else:
                 first = self.tensors[alias]
-                if (t.is_conj(), t.is_neg()) != (first.is_conj(), first.is_neg()):
+                if lazy != (first.is_conj(), first.is_neg()):
                     alias = None
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
@@ -311,7 +315,7 @@ class _Flattener:
         tensors = self.tensors
         tensors.append(t)
         tensors.addresses.append(address)
-        tensors.routes.append(route_of(t, device))
+        tensors.routes.append(_route(t, device, lazy != (False, False)))
         return index
 
 
@@ -322,6 +326,7 @@ class _Relayout(_Flattener):
     the record: no entry, refusal, address or route (the plan has them)."""
 
     def _tensor(self, t: Any, path: str) -> int:
+        self.record.append(_tensor_record(t))
         self.tensors.append(t)
         return len(self.tensors) - 1
 
