@@ -372,9 +372,7 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     if direct is not None:
         return direct.issue(copies.sources, flat)
     cuda = device.type == "cuda"  # CPU tensors: how it is unit-tested, everything in order
-    big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
-    small = copies.where(~big) if big.any() else copies
-    kernel = gather.kernel_for(device) if len(small.index) else None
+    big, small, kernel = _by_size(copies, device)
     gather_stream = side_stream(device) if cuda else None
     copy_stream = side_stream(device, COPY_STREAM) if cuda else None
     queued = gather.Queued((gather_stream, copy_stream), [])
@@ -423,17 +421,14 @@ class Direct:
         if not (mapped and knobs.STAGE_GATHER_DIRECT and len(copies.index)):
             return None
         device = copies.sources[int(copies.index[0])].device
-        big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
-        any_big = bool(big.any())
-        small = copies.where(~big) if any_big else copies
-        kernel = gather.kernel_for(device) if len(small.index) else None
+        big, small, kernel = _by_size(copies, device)
         if len(small.index) and kernel is None:
             return None
         program = None
         if len(small.index):
             program = gather.prepared_direct(device, small.addresses, small.offsets, small.nbytes, small.zero_after,
                                              prepared)
-        return cls(device, _big_rows(copies, big) if any_big else [], kernel, program)
+        return cls(device, _big_rows(copies, big) if small is not copies else [], kernel, program)
 
     def issue(self, sources: list[Any], flat: Any) -> gather.Queued:
         """Queue it for ``sources`` (the tensors, by position) into ``flat``; returns without waiting."""
@@ -452,6 +447,14 @@ class Direct:
             queued.wait()
             raise
         return queued
+
+
+def _by_size(copies: DeviceCopies, device: Any) -> tuple[np.ndarray, DeviceCopies, Any]:
+    """Which ``copies`` are big (the copy engine's), the small ones (``copies`` itself when none is big),
+    and the gather kernel for them (None when there are none, or no kernel)."""
+    big = copies.nbytes >= knobs.STAGE_GATHER_BELOW_BYTES
+    small = copies.where(~big) if big.any() else copies
+    return big, small, gather.kernel_for(device) if len(small.index) else None
 
 
 def _big_rows(copies: DeviceCopies, big: np.ndarray) -> list[tuple[int, int, int, int]]:

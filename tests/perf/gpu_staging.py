@@ -100,17 +100,23 @@ def time_it(fn) -> float:
     return time.perf_counter() - t0
 
 
+def small_rows(plan, tensors, piece: int | None = None) -> tuple[Any, int]:
+    """The gather kernel's rows, on the GPU, for every small tensor of ``plan`` as staging lays them out
+    (pieces of ``piece`` bytes), and the bytes they cover, padding included."""
+    index, offsets, nbytes = plan.placements.T
+    small = nbytes < knobs.STAGE_GATHER_BELOW_BYTES
+    addresses = np.frombuffer(tensors.addresses, np.int64)[index][small]
+    table, _ = gather.kernel_table(addresses, offsets[small], nbytes[small], plan.padding[small], piece)
+    return torch.from_numpy(table).to("cuda"), int((nbytes[small] + plan.padding[small]).sum())
+
+
 def gather_only(plan, tensors) -> Any:
     """The gather kernel alone over every small tensor, into a device buffer laid out like the arena
     (no copy to the host): how fast the device gathers."""
-    index, offsets, nbytes = plan.placements.T
-    small = nbytes < knobs.STAGE_GATHER_BELOW_BYTES
-    addresses = np.frombuffer(tensors.addresses, np.int64)[index]
-    if not small.any():
+    rows, _ = small_rows(plan, tensors)
+    if not len(rows):
         return lambda: None
-    table, _ = gather.kernel_table(addresses[small], offsets[small], nbytes[small], plan.padding[small])
     device = torch.device("cuda")
-    rows = torch.from_numpy(table).to(device)
     out = torch.empty(plan.arena_bytes, dtype=torch.uint8, device=device)
     kernel = gather.kernel_for(device)
     return lambda: gather._launch(kernel, torch.cuda.current_stream(), rows, out)
@@ -121,12 +127,9 @@ def kernel_sweep(plan, tensors, arena, reps: int = 5) -> list[tuple[float, int, 
     ``arena`` (CUDA events, median of ``reps``), for threads per block x block limits x piece sizes;
     the first entry is a pinned ``cudaMemcpyAsync`` of the same bytes. Returns (seconds, threads,
     blocks, piece) sorted fastest first, memcpy as (s, 0, 0, 0)."""
-    index, offsets, nbytes = plan.placements.T
-    small = nbytes < knobs.STAGE_GATHER_BELOW_BYTES
-    addresses = np.frombuffer(tensors.addresses, np.int64)[index][small]
     device = torch.device("cuda")
     kernel, flat, stream = gather.kernel_for(device), arena.bytes_tensor(), torch.cuda.current_stream()
-    total = int((nbytes[small] + plan.padding[small]).sum())
+    total = small_rows(plan, tensors)[1]
     src = torch.empty(total, dtype=torch.uint8, device=device)
 
     def timed(fn) -> float:
@@ -144,8 +147,7 @@ def kernel_sweep(plan, tensors, arena, reps: int = 5) -> list[tuple[float, int, 
     saved = gather.THREADS_PER_BLOCK, gather.MAX_BLOCKS
     try:
         for piece in (16 * 1024, 64 * 1024, 256 * 1024):
-            table, _ = gather.kernel_table(addresses, offsets[small], nbytes[small], plan.padding[small], piece)
-            rows = torch.from_numpy(table).to(device)
+            rows, _ = small_rows(plan, tensors, piece)
             for threads in (128, 256, 512, 1024):
                 for blocks in (1024, 2048, 4096, 8192, 32768):
                     gather.THREADS_PER_BLOCK, gather.MAX_BLOCKS = threads, blocks
@@ -162,11 +164,7 @@ def launch_costs(plan, tensors, arena, reps: int = 50) -> dict[str, float]:
     graph's replay against the default ``stage``, both in milliseconds."""
     device = torch.device("cuda")
     kernel, flat = gather.kernel_for(device), arena.bytes_tensor()
-    index, offsets, nbytes = plan.placements.T
-    small = nbytes < knobs.STAGE_GATHER_BELOW_BYTES
-    addresses = np.frombuffer(tensors.addresses, np.int64)[index][small]
-    table = torch.from_numpy(gather.kernel_table(addresses, offsets[small], nbytes[small], plan.padding[small])[0]
-                             ).to(device)
+    table, _ = small_rows(plan, tensors)
     scratch = torch.zeros(32, dtype=torch.uint8, device=device)
     one = torch.tensor([[scratch.data_ptr(), 16, 16, 0]], dtype=torch.int64, device=device)
     side = torch.cuda.Stream()
