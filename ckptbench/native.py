@@ -18,6 +18,7 @@ try:
         AlignedBuffer,
         Control,
         IoResult,
+        Snapshot,
         copy_bandwidth,
         copy_from_addresses,
         crc32c,
@@ -28,6 +29,7 @@ try:
         metadata_bench,
         probe_direct,
         read,
+        snapshot_unavailable,
         write,
     )
 except ImportError as exc:  # pragma: no cover - only on a broken install
@@ -39,6 +41,7 @@ __all__ = [
     "AlignedBuffer",
     "Control",
     "IoResult",
+    "Snapshot",
     "copy_bandwidth",
     "copy_from_addresses",
     "crc32c",
@@ -50,6 +53,7 @@ __all__ = [
     "probe_direct",
     "read",
     "run_interruptible",
+    "snapshot_unavailable",
     "write",
 ]
 

@@ -14,6 +14,7 @@
 
 #include "checksum.hpp"
 #include "engine.hpp"
+#include "snapshot.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -65,6 +66,59 @@ std::vector<ckpt::Job> to_jobs(nb::handle jobs, HeldBuffers &held, bool writable
     }
     return out;
 }
+
+// (address, destination offset, nbytes[, zeros after]) jobs into the buffer `view`: a sequence of
+// tuples or a C-contiguous int64 table of such rows, checked against the buffer's bounds.
+std::vector<ckpt::CopyJob> copy_jobs(const Py_buffer &view, nb::handle jobs, HeldBuffers &held) {
+    auto len = static_cast<std::size_t>(view.len);
+    std::vector<ckpt::CopyJob> copies;
+    auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes, std::uint64_t zero_after) {
+        if (offset > len || nbytes > len - offset || zero_after > len - offset - nbytes)
+            throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
+                                   (zero_after ? " + " + std::to_string(zero_after) + " zeros" : std::string()) +
+                                   ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
+        if (nbytes && src == 0) throw nb::value_error("source address is null");
+        copies.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
+                          static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes),
+                          static_cast<std::size_t>(zero_after)});
+    };
+    if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
+        Py_buffer &table = held.acquire(jobs, false, PyBUF_FORMAT);
+        std::string format = table.format ? table.format : "B";
+        if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
+            format.erase(0, 1);  // native or little-endian (x86-64, aarch64 are little-endian)
+        if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 ||
+            (table.shape[1] != 3 && table.shape[1] != 4))
+            throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3) or (n, 4): "
+                                  "(address, offset, nbytes[, zeros after]) rows");
+        const auto width = static_cast<std::size_t>(table.shape[1]);
+        const auto *row = static_cast<const std::int64_t *>(table.buf);
+        std::size_t n = static_cast<std::size_t>(table.len) / (8 * width);
+        copies.reserve(n);
+        for (std::size_t i = 0; i < n; ++i, row += width) {
+            std::int64_t zeros = width == 4 ? row[3] : 0;
+            if (row[0] < 0 || row[1] < 0 || row[2] < 0 || zeros < 0)
+                throw nb::value_error("a jobs table row is negative");
+            add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
+                static_cast<std::uint64_t>(row[2]), static_cast<std::uint64_t>(zeros));
+        }
+    } else {
+        for (const auto &[src, offset, nbytes] :
+             nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(jobs))
+            add(src, offset, nbytes, 0);
+    }
+    return copies;
+}
+
+// A Snapshot with its destination kept exported (not resizable, not freed) until it is gone.
+struct PySnapshot {
+    Py_buffer dst{};
+    std::unique_ptr<ckpt::Snapshot> snapshot;
+    ~PySnapshot() {
+        snapshot.reset();  // finishes first: the copies write into dst
+        if (dst.obj) PyBuffer_Release(&dst);
+    }
+};
 
 ckpt::SyncMode parse_sync(const std::string &sync) {
     if (sync == "none") return ckpt::SyncMode::None;
@@ -170,16 +224,24 @@ NB_MODULE(_native, m) {
     m.def(
         "write",
         [](nb::handle jobs, int threads, std::size_t block_size, bool direct, const std::string &sync,
-           bool sync_dir, bool record_latency, const std::string &schedule, ckpt::Control *control) {
+           bool sync_dir, bool record_latency, const std::string &schedule, ckpt::Control *control,
+           PySnapshot *after) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
             auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule);
+            if (after) {
+                ckpt::Snapshot *snapshot = after->snapshot.get();
+                opts.before_write = [snapshot](const char *end) { snapshot->wait_copied(end); };
+            }
             nb::gil_scoped_release release;
             return ckpt::write_jobs(parsed, opts, control);
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = "fdatasync",
         "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = "shared", "control"_a = nb::none(),
-        "Write each (buffer, path, offset) job; durable per `sync` when it returns.");
+        "after"_a = nb::none(),
+        "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still "
+        "copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, "
+        "they are written as they are: its finish() raises).");
 
     m.def(
         "read",
@@ -263,43 +325,7 @@ NB_MODULE(_native, m) {
         [](nb::handle dst, nb::handle jobs, int threads) {
             HeldBuffers held;
             Py_buffer &view = held.acquire(dst, true);
-            auto len = static_cast<std::size_t>(view.len);
-            std::vector<ckpt::CopyJob> copies;
-            auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes, std::uint64_t zero_after) {
-                if (offset > len || nbytes > len - offset || zero_after > len - offset - nbytes)
-                    throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
-                                           (zero_after ? " + " + std::to_string(zero_after) + " zeros" : std::string()) +
-                                           ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
-                if (nbytes && src == 0) throw nb::value_error("source address is null");
-                copies.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
-                                  static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes),
-                                  static_cast<std::size_t>(zero_after)});
-            };
-            if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
-                Py_buffer &table = held.acquire(jobs, false, PyBUF_FORMAT);
-                std::string format = table.format ? table.format : "B";
-                if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
-                    format.erase(0, 1);  // native or little-endian (x86-64, aarch64 are little-endian)
-                if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 ||
-                    (table.shape[1] != 3 && table.shape[1] != 4))
-                    throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3) or (n, 4): "
-                                          "(address, offset, nbytes[, zeros after]) rows");
-                const auto width = static_cast<std::size_t>(table.shape[1]);
-                const auto *row = static_cast<const std::int64_t *>(table.buf);
-                std::size_t n = static_cast<std::size_t>(table.len) / (8 * width);
-                copies.reserve(n);
-                for (std::size_t i = 0; i < n; ++i, row += width) {
-                    std::int64_t zeros = width == 4 ? row[3] : 0;
-                    if (row[0] < 0 || row[1] < 0 || row[2] < 0 || zeros < 0)
-                        throw nb::value_error("a jobs table row is negative");
-                    add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
-                        static_cast<std::uint64_t>(row[2]), static_cast<std::uint64_t>(zeros));
-                }
-            } else {
-                for (const auto &[src, offset, nbytes] :
-                     nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(jobs))
-                    add(src, offset, nbytes, 0);
-            }
+            std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs, held);
             nb::gil_scoped_release release;
             ckpt::parallel_copy(copies, threads);
         },
@@ -309,6 +335,49 @@ NB_MODULE(_native, m) {
         "column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller "
         "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
         "CPU tensor's data_ptr()).");
+
+    m.def("snapshot_unavailable", &ckpt::snapshot_unavailable,
+          "Why copy-on-write snapshots (Snapshot) cannot be taken in this process; '' when they can.");
+
+    nb::class_<PySnapshot>(m, "Snapshot",
+                           "Copy-on-write staging: write-protects the sources of copy_from_addresses-style jobs and "
+                           "copies them into `dst` on background threads; a write to a page not yet copied waits "
+                           "until its chunk is copied. The caller may write to the sources as soon as it returns.")
+        .def(
+            "__init__",
+            [](PySnapshot *self, nb::handle dst, nb::handle jobs, int threads, std::size_t chunk_bytes) {
+                HeldBuffers held;
+                Py_buffer &view = held.acquire(dst, true);
+                std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs, held);
+                std::unique_ptr<ckpt::Snapshot> snapshot;
+                {
+                    nb::gil_scoped_release release;
+                    snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes);
+                }
+                new (self) PySnapshot();
+                self->snapshot = std::move(snapshot);
+                if (PyObject_GetBuffer(dst.ptr(), &self->dst, PyBUF_SIMPLE | PyBUF_WRITABLE) != 0) {
+                    self->dst = Py_buffer{};
+                    PyErr_Clear();  // held above: cannot fail; the snapshot is still finished before dst goes
+                }
+            },
+            "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20,
+            "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. Raises RuntimeError "
+            "when snapshots are unavailable (see snapshot_unavailable()).")
+        .def("finish", [](PySnapshot &s) { s.snapshot->finish(); }, nb::call_guard<nb::gil_scoped_release>(),
+             "Wait until every byte is copied and the protection is gone. Raises RuntimeError when the sources were "
+             "freed, moved or unreadable meanwhile (the copy may be torn). Idempotent.")
+        .def_prop_ro("done", [](const PySnapshot &s) { return s.snapshot->done(); })
+        .def("stats", [](const PySnapshot &s) {
+            ckpt::SnapshotStats st = s.snapshot->stats();
+            nb::dict d;
+            d["protected_bytes"] = st.protected_bytes;
+            d["copied_at_start"] = st.copied_at_start;
+            d["chunks"] = st.chunks;
+            d["regions"] = st.regions;
+            d["faults"] = st.faults;
+            return d;
+        }, "Protected bytes, bytes copied before returning, chunks, regions, and writes that waited.");
 
     m.def(
         "fill_random",

@@ -302,6 +302,7 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     // One chunk: transfer it; the thread that finishes a file's last chunk syncs that file.
     auto do_chunk = [&](const Chunk &c, std::vector<std::uint64_t> &lat) -> std::uint64_t {
         FileState &f = *c.file;
+        if (kind == Kind::Write && opts.before_write) opts.before_write(c.buf + c.len);
         timed(lat, control, c.len, [&] {
             transfer(kind, c.direct ? f.fd_direct : f.fd_buffered, c.buf, c.len, c.offset, f.path);
         });

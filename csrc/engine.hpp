@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -77,6 +78,9 @@ struct IoOptions {
     bool drop_cache = true;               // reads: fdatasync + posix_fadvise(DONTNEED) before timing
     bool record_latency = true;           // keep one latency sample per chunk
     Schedule schedule = Schedule::Shared;
+    // Writes: called before each block is written with the end of its bytes in memory; returns once
+    // they may be written (a copy-on-write staging still filling the buffer, see snapshot.hpp).
+    std::function<void(const char *end)> before_write;
 };
 
 struct ThreadStat {
