@@ -67,6 +67,11 @@ STAGE_GATHER_KERNEL = _env_int("STAGE_GATHER_KERNEL", 1)
 #: launch for all (0.83-0.94x of a plain copy's bandwidth on an H100, vs 0.81x for 0); 0: it gathers them
 #: into device buffers, then one device-to-host copy per run.
 STAGE_GATHER_DIRECT = _env_int("STAGE_GATHER_DIRECT", 1)
+#: Async saves stage contiguous CPU tensors copy-on-write (``checkpoint.stage.CopyBehind``): the caller
+#: waits only while their pages are write-protected, and the copy runs behind it (Linux 6.4+ userfaultfd);
+#: 0 copies them before save() returns. The chunk is what a write to a page not yet copied waits for.
+STAGE_COW = _env_int("STAGE_COW", 1)
+STAGE_COW_CHUNK_BYTES = _env_int("STAGE_COW_CHUNK_BYTES", 1 << 20)
 #: A Checkpointer reuses its last save's plan when the next state_dict is laid out the same way
 #: (``plan.PlanCache``); 0 plans every save afresh.
 PLAN_REUSE = _env_int("PLAN_REUSE", 1)

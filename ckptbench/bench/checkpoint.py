@@ -306,6 +306,7 @@ class _AsyncSamples:
     steps: list[int] = field(default_factory=list)
     persist_with_probe_s: list[float] = field(default_factory=list)
     verified: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def run_checkpoint_bench(
@@ -394,7 +395,7 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
             save=Timings("save", run_bytes, tuple(s.save_s)), load=Timings("load", run_bytes, tuple(s.load_s)),
             verified=s.verified, files=s.files, disk_bytes=s.disk_bytes,
             save_peak_extra_rss_bytes=tuple(s.peak_extra),
-            details=s.details or {},
+            details={**(s.details or {}), **(async_samples[w.name].details if w.name in async_samples else {})},
         ))
     async_results = tuple(
         AsyncResult(writer=w.name, how=w.async_how, stall_s=tuple(a.stall_s), persist_s=tuple(a.persist_s),
@@ -528,6 +529,7 @@ def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, 
     directory = places.location(name)
     progress.phase(f"{w.name}: async save {label}")
     stall_s, persist_s, _ = _async_save(w, state_dict, directory)
+    a.details = w.async_details()
     progress.end_step(nbytes)
     if measured and not a.verified:
         progress.phase(f"{w.name}: verifying the async save")

@@ -367,6 +367,10 @@ class Writer:
         """Writer-specific facts of the last save, for the record."""
         return {}
 
+    def async_details(self) -> dict[str, Any]:
+        """The same of the last async save (merged into ``details``)."""
+        return {}
+
     def close(self) -> None:
         """Release what the writer keeps between saves (a staging arena, a thread pool)."""
 
@@ -394,6 +398,7 @@ class CkptbenchWriter(Writer):
         self._make = lambda: Checkpointer(threads=threads)
         self._ckpt = self._make()
         self._last: Any = None
+        self._last_async: Any = None
         #: For object-storage locations (``directory`` is then a URL string).
         self.storage_options = storage_options or None
 
@@ -405,7 +410,11 @@ class CkptbenchWriter(Writer):
 
     def save_async(self, state_dict: dict[str, Any], directory: Path) -> PendingSave:
         handle = self._ckpt.save(state_dict, directory, async_=True, storage_options=self.storage_options)
-        return PendingSave(handle.done, handle.result)
+
+        def wait() -> None:
+            self._last_async = handle.result()
+
+        return PendingSave(handle.done, wait)
 
     def details(self) -> dict[str, Any]:
         last = self._last
@@ -415,6 +424,16 @@ class CkptbenchWriter(Writer):
                 "direct_requested": self._ckpt.direct, "direct": last.direct, "sync": last.sync,
                 "checksum": last.checksum, "direct_fallback_reason": last.direct_fallback_reason,
                 "plan_reused": last.plan_reused}
+
+    def async_details(self) -> dict[str, Any]:
+        """How async saves staged: copy-on-write, or a copy and why."""
+        from ckptbench.checkpoint.stage import cow_unavailable
+
+        last = self._last_async
+        if last is None:
+            return {}
+        return {"async_staging": last.staging, "async_cow_faults": last.cow_faults,
+                "async_cow_unavailable": cow_unavailable() or None}
 
     def fresh(self) -> Any:
         """A new Checkpointer with the same settings (an empty arena), for memory measurements."""

@@ -34,10 +34,10 @@ from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild
-from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, stage, typed_view
+from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, copy_values, dtype_of, stage, typed_view
 from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
-from ckptbench.storage.store import Store, WriteReport, open_store
+from ckptbench.storage.store import LocalStore, Store, WriteReport, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,11 @@ class SaveResult:
     #: The plan of the save before was reused: the state_dict was laid out the same way (a training
     #: loop's next save; ``Checkpointer`` only, see ``plan.PlanCache``).
     plan_reused: bool = False
+    #: How the host tensors were staged: "copy" (before the caller went on) or "copy-on-write" (an async
+    #: save: their pages write-protected, copied behind the caller; see ``stage.CopyBehind``), and how
+    #: many of the caller's writes waited for a page to be copied.
+    staging: str = "copy"
+    cow_faults: int = 0
 
     @property
     def total_s(self) -> float:
@@ -242,12 +247,12 @@ class Checkpointer:
             _require_free(store, plan.total_bytes)
             staging = time.perf_counter()
             with self._lock:
-                stage(plan, tensors, self._arena, self.threads)
+                behind = stage(plan, tensors, self._arena, self.threads, cow=async_)
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
             raise
-        del tensors  # the arena holds the bytes now
+        del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
         stall_s = time.perf_counter() - t0
         if not async_:
             with lock:
@@ -258,10 +263,13 @@ class Checkpointer:
         def run() -> None:
             try:
                 with lock:  # released before the result is set: a save waiting on it can take the lock
-                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s)
+                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
+            finally:
+                if behind is not None:
+                    behind.close()  # after a failure before the copy was waited for: no page stays protected
 
         self._in_flight = future
         lock.finish_before_exit(future)
@@ -312,7 +320,7 @@ class Checkpointer:
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
-                stage(plan, tensors, self._arena, self.threads)
+                behind = stage(plan, tensors, self._arena, self.threads, cow=async_)
             del tensors
             stage_s = time.perf_counter() - started
         except BaseException as exc:
@@ -331,10 +339,13 @@ class Checkpointer:
             try:
                 with lock:
                     result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock,
-                                                       stage_s)
+                                                       stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
+            finally:
+                if behind is not None:
+                    behind.close()
 
         self._in_flight = future
         lock.finish_before_exit(future)  # every rank: an exit waits for its persist, or the commit never comes
@@ -342,7 +353,8 @@ class Checkpointer:
         return SaveHandle(future)
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
-                             stall_s: float, staged_at: float, lock: SaveLock, stage_s: float) -> SaveResult:
+                             stall_s: float, staged_at: float, lock: SaveLock, stage_s: float,
+                             behind: CopyBehind | None = None) -> SaveResult:
         """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
 
         1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
@@ -356,7 +368,7 @@ class Checkpointer:
         own = [s.name for s in plan.shards]
         write_started = time.perf_counter()
         try:
-            report, section = self._write_section(plan, store)
+            report, section = self._write_section(plan, store, behind)
         except BaseException as exc:
             store.remove(own)
             _abandon(world, key, exc)
@@ -378,7 +390,7 @@ class Checkpointer:
             keep = set(own)
             _remove_stale(store, keep, owns=lambda name: f"-r{world.rank:05d}-" in name)
             return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                                write_s=written_at - write_started, rank=world.rank,
+                                write_s=written_at - write_started, behind=behind, rank=world.rank,
                                 world_size=world.world_size, world_bytes=outcome["world_bytes"])
         try:
             sections = world.gather_to_first(key, section, what=f"saving {store.url}")
@@ -409,7 +421,7 @@ class Checkpointer:
                                             "keep": unknown})
             raise
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started, rank=0, world_size=world.world_size,
+                            write_s=written_at - write_started, behind=behind, rank=0, world_size=world.world_size,
                             world_bytes=world_bytes)
 
     def _wait_in_flight(self) -> None:
@@ -418,9 +430,17 @@ class Checkpointer:
                 interrupts.result_of(self._in_flight)
             self._in_flight = None
 
-    def _write_section(self, plan: SavePlan, store: Store) -> tuple[WriteReport, dict[str, Any]]:
+    def _write_section(self, plan: SavePlan, store: Store,
+                       behind: CopyBehind | None = None) -> tuple[WriteReport, dict[str, Any]]:
         """Write the plan's shards from the arena (durable on return) and describe them: the
-        manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton)."""
+        manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
+        ``behind``: a copy-on-write staging still copying into the arena: the engine writes each block
+        as its bytes land (elsewhere it is finished first); the checksums wait for all of it."""
+        write_behind: dict[str, Any] = {}
+        if behind is not None and isinstance(store, LocalStore):
+            write_behind["after"] = behind.snapshot
+        elif behind is not None:
+            behind.finish()
         arena = self._arena.buffer
         view = memoryview(arena)
         files = [(s.name, view[s.arena_offset:s.arena_offset + s.nbytes]) for s in plan.shards]
@@ -430,13 +450,22 @@ class Checkpointer:
         if ranges:
             # CRC-32C of the staged bytes runs beside the write (CPU-bound vs I/O-bound).
             def checksum() -> None:
+                if behind is not None:
+                    behind.close()  # every byte there (a failure is raised below, after the write)
                 crcs.extend(native.crc32c_ranges(arena, [(o, n) for _, o, n in ranges], max(1, self.threads // 2)))
 
             crc_thread = QuietThread(target=checksum, name="ckptbench-crc")
         try:
             if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
                 crc_thread.start()
-            report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
+            report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct,
+                                       **write_behind)
+            if behind is not None:
+                try:
+                    behind.finish()
+                except SnapshotError:
+                    store.remove([name for name, _ in files])  # written from a torn copy
+                    raise
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the free-space check passed; something else filled it
                 raise _out_of_space(store, sum(s.nbytes for s in plan.shards), exc) from exc
@@ -469,27 +498,30 @@ class Checkpointer:
         }
 
     def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
-                written_at: float, *, stage_s: float, write_s: float, **world: Any) -> SaveResult:
+                written_at: float, *, stage_s: float, write_s: float, behind: CopyBehind | None = None,
+                **world: Any) -> SaveResult:
         now = time.perf_counter()
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
             stall_s=stall_s, persist_s=now - staged_at, commit_s=now - written_at, stage_s=stage_s, write_s=write_s,
             threads=self.threads,
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
-            checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused, **world,
+            checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused,
+            staging="copy" if behind is None else "copy-on-write", cow_faults=0 if behind is None else behind.faults,
+            **world,
         )
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
-                 lock: SaveLock, stage_s: float) -> SaveResult:
+                 lock: SaveLock, stage_s: float, behind: CopyBehind | None = None) -> SaveResult:
         write_started = time.perf_counter()
-        report, section = self._write_section(plan, store)
+        report, section = self._write_section(plan, store, behind)
         written_at = time.perf_counter()
         shards = [s.name for s in plan.shards]
         with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
             self._commit(store, {**self._header(save_id), **section}, shards)
             _remove_stale(store, set(shards))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started)
+                            write_s=written_at - write_started, behind=behind)
 
     @staticmethod
     def _commit(store: Store, manifest: dict, shards: list[str]) -> None:

@@ -6,12 +6,17 @@ anything else (non-contiguous views, GPU tensors) goes through ``Tensor.copy_`` 
 the arena, GPU copies on a side stream into the arena registered with CUDA (cudaHostRegister) so the
 device-to-host copy runs at pinned speed. Staging is the only step that blocks the caller of an
 asynchronous save.
+
+An asynchronous save may stage its host tensors copy-on-write instead (:class:`CopyBehind`, the
+engine's ``Snapshot``): their pages are write-protected, the caller goes on at once, and the copy
+runs behind it; a write to a page not yet copied waits until its chunk is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +25,7 @@ import numpy as np
 from ckptbench import knobs, native
 from ckptbench.checkpoint import gather
 from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, SavePlan, Sources
-from ckptbench.errors import UsageError
+from ckptbench.errors import CkptbenchError, UsageError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -163,12 +168,67 @@ def _same_width_int(nbytes: int) -> Any:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[nbytes]
 
 
-def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> None:
+class SnapshotError(CkptbenchError):
+    """The tensors changed under a copy-on-write staging in a way it cannot keep up with (freed, moved)."""
+
+
+def cow_unavailable() -> str:
+    """Why host tensors cannot be staged copy-on-write here ('' when they can): the knob, or the engine's probe."""
+    if not knobs.STAGE_COW:
+        return "CKPTBENCH_STAGE_COW=0"
+    return native.snapshot_unavailable()
+
+
+class CopyBehind:
+    """A copy-on-write staging still copying behind the caller: :meth:`finish` before the arena is read
+    (or write it with the engine, block by block as the copy lands: ``native.write(after=snapshot)``).
+
+    Holds the staged tensors until then (their memory must stay where it is) and the engine's
+    ``Snapshot``, which keeps their pages write-protected until each chunk is copied."""
+
+    def __init__(self, snapshot: native.Snapshot, tensors: Any) -> None:
+        self.snapshot = snapshot
+        self._tensors = tensors
+        self._lock = threading.Lock()
+        self._finished = False
+        self._failure: str | None = None
+        self.faults = 0
+
+    def finish(self) -> None:
+        """Wait for the copy (any thread, any number of times); raises SnapshotError when the tensors'
+        memory was freed or moved meanwhile, so the arena does not hold them."""
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                try:
+                    self.snapshot.finish()
+                except RuntimeError as exc:
+                    self._failure = str(exc)
+                finally:
+                    self.faults = self.snapshot.stats()["faults"]
+                    self._tensors = None
+        if self._failure is not None:
+            raise SnapshotError(
+                f"a tensor changed under the save's copy-on-write staging: {self._failure}; nothing was written",
+                hint="keep the saved tensors' storage in place (no resize_ or set_ of it) until the save is "
+                     "durable, or set CKPTBENCH_STAGE_COW=0 to copy them before save() returns")
+
+    def close(self) -> None:
+        """Finish, dropping any error (for cleanup after another failure)."""
+        with contextlib.suppress(SnapshotError):
+            self.finish()
+
+
+def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow: bool = False) -> CopyBehind | None:
     """Copy each stored tensor into its place in the arena; returns when every byte is there.
 
     ``tensors`` are ``plan_save``'s sources (a plain list works too, at the cost of visiting each
     tensor again). Contiguous CPU tensors: one engine call on ``threads`` threads; contiguous CUDA
     tensors: :func:`stage_from_device` per device; anything else: ``Tensor.copy_`` one by one.
+
+    ``cow``: stage contiguous CPU tensors copy-on-write where this machine allows it
+    (:func:`cow_unavailable`); then the return is a :class:`CopyBehind` still copying them, to be
+    finished before the arena is read, and the caller may write to its tensors at once.
     """
     arena.ensure(plan.arena_bytes)
     sources = Sources.of(tensors)
@@ -176,20 +236,25 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int) -> Non
     repeat = arena.repeat_for(key)
     if repeat is not None:  # the very arrays staged last time (a Checkpointer's reused plan): as it was
         repeat.issue(sources, arena.bytes_tensor()).wait()
-        return
+        return None
     index, offsets, nbytes = plan.placements.T
-    copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key)
+    snapshot = copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key,
+                               cow=cow)
+    return CopyBehind(snapshot, tensors) if snapshot is not None else None
 
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
-                    threads: int, zero_after: np.ndarray | None = None, key: tuple | None = None) -> None:
+                    threads: int, zero_after: np.ndarray | None = None, key: tuple | None = None,
+                    cow: bool = False) -> native.Snapshot | None:
     """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
     (rows sorted by offset, non-empty, not overlapping); returns when every byte is there. The arena
     must already be large enough. ``zero_after[k]``: zero that many bytes after copy k (the padding
     of shard files, up to the next copy). ``key``: the arrays these come from, under which the arena
-    keeps a staging of one device's tensors straight into it for the next time (:meth:`Arena.repeat_for`)."""
+    keeps a staging of one device's tensors straight into it for the next time (:meth:`Arena.repeat_for`).
+    ``cow``: the contiguous CPU tensors copy-on-write where possible; the engine's Snapshot still copying
+    them is returned (else None: every byte is there)."""
     if len(index) == 0:
-        return
+        return None
     routes = np.frombuffer(sources.routes, np.int16)
     lowest, highest = int(routes.min()), int(routes.max())
     if lowest == highest:  # every source takes one route: no need to pick the copied ones' out
@@ -201,8 +266,7 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     if zero_after is None:
         zero_after = np.zeros(len(index), np.int64)
     if lowest == highest == ROUTE_HOST:  # all on the host: one engine call
-        native.copy_from_addresses(arena.buffer, np.column_stack((addresses, offsets, nbytes, zero_after)), threads)
-        return
+        return _copy_host(arena, np.column_stack((addresses, offsets, nbytes, zero_after)), threads, cow)
     # The GPU copies are queued first, then the engine copies the CPU tensors (and zeroes the padding
     # after the tensors copied by value) meanwhile: every copy writes its own bytes, none overlap.
     flat = arena.bytes_tensor()
@@ -213,11 +277,11 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
             direct = Direct.of(copies, arena.mapped, arena.prepared)
             if direct is None:
                 queued.append(queue_from_device(copies, flat, arena.mapped, arena.prepared))
-                return
+                return None
             if key is not None:
                 arena.remember(key, direct)
             queued.append(direct.issue(sources, flat))
-            return
+            return None
         for device in np.unique(routes[routes >= 0]).tolist():
             on = np.flatnonzero(routes == device)
             queued.append(queue_from_device(DeviceCopies(sources, index[on], addresses[on], offsets[on], nbytes[on], on,
@@ -228,14 +292,31 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
         none = np.zeros(len(padded), np.int64)
         rows = np.vstack((np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host])),
                           np.column_stack((none, offsets[padded] + nbytes[padded], none, zero_after[padded]))))
-        if len(rows):
-            native.copy_from_addresses(arena.buffer, rows, threads)
+        snapshot = _copy_host(arena, rows, threads, cow) if len(rows) else None
         if others.size:
-            _copy_by_value([(sources[i], offsets[k], nbytes[k]) for k, i in zip(others.tolist(),
-                                                                                 index[others].tolist(), strict=True)],
-                           flat)
+            try:
+                _copy_by_value([(sources[i], offsets[k], nbytes[k])
+                                for k, i in zip(others.tolist(), index[others].tolist(), strict=True)], flat)
+            except BaseException:
+                if snapshot is not None:
+                    with contextlib.suppress(RuntimeError):
+                        snapshot.finish()
+                raise
+        return snapshot
     finally:  # also after an error: nothing may still be copying into the arena once this returns
         gather.wait_all(work.wait for work in queued)
+
+
+def _copy_host(arena: Arena, rows: np.ndarray, threads: int, cow: bool) -> native.Snapshot | None:
+    """The engine's copy of (address, offset, nbytes, zeros after) rows into the arena, or with ``cow``
+    (and where :func:`cow_unavailable` allows) its copy-on-write Snapshot of them, still copying."""
+    if cow and not cow_unavailable():
+        try:
+            return native.Snapshot(arena.buffer, rows, threads, knobs.STAGE_COW_CHUNK_BYTES)
+        except RuntimeError as exc:  # out of file descriptors, say: nothing was protected, copy instead
+            log.warning("copy-on-write staging failed (%s); copying the tensors instead", exc)
+    native.copy_from_addresses(arena.buffer, rows, threads)
+    return None
 
 
 def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:

@@ -491,6 +491,13 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
         where = f"{probe['torch_threads']} threads" if where == "cpu" else f"on {where}"
         console.print(f"interference: slowdown of a {probe['kind']} {probe['matrix'][0]}x{probe['matrix'][1]} loop "
                       f"({where}) while persisting, vs the same loop alone")
+        ours = next((r["details"] for r in document["results"] if r["writer"] == "ckptbench"), {})
+        if ours.get("async_staging") == "copy-on-write":
+            console.print("ckptbench async staging: copy-on-write (host tensors write-protected, copied behind the "
+                          f"caller; {ours.get('async_cow_faults', 0)} writes waited for their page in the last save)")
+        elif ours.get("async_staging"):
+            why = ours.get("async_cow_unavailable") or "no host tensor it could protect"
+            console.print(f"ckptbench async staging: copied before returning ({why})")
     memory = document["memory"]
     if memory:
         console.print(

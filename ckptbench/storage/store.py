@@ -102,13 +102,15 @@ class LocalStore:
                          path.parent)
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                    direct: bool) -> WriteReport:
+                    direct: bool, after: native.Snapshot | None = None) -> WriteReport:
+        """``after``: a copy-on-write staging still copying into the views; each block is written
+        once its bytes are there (the caller finishes it afterwards, which says if it failed)."""
         if not files:
             return WriteReport(direct=direct, sync="fdatasync")
         jobs = [(view, str(self.path / name), 0) for name, view in files]
         try:
             result = native.write(jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
-                                  sync_dir=True)
+                                  sync_dir=True, after=after)
         except OSError:
             self.remove([name for name, _ in files])
             raise

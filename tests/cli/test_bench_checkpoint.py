@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptbench import native
+
 QUICK = ["--workload", "checkpoint", "--repeat", "1", "--warmup", "0"]
 ALL_WRITERS = ["ckptbench", "torch", "dcp", "safetensors"] + (["fio"] if shutil.which("fio") else [])
 
@@ -34,6 +36,9 @@ def test_every_writer_saved_loaded_and_verified(cli, tmp_path: Path):
     ours = doc["results"][0]
     assert ours["details"]["threads"] >= 1 and ours["details"]["checksum"] is True
     assert isinstance(ours["details"]["plan_reused"], bool)
+    cow = native.snapshot_unavailable()  # async saves staged copy-on-write where the machine allows it
+    assert ours["details"]["async_staging"] == ("copy" if cow else "copy-on-write")
+    assert ours["details"]["async_cow_unavailable"] == (cow or None) and ours["details"]["async_cow_faults"] >= 0
     assert doc["data_verified"] is True
     assert [a["writer"] for a in doc["async"]] == ["ckptbench", "dcp"]
     for a in doc["async"]:
@@ -62,7 +67,7 @@ def test_table_plot_and_output_file(cli, tmp_path: Path):
                  "ckptbench,torch", "--plot", str(png), "--output", str(out))
     assert result.exit_code == 0, result.stderr
     for needle in ("llama3-70b", "save GB/s", "load GB/s", "async saves", "stall", "memory:", "goal save_vs_torch",
-                   "durable:"):
+                   "durable:", "ckptbench async staging: "):
         assert needle in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     files = list(out.glob("bench-checkpoint-*.json"))
