@@ -507,6 +507,8 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
             f"RSS growth over {memory['saves']} saves {format_size(memory['growth_bytes'])}")
     for g in document["goals"]:
         mark = "[green]met[/]" if g["met"] else "[red]missed[/]"
+        if not g["met"] and not g.get("reachable", True):
+            mark += f" [yellow](out of reach on this storage: fio's own ratio is {g['ceiling']:.2f})[/]"
         console.print(f"goal {g['name']}: {g['value']:.2f} ({g['comparison']} {g['goal']:g}) {mark}  "
                       f"[dim]{g['description']}[/]")
     for r in document["results"]:

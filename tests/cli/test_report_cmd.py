@@ -382,3 +382,14 @@ def test_deeply_nested_json_is_one_line(cli, tmp_path: Path):
     assert f"{bad}: not a ckptbench result (JSON nested too deeply to read)" in line
     nested = _write(tmp_path / "nested.json", '{"schema": "ckptbench.bench.fs/1", "x": ' + "[" * 900 + "]" * 900 + "}")
     assert "nested.json: " in _one_error_line(cli("report", str(nested), "--html", str(tmp_path / "r.html")))
+
+
+def test_a_missed_goal_out_of_reach_of_the_storage_says_so():
+    from ckptbench.report.sections import _goal_status
+
+    base = {"name": "load_vs_torch", "value": 1.1, "goal": 2.0, "comparison": ">="}
+    assert _goal_status({**base, "met": False, "ceiling": 1.25, "reachable": False}) == \
+        "MISSED (out of reach here: fio 1.25)"
+    assert _goal_status({**base, "met": False, "ceiling": 2.5, "reachable": True}) == "MISSED"
+    assert _goal_status({**base, "met": False}) == "MISSED"  # a file from before the ceiling was recorded
+    assert _goal_status({**base, "value": 2.1, "met": True, "ceiling": 1.25, "reachable": False}) == "met"

@@ -191,3 +191,20 @@ def test_goals_are_ratios_of_medians():
     assert "save_vs_dcp" not in goals
     assert "cache-not-dropped" in {w.code for w in report.warnings()}
     assert not Goal("x", "", 0.5, 0.3, "<=").met and math.isclose(Goal("x", "", 0.3, 0.3, "<=").value, 0.3)
+    assert goals["load_vs_torch"].ceiling is None and goals["load_vs_torch"].reachable  # no fio in this run
+
+
+def test_a_goal_beyond_what_fio_itself_reaches_is_marked_out_of_reach():
+    spec = CheckpointBenchSpec(scale=0.1, writers=("ckptbench", "torch", "fio"), repeat=3)
+    # load: ckptbench 1.0 s, torch 1.2 s, fio 0.9 s -> 1.2x torch; fio itself is only 1.33x torch (goal 2x)
+    report = CheckpointBenchReport(
+        target="/x", spec=spec, workload=None, memcpy_bps=1e10,
+        results=(_result("ckptbench", 1.0, 1.0), _result("torch", 4.0, 1.2), _result("fio", 0.5, 0.9)),
+        async_results=(), memory=None, cache_drop={"method": "drop_caches", "reason": None}, probe=None,
+        rss_method="VmHWM", environment={})
+    goals = {g.name: g.to_dict() for g in report.goals()}
+    load = goals["load_vs_torch"]
+    assert not load["met"] and load["ceiling"] == pytest.approx(1.2 / 0.9) and load["reachable"] is False
+    save = goals["save_vs_torch"]  # fio saves 8x torch: 1.5x is within reach, and met (4x)
+    assert save["met"] and save["ceiling"] == pytest.approx(8.0) and save["reachable"] is True
+    assert goals["load_vs_fio"]["ceiling"] is None and goals["load_vs_fio"]["reachable"] is True
