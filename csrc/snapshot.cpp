@@ -245,6 +245,20 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     for (std::size_t c = 0; c < chunks_.size(); ++c) new (&state_[c]) std::atomic<std::uint8_t>(Pending);
     scratch_ = reinterpret_cast<iovec *>(static_cast<char *>(mapping_) + scratch_at);
     shared_->remaining.store(chunks_.size());
+    copiers_.reserve(static_cast<std::size_t>(threads));
+    // What cannot be protected is copied now, before anything is (nothing below may throw but the
+    // start of the fault thread, which cleans up after itself).
+    try {
+        if (!now.empty()) parallel_copy(now, threads);
+    } catch (...) {
+        unregister_all();
+        close(stop_fd_);
+        close(uffd_);
+        shared_->~Shared();
+        munmap(mapping_, mapping_bytes_);
+        mapping_ = nullptr;
+        throw;
+    }
 
     try {
         AsyncSignalsBlocked blocked;
@@ -255,6 +269,7 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
         close(uffd_);
         shared_->~Shared();
         munmap(mapping_, mapping_bytes_);
+        mapping_ = nullptr;
         throw std::runtime_error(std::string("could not start the fault thread: ") + exc.what());
     }
     for (const auto &[lo, hi] : regions_) {
@@ -266,7 +281,6 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
             break;
         }
     }
-    if (!now.empty()) parallel_copy(now, threads);  // the caller's thread, while the copiers start
     AsyncSignalsBlocked blocked;
     int started = 0;
     try {
@@ -281,8 +295,10 @@ Snapshot::~Snapshot() {
     if (getpid() != pid_) {  // a forked child: the threads are the parent's; forget them unjoined
         for (auto &t : copiers_) new (&t) std::thread();
         new (&fault_thread_) std::thread();
-        close(stop_fd_);
-        close(uffd_);
+        if (uffd_ >= 0) {  // inherited while the parent's snapshot ran (else closed, maybe reused since)
+            close(stop_fd_);
+            close(uffd_);
+        }
         return;
     }
     try {
@@ -448,6 +464,7 @@ void Snapshot::finish() {
         if (fault_thread_.joinable()) fault_thread_.join();
         close(stop_fd_);
         close(uffd_);
+        stop_fd_ = uffd_ = -1;
         stats_.faults = shared_->faults.load();
         finished_ = true;
     }

@@ -262,14 +262,15 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                with lock:  # released before the result is set: a save waiting on it can take the lock
-                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
+                try:
+                    with lock:  # released before the result is set: a save waiting on it can take the lock
+                        result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
+                finally:
+                    if behind is not None:  # also after a failure: no copy into the arena once the future is set
+                        behind.close()
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
-            finally:
-                if behind is not None:
-                    behind.close()  # after a failure before the copy was waited for: no page stays protected
 
         self._in_flight = future
         lock.finish_before_exit(future)
@@ -337,15 +338,16 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                with lock:
-                    result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock,
-                                                       stage_s, behind)
+                try:
+                    with lock:
+                        result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at,
+                                                           lock, stage_s, behind)
+                finally:
+                    if behind is not None:
+                        behind.close()
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
-            finally:
-                if behind is not None:
-                    behind.close()
 
         self._in_flight = future
         lock.finish_before_exit(future)  # every rank: an exit waits for its persist, or the commit never comes

@@ -116,3 +116,31 @@ def test_a_tensor_freed_under_the_copy_fails_the_save_and_keeps_the_last_checkpo
         # The Checkpointer goes on: the next save works.
         ckpt.save({"big": big}, path, async_=True, overwrite=True).result()
     assert ckptbench.load(path)["big"].numel() == 128 * MiB
+
+
+@needs_cow
+def test_a_failed_async_save_has_finished_its_copy_when_it_reports(tmp_path: Path, monkeypatch):
+    """The next save reuses the arena: no copy of the failed one may still be writing into it."""
+    import errno
+
+    from ckptbench.checkpoint import stage as staging
+    from ckptbench.storage.store import LocalStore
+
+    monkeypatch.setattr(knobs, "STAGE_COW_CHUNK_BYTES", 4096)
+    made: list[staging.CopyBehind] = []
+    real_init = staging.CopyBehind.__init__
+
+    def keep(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    def broken_write(self, files, **kwargs):
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(staging.CopyBehind, "__init__", keep)
+    monkeypatch.setattr(LocalStore, "write_files", broken_write)
+    with Checkpointer(threads=1, checksum=False) as ckpt:
+        handle = ckpt.save({"t": torch.ones(32 * MiB, dtype=torch.int32)}, tmp_path / "ckpt", async_=True)
+        with pytest.raises(Exception, match="injected"):
+            handle.result()
+        assert made and made[0].snapshot.done

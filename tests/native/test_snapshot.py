@@ -68,8 +68,8 @@ def test_the_copy_is_the_sources_as_they_were_when_it_returned(threads: int):
     for i, expected in enumerate(before):
         assert copied(dst, table, i) == expected, f"array {i}"
     assert all((a == 0xEE).all() for a in arrays)  # the writes went through
-    stats = snap.stats()
-    assert stats["faults"] >= 1 and stats["copied_at_start"] == 0
+    stats = snap.stats()  # (whether the writes overtook the copiers is up to the scheduler: faults may be 0)
+    assert stats["copied_at_start"] == 0
     assert stats["protected_bytes"] >= sum(a.nbytes for a in arrays)
     assert snap.done
 
@@ -229,3 +229,26 @@ def test_a_forked_child_writes_freely_and_leaves_the_parents_snapshot_alone():
     snap.finish()
     assert os.waitstatus_to_exitcode(status) == 0
     assert (np.frombuffer(dst, np.uint8)[:src.nbytes] == 1).all() and (src == 2).all()
+
+
+def test_a_forked_child_leaves_alone_the_descriptors_a_finished_snapshot_closed():
+    src = np.ones(MiB, np.uint8)
+    table, total = jobs_for([src])
+    snap = native.Snapshot(native.AlignedBuffer(total), table, 1)
+    snap.finish()  # closes its descriptors: the next ones opened take their numbers
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            code = 1
+            try:
+                del snap  # its copy of the snapshot goes
+                os.write(w, b"x")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and os.read(r, 1) == b"x"
+    finally:
+        os.close(r)
+        os.close(w)
