@@ -113,7 +113,13 @@ def snapshot_unavailable() -> str: ...
 
 class Snapshot:
     def __init__(
-        self, dst: Buffer, jobs: Sequence[tuple[int, int, int]] | Buffer, threads: int = 1, chunk_bytes: int = 1048576
+        self,
+        dst: Buffer,
+        jobs: Sequence[tuple[int, int, int]] | Buffer,
+        threads: int = 1,
+        chunk_bytes: int = 1048576,
+        min_region_bytes: int = 262144,
+        max_regions: int = 4096,
     ) -> None: ...
     def finish(self) -> None: ...
     @property

@@ -345,14 +345,16 @@ NB_MODULE(_native, m) {
                            "until its chunk is copied. The caller may write to the sources as soon as it returns.")
         .def(
             "__init__",
-            [](PySnapshot *self, nb::handle dst, nb::handle jobs, int threads, std::size_t chunk_bytes) {
+            [](PySnapshot *self, nb::handle dst, nb::handle jobs, int threads, std::size_t chunk_bytes,
+               std::size_t min_region_bytes, std::size_t max_regions) {
                 HeldBuffers held;
                 Py_buffer &view = held.acquire(dst, true);
                 std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs, held);
                 std::unique_ptr<ckpt::Snapshot> snapshot;
                 {
                     nb::gil_scoped_release release;
-                    snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes);
+                    snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes,
+                                                                min_region_bytes, max_regions);
                 }
                 new (self) PySnapshot();
                 self->snapshot = std::move(snapshot);
@@ -361,8 +363,11 @@ NB_MODULE(_native, m) {
                     PyErr_Clear();  // held above: cannot fail; the snapshot is still finished before dst goes
                 }
             },
-            "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20,
-            "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. Raises RuntimeError "
+            "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20, "min_region_bytes"_a = 256 << 10,
+            "max_regions"_a = 4096,
+            "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
+            "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
+            "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
             "when snapshots are unavailable (see snapshot_unavailable()).")
         .def("finish", [](PySnapshot &s) { s.snapshot->finish(); }, nb::call_guard<nb::gil_scoped_release>(),
              "Wait until every byte is copied and the protection is gone. Raises RuntimeError when the sources were "

@@ -100,7 +100,10 @@ void parallel_for(std::size_t items, int threads, Body body) {
     std::vector<std::thread> pool;
     {
         AsyncSignalsBlocked quiet;  // see threads.hpp
-        for (int t = 1; t < n; ++t) pool.emplace_back(run);
+        try {
+            for (int t = 1; t < n; ++t) pool.emplace_back(run);
+        } catch (...) {  // no more threads (or memory for them): those started and this one do the work
+        }
     }
     run();
     for (auto &t : pool) t.join();

@@ -136,13 +136,16 @@ const std::string &snapshot_unavailable() {
     return why;
 }
 
-Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes) {
+Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes,
+                   std::size_t max_regions) {
     if (!snapshot_unavailable().empty()) throw std::runtime_error(snapshot_unavailable());
     const std::uintptr_t page = page_size();
     chunk_bytes = std::max<std::size_t>(page, chunk_bytes / page * page);
     threads = std::max(1, threads);
     pid_ = getpid();
 
+    // Everything that allocates comes first: once a page is registered, a thread stopped in the
+    // kernel on it (or on an unmap of it) waits for the fault thread, and nothing may fail between.
     // The destination span: never protected (the copies write there), nor anything sharing its pages.
     std::uintptr_t dst_lo = UINTPTR_MAX, dst_hi = 0;
     std::vector<CopyJob> sources;
@@ -157,7 +160,9 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     }
     std::sort(sources.begin(), sources.end(), [](const CopyJob &a, const CopyJob &b) { return a.src < b.src; });
 
-    // Regions: the pages under the sources, merged where they touch.
+    // Regions: the pages under the sources, merged where they touch. Protected: those inside private
+    // anonymous memory, apart from the destination, of at least min_region_bytes (each costs up to
+    // two memory mappings of the process's vm.max_map_count), at most max_regions of the largest.
     std::vector<std::pair<std::uintptr_t, std::uintptr_t>> regions;
     for (const auto &j : sources) {
         auto s = reinterpret_cast<std::uintptr_t>(j.src);
@@ -167,28 +172,18 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
         else
             regions.emplace_back(lo, hi);
     }
-
-    std::string why;
-    uffd_ = open_snapshot_fd(&why);
-    if (uffd_ < 0) throw std::runtime_error(why);
-    stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) {
-        close(uffd_);
-        throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
-    }
     const auto mappings = private_anonymous_mappings();
-    for (const auto &[lo, hi] : regions) {
-        uffdio_register reg{};
-        reg.range = {lo, hi - lo};
-        reg.mode = UFFDIO_REGISTER_MODE_WP;
-        // Shared, file-backed or hugetlbfs memory, the destination's, or memory another userfaultfd
-        // holds: copied now.
-        if (overlaps(lo, hi, dst_lo, dst_hi) || !inside(mappings, lo, hi) || ioctl(uffd_, UFFDIO_REGISTER, &reg) != 0)
-            continue;
-        regions_.emplace_back(lo, hi);
+    for (const auto &[lo, hi] : regions)
+        if (hi - lo >= min_region_bytes && !overlaps(lo, hi, dst_lo, dst_hi) && inside(mappings, lo, hi))
+            regions_.emplace_back(lo, hi);
+    if (regions_.size() > max_regions) {
+        std::stable_sort(regions_.begin(), regions_.end(),
+                         [](const auto &a, const auto &b) { return a.second - a.first > b.second - b.first; });
+        regions_.resize(max_regions);
+        std::sort(regions_.begin(), regions_.end());
     }
 
-    // Chunks of the registered regions (aligned in the address space), and their pieces of each job.
+    // Chunks of those regions (aligned in the address space), and their pieces of each job.
     for (const auto &[lo, hi] : regions_)
         for (std::uintptr_t c = lo; c < hi;) {
             std::uintptr_t end = std::min<std::uintptr_t>(hi, (c / chunk_bytes + 1) * chunk_bytes);
@@ -225,19 +220,15 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     for (std::size_t c = 0; c < chunks_.size(); ++c) order_[c] = c;
     std::stable_sort(order_.begin(), order_.end(),
                      [this](std::size_t a, std::size_t b) { return lowest_dst_[a] < lowest_dst_[b]; });
-    for (const auto &[lo, hi] : regions_) stats_.protected_bytes += hi - lo;
     stats_.chunks = chunks_.size();
-    stats_.regions = regions_.size();
     workers_ = static_cast<std::size_t>(threads) + 1;
+    copiers_.reserve(static_cast<std::size_t>(threads));
     std::size_t states_at = (sizeof(Shared) + 63) / 64 * 64;
     std::size_t scratch_at = (states_at + chunks_.size() + 63) / 64 * 64;
     mapping_bytes_ = scratch_at + workers_ * 2 * IOV_MAX * sizeof(iovec);
     mapping_ = mmap(nullptr, mapping_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mapping_ == MAP_FAILED) {
         mapping_ = nullptr;
-        unregister_all();
-        close(stop_fd_);
-        close(uffd_);
         throw std::runtime_error(std::string("mmap: ") + std::strerror(errno));
     }
     shared_ = new (mapping_) Shared();
@@ -245,40 +236,50 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     for (std::size_t c = 0; c < chunks_.size(); ++c) new (&state_[c]) std::atomic<std::uint8_t>(Pending);
     scratch_ = reinterpret_cast<iovec *>(static_cast<char *>(mapping_) + scratch_at);
     shared_->remaining.store(chunks_.size());
-    copiers_.reserve(static_cast<std::size_t>(threads));
-    // What cannot be protected is copied now, before anything is (nothing below may throw but the
-    // start of the fault thread, which cleans up after itself).
-    try {
+
+    try {  // nothing is registered yet: a failure here undoes what it can and leaves no trace
         if (!now.empty()) parallel_copy(now, threads);
+        std::string why;
+        uffd_ = open_snapshot_fd(&why);
+        if (uffd_ < 0) throw std::runtime_error(why);
+        stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (stop_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+        AsyncSignalsBlocked blocked;
+        fault_thread_ = std::thread([this] { fault_loop(); });  // before any page is registered
     } catch (...) {
-        unregister_all();
-        close(stop_fd_);
-        close(uffd_);
+        if (stop_fd_ >= 0) close(stop_fd_);
+        if (uffd_ >= 0) close(uffd_);
+        stop_fd_ = uffd_ = -1;
         shared_->~Shared();
         munmap(mapping_, mapping_bytes_);
         mapping_ = nullptr;
         throw;
     }
 
-    try {
-        AsyncSignalsBlocked blocked;
-        fault_thread_ = std::thread([this] { fault_loop(); });  // before any page is protected
-    } catch (const std::system_error &exc) {
-        unregister_all();
-        close(stop_fd_);
-        close(uffd_);
-        shared_->~Shared();
-        munmap(mapping_, mapping_bytes_);
-        mapping_ = nullptr;
-        throw std::runtime_error(std::string("could not start the fault thread: ") + exc.what());
-    }
-    for (const auto &[lo, hi] : regions_) {
-        uffdio_writeprotect wp{};
-        wp.range = {lo, hi - lo};
-        wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
-        if (ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) != 0) {
-            fail("could not write-protect", lo, hi);
-            break;
+    // From here nothing allocates or throws. A region that cannot be registered (hugetlbfs, one
+    // another userfaultfd holds) is copied now.
+    for (std::size_t r = 0; r < regions_.size(); ++r) {
+        auto [lo, hi] = regions_[r];
+        uffdio_register reg{};
+        reg.range = {lo, hi - lo};
+        reg.mode = UFFDIO_REGISTER_MODE_WP;
+        bool ok = ioctl(uffd_, UFFDIO_REGISTER, &reg) == 0;
+        if (ok) {
+            uffdio_writeprotect wp{};
+            wp.range = {lo, hi - lo};
+            wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+            if (ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) == 0) {
+                stats_.protected_bytes += hi - lo;
+                ++stats_.regions;
+                continue;
+            }
+            uffdio_range range{lo, hi - lo};
+            ioctl(uffd_, UFFDIO_UNREGISTER, &range);
+        }
+        regions_[r].second = regions_[r].first;  // not registered: nothing to unregister at the end
+        for (std::size_t c = chunk_of(lo); c < chunks_.size() && chunks_[c].start < hi; ++c) {
+            claim_and_copy(c, 0);
+            stats_.copied_at_start += chunks_[c].end - chunks_[c].start;
         }
     }
     AsyncSignalsBlocked blocked;
@@ -286,7 +287,7 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     try {
         for (; started < threads; ++started)
             copiers_.emplace_back([this, started] { copier(static_cast<std::size_t>(started)); });
-    } catch (const std::system_error &) {
+    } catch (...) {
         copier(static_cast<std::size_t>(started));  // no more threads: this one copies (its scratch is free)
     }
 }
@@ -372,21 +373,24 @@ std::uintptr_t Snapshot::copied_below() noexcept {
 
 bool Snapshot::wait_copied(const char *end) noexcept {
     const auto until = reinterpret_cast<std::uintptr_t>(end);
-    for (;;) {
+    for (long wait_ns = 20000;; wait_ns = std::min(wait_ns * 2, 1000000L)) {  // up to 1 ms between looks
         if (until <= copied_below()) return true;
         if (shared_->failed.load()) return false;
-        timespec pause{0, 20000};
+        timespec pause{0, wait_ns};
         nanosleep(&pause, nullptr);
     }
 }
 
 void Snapshot::fault_loop() {
     pollfd fds[2] = {{uffd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    for (;;) {
+    for (;;) {  // until told to stop: a thread stopped on a protected page has no one else
         if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR) continue;
-            fail("could not poll the userfaultfd of", 0, 0);
-            return;
+            if (errno != EINTR) {
+                fail("could not poll the userfaultfd of", 0, 0);
+                timespec pause{0, 1000000};
+                nanosleep(&pause, nullptr);
+            }
+            continue;
         }
         handle_messages();
         if (fds[1].revents & POLLIN) return;
@@ -443,13 +447,20 @@ void Snapshot::handle_messages() {
 
 void Snapshot::unregister_all() noexcept {
     for (const auto &[lo, hi] : regions_) {
+        if (lo == hi) continue;
         uffdio_range range{lo, hi - lo};
-        ioctl(uffd_, UFFDIO_UNREGISTER, &range);
+        if (ioctl(uffd_, UFFDIO_UNREGISTER, &range) == 0) continue;
+        // Part of it was unmapped and mapped anew (a failed snapshot): page by page, what is left.
+        for (std::uintptr_t p = lo; p < hi; p += page_size()) {
+            uffdio_range one{p, page_size()};
+            ioctl(uffd_, UFFDIO_UNREGISTER, &one);
+        }
     }
 }
 
 void Snapshot::finish() {
-    if (getpid() != pid_) return;  // a forked child: its copy of this has no threads, nor any protection
+    if (getpid() != pid_)  // a forked child: its copy of this has no threads and a partial destination
+        throw std::runtime_error("a snapshot cannot be finished in a process forked from the one that took it");
     std::lock_guard<std::mutex> once(finish_mutex_);
     if (!finished_) {
         {

@@ -47,7 +47,11 @@ class Snapshot {
 public:
     // Protects the sources of `jobs` (zeroes each job's padding now) and starts copying on `threads`
     // threads in chunks of `chunk_bytes`. Throws std::runtime_error when snapshots are unavailable.
-    Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes);
+    // Regions (the sources' pages, merged where they touch) under `min_region_bytes` are copied
+    // before returning, as are all but the `max_regions` largest: each protected region may cost the
+    // process two of its memory mappings (vm.max_map_count).
+    Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes = 256 << 10,
+             std::size_t max_regions = 4096);
     ~Snapshot();
     Snapshot(const Snapshot &) = delete;
     Snapshot &operator=(const Snapshot &) = delete;

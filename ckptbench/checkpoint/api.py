@@ -272,9 +272,7 @@ class Checkpointer:
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
 
-        self._in_flight = future
-        lock.finish_before_exit(future)
-        QuietThread(target=run, name="ckptbench-persist", daemon=True).start()
+        self._start_persist(run, future, lock, behind)
         return SaveHandle(future)
 
     def _save_distributed(self, world: World, state_dict: Any, path: str | os.PathLike, store: Store,
@@ -349,10 +347,20 @@ class Checkpointer:
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
 
-        self._in_flight = future
-        lock.finish_before_exit(future)  # every rank: an exit waits for its persist, or the commit never comes
-        QuietThread(target=run, name="ckptbench-persist", daemon=True).start()
+        self._start_persist(run, future, lock, behind)  # every rank: an exit waits for its persist
         return SaveHandle(future)
+
+    def _start_persist(self, run: Callable[[], None], future: Future, lock: SaveLock,
+                       behind: CopyBehind | None) -> None:
+        """Run ``run`` (the persist, which finishes ``behind``) on a thread; an exit waits for it."""
+        self._in_flight = future
+        try:
+            lock.finish_before_exit(future)
+            QuietThread(target=run, name="ckptbench-persist", daemon=True).start()
+        except BaseException:
+            if behind is not None:  # no thread will: nothing may copy into the arena after this raises
+                behind.close()
+            raise
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
                              stall_s: float, staged_at: float, lock: SaveLock, stage_s: float,

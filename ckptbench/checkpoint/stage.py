@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,12 +184,12 @@ class CopyBehind:
     """A copy-on-write staging still copying behind the caller: :meth:`finish` before the arena is read
     (or write it with the engine, block by block as the copy lands: ``native.write(after=snapshot)``).
 
-    Holds the staged tensors until then (their memory must stay where it is) and the engine's
+    Holds the staged tensors' storages until then (their memory must stay where it is) and the engine's
     ``Snapshot``, which keeps their pages write-protected until each chunk is copied."""
 
-    def __init__(self, snapshot: native.Snapshot, tensors: Any) -> None:
+    def __init__(self, snapshot: native.Snapshot, storages: list[Any]) -> None:
         self.snapshot = snapshot
-        self._tensors = tensors
+        self._storages = storages
         self._lock = threading.Lock()
         self._finished = False
         self._failure: str | None = None
@@ -206,7 +207,7 @@ class CopyBehind:
                     self._failure = str(exc)
                 finally:
                     self.faults = self.snapshot.stats()["faults"]
-                    self._tensors = None
+                    self._storages = []
         if self._failure is not None:
             raise SnapshotError(
                 f"a tensor changed under the save's copy-on-write staging: {self._failure}; nothing was written",
@@ -240,7 +241,14 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow
     index, offsets, nbytes = plan.placements.T
     snapshot = copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key,
                                cow=cow)
-    return CopyBehind(snapshot, tensors) if snapshot is not None else None
+    if snapshot is None:
+        return None
+    try:  # their storages, not the tensors: `param.data = ...` must not free the memory being copied
+        host = np.flatnonzero(np.frombuffer(sources.routes, np.int16) == ROUTE_HOST).tolist()
+        return CopyBehind(snapshot, [sources[i].untyped_storage() for i in host])
+    except BaseException:
+        _finish_quietly(snapshot)
+        raise
 
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
@@ -266,11 +274,13 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     if zero_after is None:
         zero_after = np.zeros(len(index), np.int64)
     if lowest == highest == ROUTE_HOST:  # all on the host: one engine call
-        return _copy_host(arena, np.column_stack((addresses, offsets, nbytes, zero_after)), threads, cow)
+        return _copy_host(arena, np.column_stack((addresses, offsets, nbytes, zero_after)), threads,
+                          cow, lambda: _pinned(sources, index))
     # The GPU copies are queued first, then the engine copies the CPU tensors (and zeroes the padding
     # after the tensors copied by value) meanwhile: every copy writes its own bytes, none overlap.
     flat = arena.bytes_tensor()
     queued: list[gather.Queued] = []
+    snapshot: native.Snapshot | None = None
     try:
         if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
             copies = DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after)
@@ -292,31 +302,57 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
         none = np.zeros(len(padded), np.int64)
         rows = np.vstack((np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host])),
                           np.column_stack((none, offsets[padded] + nbytes[padded], none, zero_after[padded]))))
-        snapshot = _copy_host(arena, rows, threads, cow) if len(rows) else None
+        if len(rows):
+            snapshot = _copy_host(arena, rows, threads, cow,
+                                  lambda: np.concatenate((_pinned(sources, index[host]), np.zeros(len(padded), bool))))
         if others.size:
-            try:
-                _copy_by_value([(sources[i], offsets[k], nbytes[k])
-                                for k, i in zip(others.tolist(), index[others].tolist(), strict=True)], flat)
-            except BaseException:
-                if snapshot is not None:
-                    with contextlib.suppress(RuntimeError):
-                        snapshot.finish()
-                raise
+            _copy_by_value([(sources[i], offsets[k], nbytes[k])
+                            for k, i in zip(others.tolist(), index[others].tolist(), strict=True)], flat)
         return snapshot
+    except BaseException:
+        _finish_quietly(snapshot)
+        raise
     finally:  # also after an error: nothing may still be copying into the arena once this returns
-        gather.wait_all(work.wait for work in queued)
+        try:
+            gather.wait_all(work.wait for work in queued)
+        except BaseException:
+            _finish_quietly(snapshot)
+            raise
 
 
-def _copy_host(arena: Arena, rows: np.ndarray, threads: int, cow: bool) -> native.Snapshot | None:
+def _copy_host(arena: Arena, rows: np.ndarray, threads: int, cow: bool,
+               pinned: Callable[[], np.ndarray]) -> native.Snapshot | None:
     """The engine's copy of (address, offset, nbytes, zeros after) rows into the arena, or with ``cow``
-    (and where :func:`cow_unavailable` allows) its copy-on-write Snapshot of them, still copying."""
+    (and where :func:`cow_unavailable` allows) its copy-on-write Snapshot of them, still copying.
+    ``pinned()``: which rows' memory is pinned for DMA (a GPU or NIC writes it without a page fault, so
+    no write-protection can see it coming): those are copied now."""
     if cow and not cow_unavailable():
+        dma = pinned()
+        if dma.any():
+            native.copy_from_addresses(arena.buffer, np.ascontiguousarray(rows[dma]), threads)
+            rows = np.ascontiguousarray(rows[~dma])
         try:
             return native.Snapshot(arena.buffer, rows, threads, knobs.STAGE_COW_CHUNK_BYTES)
-        except RuntimeError as exc:  # out of file descriptors, say: nothing was protected, copy instead
+        except Exception as exc:  # noqa: BLE001 - out of memory or descriptors: nothing is protected, copy instead
             log.warning("copy-on-write staging failed (%s); copying the tensors instead", exc)
     native.copy_from_addresses(arena.buffer, rows, threads)
     return None
+
+
+def _pinned(sources: Sources, index: np.ndarray) -> np.ndarray:
+    """Which of ``sources[index]`` are in pinned (page-locked, DMA-mapped) host memory."""
+    import torch
+
+    if not torch.cuda.is_available():  # nothing is pinned without a CUDA runtime
+        return np.zeros(len(index), bool)
+    return np.fromiter((sources[i].is_pinned() for i in index.tolist()), bool, len(index))
+
+
+def _finish_quietly(snapshot: native.Snapshot | None) -> None:
+    """Wait for a Snapshot that no one else will (an error is on its way already)."""
+    if snapshot is not None:
+        with contextlib.suppress(RuntimeError):
+            snapshot.finish()
 
 
 def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:

@@ -144,3 +144,38 @@ def test_a_failed_async_save_has_finished_its_copy_when_it_reports(tmp_path: Pat
         with pytest.raises(Exception, match="injected"):
             handle.result()
         assert made and made[0].snapshot.done
+
+
+@needs_cow
+def test_a_storage_swapped_after_an_async_save_is_no_error(tmp_path: Path, monkeypatch):
+    """``param.data = ...`` (``model.half()``, FSDP) drops the tensor's storage: the save still holds it."""
+    monkeypatch.setattr(knobs, "STAGE_COW_CHUNK_BYTES", 4096)
+    param = torch.nn.Parameter(torch.full((64 * MiB,), 3, dtype=torch.int32), requires_grad=False)
+    with Checkpointer(threads=1) as ckpt:
+        handle = ckpt.save({"p": param}, tmp_path / "ckpt", async_=True)
+        param.data = torch.zeros(8, dtype=torch.int32)  # the 256 MiB storage has no other owner now
+        assert handle.result().staging == "copy-on-write"
+    assert torch.equal(ckptbench.load(tmp_path / "ckpt")["p"], torch.full((64 * MiB,), 3, dtype=torch.int32))
+
+
+@needs_cow
+def test_pinned_rows_are_copied_before_the_snapshot_takes_the_rest():
+    """Memory a GPU or NIC writes by DMA cannot be write-protected: such rows are copied at once."""
+    import numpy as np
+
+    from ckptbench.checkpoint.stage import Arena, _copy_host
+
+    a, b = np.full(MiB, 1, np.uint8), np.full(MiB, 2, np.uint8)
+    rows = np.array([(a.ctypes.data, 0, MiB, 0), (b.ctypes.data, MiB, MiB, 0)], np.int64)
+    arena = Arena()
+    arena.ensure(2 * MiB)
+    try:
+        snapshot = _copy_host(arena, rows, 1, True, lambda: np.array([True, False]))
+        assert snapshot is not None and MiB <= snapshot.stats()["protected_bytes"] <= MiB + 4096  # b's pages only
+        a[:] = 7  # already copied: no protection on it
+        b[:] = 8
+        snapshot.finish()
+        flat = np.frombuffer(arena.buffer, np.uint8)
+        assert (flat[:MiB] == 1).all() and (flat[MiB:2 * MiB] == 2).all()
+    finally:
+        arena.close()
