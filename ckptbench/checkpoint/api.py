@@ -103,9 +103,9 @@ class SaveResult:
     #: The plan of the save before was reused: the state_dict was laid out the same way (a training
     #: loop's next save; ``Checkpointer`` only, see ``plan.PlanCache``).
     plan_reused: bool = False
-    #: How the host tensors were staged: "copy" (before the caller went on) or "copy-on-write" (an async
-    #: save: their pages write-protected, copied behind the caller; see ``stage.CopyBehind``), and how
-    #: many of the caller's writes waited for a page to be copied.
+    #: How the host tensors were staged: "copy" (before the caller went on, or the write began) or
+    #: "copy-on-write" (their pages write-protected and copied behind the caller, the write following
+    #: the copy; see ``stage.CopyBehind``), and how many of the caller's writes waited for a page.
     staging: str = "copy"
     cow_faults: int = 0
 
@@ -247,7 +247,7 @@ class Checkpointer:
             _require_free(store, plan.total_bytes)
             staging = time.perf_counter()
             with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=async_)
+                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_behind(async_, store))
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
@@ -255,8 +255,12 @@ class Checkpointer:
         del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
         stall_s = time.perf_counter() - t0
         if not async_:
-            with lock:
-                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s)
+            try:
+                with lock:
+                    return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
+            finally:
+                if behind is not None:
+                    behind.close()
         future: Future = Future()
         staged_at = time.perf_counter()
 
@@ -319,7 +323,7 @@ class Checkpointer:
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=async_)
+                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_behind(async_, store))
             del tensors
             stage_s = time.perf_counter() - started
         except BaseException as exc:
@@ -328,9 +332,13 @@ class Checkpointer:
             raise
         stall_s = time.perf_counter() - t0
         if not async_:
-            with lock:
-                return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
-                                                 lock, stage_s)
+            try:
+                with lock:
+                    return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
+                                                     lock, stage_s, behind)
+            finally:
+                if behind is not None:
+                    behind.close()
         future: Future = Future()
         staged_at = time.perf_counter()
 
@@ -992,6 +1000,13 @@ def _synchronize_all(tree: Any) -> None:
     walk(tree)
     for device in devices:
         torch.cuda.synchronize(device)
+
+
+def _stages_behind(async_: bool, store: Store) -> bool:
+    """Whether a save stages host tensors copy-on-write (``stage.CopyBehind``): every async save (the
+    caller goes on at once), and sync saves the engine writes (a filesystem), whose write then follows
+    the copy instead of waiting for all of it (a 1.7 GiB save 949 -> 883 ms on a 2-vCPU VM)."""
+    return async_ or isinstance(store, LocalStore)
 
 
 def _world_for(distributed: bool | None) -> World | None:

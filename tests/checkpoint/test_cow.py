@@ -85,11 +85,22 @@ def test_writes_that_reach_a_page_before_its_copy_wait_for_it(tmp_path: Path, mo
     assert torch.equal(ckptbench.load(tmp_path / "ckpt")["big"], torch.arange(16 * MiB, dtype=torch.int32))
 
 
-def test_sync_saves_and_the_knob_copy_before_returning(tmp_path: Path, monkeypatch):
+@needs_cow
+def test_a_sync_save_to_a_filesystem_writes_behind_the_copy_too(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(knobs, "STAGE_COW_CHUNK_BYTES", 4096)  # a slow copy: the write waits for it
+    sd = _state()
+    expected = _snapshot_of(sd)
+    with Checkpointer(threads=1) as ckpt:
+        result = ckpt.save(sd, tmp_path / "sync")
+    assert result.staging == "copy-on-write"
+    _assert_equal(ckptbench.load(tmp_path / "sync"), expected)
+
+
+def test_the_knob_copies_before_returning(tmp_path: Path, monkeypatch):
     sd = _state()
     with Checkpointer() as ckpt:
-        assert ckpt.save(sd, tmp_path / "sync").staging == "copy"
         monkeypatch.setattr(knobs, "STAGE_COW", 0)
+        assert ckpt.save(sd, tmp_path / "sync").staging == "copy"
         assert cow_unavailable() == "CKPTBENCH_STAGE_COW=0"
         expected = _snapshot_of(sd)
         handle = ckpt.save(sd, tmp_path / "async", async_=True)
