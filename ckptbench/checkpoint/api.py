@@ -255,23 +255,15 @@ class Checkpointer:
         del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
         stall_s = time.perf_counter() - t0
         if not async_:
-            try:
-                with lock:
-                    return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
-            finally:
-                if behind is not None:
-                    behind.close()
+            with lock:
+                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
-                try:
-                    with lock:  # released before the result is set: a save waiting on it can take the lock
-                        result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
-                finally:
-                    if behind is not None:  # also after a failure: no copy into the arena once the future is set
-                        behind.close()
+                with lock:  # released before the result is set: a save waiting on it can take the lock
+                    result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
@@ -332,25 +324,17 @@ class Checkpointer:
             raise
         stall_s = time.perf_counter() - t0
         if not async_:
-            try:
-                with lock:
-                    return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
-                                                     lock, stage_s, behind)
-            finally:
-                if behind is not None:
-                    behind.close()
+            with lock:
+                return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
+                                                 lock, stage_s, behind)
         future: Future = Future()
         staged_at = time.perf_counter()
 
         def run() -> None:
             try:
-                try:
-                    with lock:
-                        result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at,
-                                                           lock, stage_s, behind)
-                finally:
-                    if behind is not None:
-                        behind.close()
+                with lock:
+                    result = self._persist_distributed(world, key, plan, store, save_id, stall_s, staged_at, lock,
+                                                       stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
@@ -453,7 +437,16 @@ class Checkpointer:
         """Write the plan's shards from the arena (durable on return) and describe them: the
         manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
         ``behind``: a copy-on-write staging still copying into the arena: the engine writes each block
-        as its bytes land (elsewhere it is finished first); the checksums wait for all of it."""
+        as its bytes land (elsewhere it is finished first); the checksums wait for all of it. It is
+        finished when this returns or raises: nothing copies into the arena after that."""
+        try:
+            return self._write_shards(plan, store, behind)
+        finally:
+            if behind is not None:
+                behind.close()
+
+    def _write_shards(self, plan: SavePlan, store: Store,
+                      behind: CopyBehind | None) -> tuple[WriteReport, dict[str, Any]]:
         write_behind: dict[str, Any] = {}
         if behind is not None and isinstance(store, LocalStore):
             write_behind["after"] = behind.snapshot

@@ -7,9 +7,10 @@ the arena, GPU copies on a side stream into the arena registered with CUDA (cuda
 device-to-host copy runs at pinned speed. Staging is the only step that blocks the caller of an
 asynchronous save.
 
-An asynchronous save may stage its host tensors copy-on-write instead (:class:`CopyBehind`, the
-engine's ``Snapshot``): their pages are write-protected, the caller goes on at once, and the copy
-runs behind it; a write to a page not yet copied waits until its chunk is.
+A save may stage its host tensors copy-on-write instead (:class:`CopyBehind`, the engine's
+``Snapshot``): their pages are write-protected, the caller of an asynchronous save goes on at once,
+and the copy runs behind it, the write following the copy; a write to a page not yet copied waits
+until its chunk is.
 """
 
 from __future__ import annotations
