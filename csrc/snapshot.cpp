@@ -415,15 +415,16 @@ void Snapshot::handle_messages() {
                 auto address = static_cast<std::uintptr_t>(m.arg.pagefault.address);
                 std::size_t c = chunk_of(address);
                 uffdio_range range{address / page_size() * page_size(), page_size()};
-                if (c != SIZE_MAX) {
-                    shared_->faults.fetch_add(1, std::memory_order_relaxed);
-                    if (!claim_and_copy(c, worker))  // a copier has it: the copy is short, then wake
-                        while (state_[c].load() != Done) sched_yield();
-                    range = {chunks_[c].start, chunks_[c].end - chunks_[c].start};
+                if (c == SIZE_MAX) {  // outside every chunk (none expected): unprotect the page, go on
+                    uffdio_writeprotect wp{range, 0};
+                    ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp);
+                    continue;
                 }
-                uffdio_writeprotect wp{range, 0};  // also unblocks a fault outside every chunk (none expected)
-                if (c == SIZE_MAX) ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp);
-                ioctl(uffd_, UFFDIO_WAKE, &range);
+                shared_->faults.fetch_add(1, std::memory_order_relaxed);
+                if (!claim_and_copy(c, worker))  // a copier has it: the copy is short, then wake
+                    while (state_[c].load() != Done) sched_yield();
+                range = {chunks_[c].start, chunks_[c].end - chunks_[c].start};
+                ioctl(uffd_, UFFDIO_WAKE, &range);  // in case the copy's unprotect woke no one
                 continue;
             }
             if (m.event == UFFD_EVENT_REMOVE) {
