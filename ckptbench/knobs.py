@@ -75,6 +75,9 @@ STAGE_COW_CHUNK_BYTES = _env_int("STAGE_COW_CHUNK_BYTES", 1 << 20)
 #: A Checkpointer reuses its last save's plan when the next state_dict is laid out the same way
 #: (``plan.PlanCache``); 0 plans every save afresh.
 PLAN_REUSE = _env_int("PLAN_REUSE", 1)
+#: preflight in one process: how far a node's rates may lie from the sample's beyond the repeats' spread,
+#: as a factor either way, when the node writes a different shape (more bytes, more ranks) than was measured.
+SAMPLE_EXTRAPOLATION = _env_float("SAMPLE_EXTRAPOLATION", 1.3)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)
 #: Distributed launches: longest wait for another rank (a barrier after the slowest rank's write),

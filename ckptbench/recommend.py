@@ -1,5 +1,6 @@
 """Pre-flight verdicts and recommendations (pure): a training job, what the real writer measured on the
-target, and the model -> predictions, PASS/WARN/FAIL checks and settings, each with its reason.
+target, and the model -> predictions with ranges, PASS/WARN/FAIL/BORDERLINE checks and settings, each with
+its reason.
 
 How one node's numbers scale to the job (stated in every result's ``assumptions``):
 
@@ -7,10 +8,16 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
   rank (data-parallel rank 0, with the replicated state) and ``ranks_per_node - 1`` others, so it
   moves ``node_bytes = per_rank_max_bytes + (ranks_per_node - 1) x per_rank_min_bytes``;
 - each node gets the bandwidth measured here (true for node-local disks; shared storage must deliver
-  ``nodes x`` that, so ``aggregate_bps`` caps it when given): ``checkpoint time = max(node_bytes /
-  write, total_bytes / aggregate)``; the same for restore with the cold-read rate;
+  ``nodes x`` that, so ``aggregate_bps`` caps it when given, and ``node_network_bps`` caps a node's
+  traffic to shared storage): ``checkpoint time = max(node_bytes / write, total_bytes / aggregate)``;
+  the same for restore with the cold-read rate;
 - asynchronous saves block for ``node_bytes / staging rate`` and persist at the write rate; the
-  interference measured by the compute probe (a CPU matmul loop) is used unless given.
+  interference is given, measured on the training device, or :data:`interference.ASSUMED`.
+
+Every prediction has a range: the model evaluated at the optimistic and the pessimistic ends of what was
+measured (the repeats' min and max, widened by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a
+sample of a different shape than the node's) and of the interference's range. A check is PASS or FAIL only
+when both ends agree; otherwise it is BORDERLINE and says what measurement would settle it.
 """
 
 from __future__ import annotations
@@ -19,25 +26,38 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ckptbench import knobs
 from ckptbench.errors import UsageError, reading_document
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
+from ckptbench.model.interference import ASSUMED, Interference, from_slowdown
 from ckptbench.model.sizing import CheckpointSize, checkpoint_size
 from ckptbench.units import format_duration, format_rate, format_size
 
 SCHEMA = "ckptbench.preflight/1"
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+PASS, WARN, FAIL, BORDERLINE = "PASS", "WARN", "FAIL", "BORDERLINE"
+#: Exit status of each verdict (2 is bad input).
+EXIT_CODES = {PASS: 0, WARN: 0, FAIL: 1, BORDERLINE: 3}
 #: A measured rate above this fraction of memcpy bandwidth was served from memory, not the storage.
 CACHED_FRACTION = 0.9
 #: Pinned staging above these fractions of host memory warns / fails.
 RAM_WARN_FRACTION, RAM_FAIL_FRACTION = 0.5, 0.9
+#: Repeats whose (max - min) / median exceeds this make "more repeats on a quiet machine" a way to settle a check.
+NOISY_RUNS = 0.1
 #: The cheapest checkpoint the model takes (its stall must be positive): a lower bound on any measured one.
 _INSTANT_CHECKPOINT = model.CheckpointCost.sync(math.ulp(0.0))
+#: Measurement shapes: every rank of the job at once, the job's ranks on a subset of its nodes, one process.
+SHAPES = ("job", "nodes", "sample")
+#: Predictions that carry a ``<name>_range``.
+RANGED = ("sync_checkpoint_s", "async_stall_s", "async_persist_s", "restore_s", "restart_s", "blocking_s",
+          "optimal_interval_s", "overhead_fraction", "waste_fraction", "goodput", "wasted_gpu_hours_per_day",
+          "wasted_usd_per_day", "per_rank_write_bps", "interference")
 
 
 @dataclass(frozen=True)
 class Job:
-    """The training job being checked. ``interval_s`` None means: use the optimal interval."""
+    """The training job being checked. ``interval_s`` None means: use the optimal interval.
+    ``node_memory_bytes``/``node_network_bps`` describe the training node when preflight runs elsewhere."""
 
     size: CheckpointSize
     model_name: str
@@ -52,6 +72,8 @@ class Job:
     aggregate_bps: float | None = None
     interference: float | None = None
     gpu_hour_usd: float | None = None
+    node_memory_bytes: int | None = None
+    node_network_bps: float | None = None
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.ranks_per_node < 1:
@@ -64,6 +86,10 @@ class Job:
             raise UsageError(f"--max-ckpt-time {self.max_ckpt_time_s!r} must be positive")
         if self.retain < 1:
             raise UsageError(f"--retain {self.retain} must be at least 1")
+        if self.node_memory_bytes is not None and self.node_memory_bytes <= 0:
+            raise UsageError(f"--node-memory {self.node_memory_bytes!r} must be positive")
+        if self.node_network_bps is not None and not 0 < self.node_network_bps < math.inf:
+            raise UsageError(f"--node-network {self.node_network_bps!r} must be a positive rate")
         # What the storage turns out to do only lengthens the restart (by the restore) and every interval's
         # segment (by the checkpoint): a job that could not complete even with instant checkpoints is
         # refused now, before anything is measured.
@@ -82,7 +108,12 @@ class Job:
 
 @dataclass(frozen=True)
 class Measurements:
-    """What the real writer did on the target (``measured_bytes`` per save), and this host."""
+    """What the real writer did on the target (``measured_bytes`` per save), and this host.
+
+    Each ``*_range`` is ``(low, high)`` over the measured runs (None: the point alone). ``interference`` is
+    the slowdown measured on the training device, or None; ``probe_interference`` the host CPU probe's
+    figure, information only. ``shape``: one of :data:`SHAPES`.
+    """
 
     measured_bytes: int
     write_bps: float
@@ -96,6 +127,17 @@ class Measurements:
     host_memory_bytes: int | None
     threads: int
     direct: bool
+    write_bps_range: tuple[float, float] | None = None
+    read_bps_range: tuple[float, float] | None = None
+    stall_s_range: tuple[float, float] | None = None
+    persist_s_range: tuple[float, float] | None = None
+    probe_interference: float | None = None
+    shape: str = "sample"
+    block_size_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape {self.shape!r} is not one of {', '.join(SHAPES)}")
 
     @property
     def staging_bps(self) -> float:
@@ -104,6 +146,12 @@ class Measurements:
     @property
     def persist_bps(self) -> float:
         return self.measured_bytes / self.persist_s
+
+    def runs_spread(self) -> float:
+        """The widest (max - min) / median of the measured quantities' runs."""
+        pairs = ((self.write_bps_range, self.write_bps), (self.read_bps_range, self.read_bps),
+                 (self.stall_s_range, self.stall_s), (self.persist_s_range, self.persist_s))
+        return max(((r[1] - r[0]) / point for r, point in pairs if r is not None and point > 0), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -115,9 +163,12 @@ class Check:
     unit: str  # the key suffix of value and threshold: "_s", "_bytes", "_bps", "_fraction"
     message: str
     remedy: str | None = None
+    value_range: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["value_range"] = list(self.value_range) if self.value_range is not None else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -161,20 +212,62 @@ class Verdict:
 
     @property
     def verdict(self) -> str:
+        """FAIL if any check fails; else BORDERLINE if any is undecided; else WARN if any warns; else PASS."""
         statuses = {c.status for c in self.checks}
-        return FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
+        return next((s for s in (FAIL, BORDERLINE, WARN) if s in statuses), PASS)
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.verdict == FAIL else 0
+        return EXIT_CODES[self.verdict]
 
 
 def interference_fraction(slowdown: float | None) -> float | None:
     """The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost."""
-    if slowdown is None:
-        return None
-    slowdown = max(0.0, slowdown)
-    return min(0.99, slowdown / (1.0 + slowdown))
+    return from_slowdown(slowdown)
+
+
+def job_interference(job: Job, m: Measurements) -> Interference:
+    """The interference the model uses: given, else measured on the training device, else assumed."""
+    if job.interference is not None:
+        return Interference.given(job.interference)
+    if m.interference is not None:
+        return Interference.given(m.interference, "measured on the training device during persist")
+    return ASSUMED
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    """One set of inputs to the model: the point, or one end of the ranges."""
+
+    write_bps: float
+    read_bps: float
+    stall_s: float
+    persist_s: float
+    interference: float
+
+
+def extrapolation_factor(job: Job, m: Measurements) -> float:
+    """How far the node's rates may lie beyond the repeats' spread: 1 when the measurement had the node's shape."""
+    if m.shape != "sample":
+        return 1.0
+    same_shape = min(job.ranks, job.ranks_per_node) == 1 and job.node_bytes <= 2 * m.measured_bytes
+    return 1.0 if same_shape else max(1.0, knobs.SAMPLE_EXTRAPOLATION)
+
+
+def _scenarios(job: Job, m: Measurements, f: Interference) -> tuple[_Scenario, _Scenario, _Scenario]:
+    """(point, optimistic, pessimistic)."""
+    k = extrapolation_factor(job, m)
+
+    def span(point: float, measured: tuple[float, float] | None) -> tuple[float, float]:
+        low, high = measured if measured is not None else (point, point)
+        return min(low, point) / k, max(high, point) * k
+
+    write, read = span(m.write_bps, m.write_bps_range), span(m.read_bps, m.read_bps_range)
+    stall, persist = span(m.stall_s, m.stall_s_range), span(m.persist_s, m.persist_s_range)
+    point = _Scenario(m.write_bps, m.read_bps, m.stall_s, m.persist_s, f.point)
+    best = _Scenario(write[1], read[1], stall[0], persist[0], f.low)
+    worst = _Scenario(write[0], read[0], stall[1], persist[1], f.high)
+    return point, best, worst
 
 
 def _nice_interval(seconds: float) -> float:
@@ -187,43 +280,89 @@ def _nice_interval(seconds: float) -> float:
 
 
 def evaluate(job: Job, m: Measurements) -> Verdict:
-    """Predictions, checks and a recommendation for ``job`` from ``m`` (raises UsageError when the job
-    cannot make progress at all, e.g. a checkpoint longer than the MTBF)."""
+    """Predictions with ranges, checks and a recommendation for ``job`` from ``m`` (raises UsageError when
+    the job cannot make progress at all, e.g. a checkpoint longer than the MTBF)."""
+    f = job_interference(job, m)
+    point, best, worst = _scenarios(job, m, f)
+    p = _predict(job, m, point)
+    ends = [_predict(job, m, s, mode=p["mode"], interval_s=p["interval_s"], quiet=True) for s in (best, worst)]
+    for key in RANGED:
+        values = [p[key], *(e[key] for e in ends if e is not None)]
+        if any(v is None for v in values):
+            p[f"{key}_range"] = None
+            continue
+        p[f"{key}_range"] = [min(values), max(values)] if all(e is not None for e in ends) else (
+            [min(values), None] if key != "goodput" else [None, max(values)])
+    p["interference_source"] = f.source
+    p["extrapolation_factor"] = extrapolation_factor(job, m)
+    cost = _cost(p["mode"], point, job, m)
+    low, high = model.optimum_plateau(cost, job.failures.mtbf_s, p["restart_s"])
+    p["optimal_interval_plateau_s"] = [low, high]
+    p["recommended_interval_s"] = model.round_interval_s(low, high, p["optimal_interval_s"])
+    checks = _combine(_checks(job, m, p), *(None if e is None else _checks(job, m, e) for e in ends),
+                      settle=_settle(job, m, f))
+    return Verdict(job, m, p, tuple(checks), tuple(_advice(job, m, p)), _assumptions(job, m, f))
+
+
+def _node_seconds(job: Job, m: Measurements, rate_bps: float) -> float:
+    """Time for the busiest node to move its bytes at ``rate_bps``, within the job's caps."""
+    seconds = job.node_bytes / rate_bps
+    if job.aggregate_bps is not None:
+        seconds = max(seconds, job.size.total_bytes / job.aggregate_bps)
+    if job.node_network_bps is not None and m.shared_storage:
+        seconds = max(seconds, job.node_bytes / job.node_network_bps)
+    return seconds
+
+
+def _cost(mode: str, s: _Scenario, job: Job, m: Measurements) -> model.CheckpointCost:
+    if mode == "sync":
+        return model.CheckpointCost.sync(_node_seconds(job, m, s.write_bps))
+    persist = _node_seconds(job, m, m.measured_bytes / s.persist_s)
+    return model.CheckpointCost(job.node_bytes * s.stall_s / m.measured_bytes, persist, s.interference)
+
+
+def _predict(job: Job, m: Measurements, s: _Scenario, *, mode: str | None = None, interval_s: float | None = None,
+             quiet: bool = False) -> dict[str, Any] | None:
+    """The model's predictions for one scenario. ``mode``/``interval_s`` fix what the point chose (the ends
+    of a range describe the same schedule); ``quiet``: None instead of a UsageError when the job cannot work."""
+    try:
+        return _predict_or_raise(job, m, s, mode, interval_s)
+    except UsageError:
+        if quiet:
+            return None
+        raise
+
+
+def _predict_or_raise(job: Job, m: Measurements, s: _Scenario, mode: str | None,
+                      interval_s: float | None) -> dict[str, Any]:
     node_bytes = job.node_bytes
-    write_s = node_bytes / m.write_bps
-    restore_s = node_bytes / m.read_bps
-    if job.aggregate_bps is not None:
-        write_s = max(write_s, job.size.total_bytes / job.aggregate_bps)
-        restore_s = max(restore_s, job.size.total_bytes / job.aggregate_bps)
-    stall_s = node_bytes / m.staging_bps
-    persist_s = node_bytes / m.persist_bps
-    if job.aggregate_bps is not None:
-        persist_s = max(persist_s, job.size.total_bytes / job.aggregate_bps)
-    interference = job.interference if job.interference is not None else (m.interference or 0.0)
+    write_s = _node_seconds(job, m, s.write_bps)
+    restore_s = _node_seconds(job, m, s.read_bps)
     mtbf_s = job.failures.mtbf_s
     restart_s = job.restart_s + restore_s
-    sync_cost = model.CheckpointCost.sync(write_s)
-    async_cost = model.CheckpointCost(stall_s, persist_s, interference)
+    sync_cost, async_cost = _cost("sync", s, job, m), _cost("async", s, job, m)
     sync = model.analyse(sync_cost, mtbf_s, restart_s)
     asyn = model.analyse(async_cost, mtbf_s, restart_s)
-    use_async = asyn.waste_fraction < sync.waste_fraction
+    use_async = asyn.waste_fraction < sync.waste_fraction if mode is None else mode == "async"
     cost, chosen = (async_cost, asyn) if use_async else (sync_cost, sync)
-    interval_s = job.interval_s if job.interval_s is not None else chosen.optimal_interval_s
+    if interval_s is None:
+        interval_s = job.interval_s if job.interval_s is not None else chosen.optimal_interval_s
+    interval_s = max(interval_s, cost.min_interval_s)
     at = model.analyse(cost, mtbf_s, restart_s, every_s=interval_s)
     waste = at.waste_fraction_at_interval
     overhead = at.overhead_fraction
     assert waste is not None and overhead is not None
     gpu_hours_per_day = job.ranks * 24.0
-    predictions: dict[str, Any] = {
+    return {
         "checkpoint_total_bytes": job.size.total_bytes,
         "checkpoint_per_rank_bytes": job.size.per_rank_max_bytes,
         "checkpoint_per_node_bytes": node_bytes,
         "nodes": job.nodes,
-        "per_rank_write_bps": m.write_bps / min(job.ranks, job.ranks_per_node),
+        "per_rank_write_bps": s.write_bps / min(job.ranks, job.ranks_per_node),
         "sync_checkpoint_s": write_s,
-        "async_stall_s": stall_s,
-        "async_persist_s": persist_s,
-        "interference": interference,
+        "async_stall_s": async_cost.stall_s,
+        "async_persist_s": async_cost.persist_s,
+        "interference": s.interference,
         "restore_s": restore_s,
         "mtbf_s": mtbf_s,
         "failures_per_day": job.failures.faults_per_day,
@@ -246,13 +385,50 @@ def evaluate(job: Job, m: Measurements) -> Verdict:
             cost, mtbf_s, restart_s, _curve_points(max(cost.min_interval_s, chosen.optimal_interval_s / 20),
                                                    chosen.optimal_interval_s * 20))],
     }
-    checks = _checks(job, m, predictions)
-    return Verdict(job, m, predictions, tuple(checks), tuple(_advice(job, m, predictions)), _assumptions(job, m))
 
 
 def _curve_points(low: float, high: float, n: int = 60) -> list[float]:
     low = max(low, 1e-3)
     return [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+
+
+def _settle(job: Job, m: Measurements, f: Interference) -> str:
+    """What measurement would narrow the ranges of this verdict."""
+    ways = []
+    if m.shape != "job":
+        ways.append("measure the job's real shape: run preflight under torchrun/srun on the training nodes")
+    if m.runs_spread() > NOISY_RUNS:
+        ways.append(f"more --repeat on a quiet machine (the runs differed by up to {m.runs_spread():.0%})")
+    if f.low != f.high:
+        ways.append("--interference measured on the training nodes")
+    return _any_of(ways) if ways else "a tighter threshold decision: the ranges come from the runs' spread"
+
+
+def _combine(point: list[Check], best: list[Check] | None, worst: list[Check] | None, *, settle: str) -> list[Check]:
+    """The point's checks, BORDERLINE where the two ends of the ranges disagree on the status."""
+    out = []
+    for i, c in enumerate(point):
+        ends = [e[i] if e is not None else None for e in (best, worst)]
+        values = [c.value, *(e.value for e in ends if e is not None)]
+        value_range = (min(values), max(values)) if c.value is not None and None not in values else None
+        statuses = {c.status, *(e.status if e is not None else FAIL for e in ends)}
+        if len(statuses) == 1:
+            out.append(replace(c, value_range=value_range))
+            continue
+        shown = _format_unit(c.unit)
+        where = (f"{shown(value_range[0])}–{shown(value_range[1])}" if value_range is not None
+                 else f"{shown(c.value)} up to a job that cannot make progress")
+        threshold = f" against {shown(c.threshold)}" if c.threshold is not None else ""
+        out.append(replace(c, status=BORDERLINE, value_range=value_range,
+                           message=f"{c.message}; the range {where}{threshold} spans "
+                                   f"{' and '.join(sorted(statuses))}",
+                           remedy=f"settle it: {settle}"))
+    return out
+
+
+def _format_unit(unit: str) -> Any:
+    return {"_s": format_duration, "_bytes": format_size, "_bps": format_rate,
+            "_fraction": lambda v: f"{v:.2%}"}.get(unit, lambda v: f"{v:.3g}")
 
 
 def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
@@ -285,13 +461,15 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
             f"{format_size(m.free_bytes)} free; {job.retain} retained checkpoints + 1 in flight need {format_size(needed)}",
             None if status == PASS else "free space, retain fewer checkpoints (--retain), or use a bigger target"))
     arena = p["checkpoint_per_node_bytes"]
-    if m.host_memory_bytes:
-        share = arena / m.host_memory_bytes
+    memory, whose = ((job.node_memory_bytes, "the training node's (--node-memory)") if job.node_memory_bytes
+                     else (m.host_memory_bytes, "this host's"))
+    if memory:
+        share = arena / memory
         status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
         out.append(Check(
             "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
-            f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of this host's "
-            f"{format_size(m.host_memory_bytes)}",
+            f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of {whose} "
+            f"{format_size(memory)}",
             None if status == PASS else _host_memory_remedy(job)))
     for what, rate in (("write", m.write_bps), ("read", m.read_bps)):
         cached = rate > CACHED_FRACTION * m.memcpy_bps
@@ -367,37 +545,52 @@ def _any_of(remedies: list[str]) -> str:
 
 
 def _advice(job: Job, m: Measurements, p: dict[str, Any]) -> list[Advice]:
-    interval = _nice_interval(p["optimal_interval_s"])
+    low, high = p["optimal_interval_plateau_s"]
+    interval = p["recommended_interval_s"]
+    lo_opt, hi_opt = p["optimal_interval_s_range"] or (p["optimal_interval_s"], p["optimal_interval_s"])
+    why = (f"a round value within {format_duration(low)}–{format_duration(high)}, where the waste stays within "
+           f"{model.PLATEAU_TOLERANCE:.1%} of the minimum {p['waste_fraction_async_optimum' if p['mode'] == 'async' else 'waste_fraction_sync_optimum']:.2%} "
+           f"for a {format_duration(p['blocking_s'])} {p['mode']} checkpoint at an MTBF of "
+           f"{format_duration(p['mtbf_s'])} (exact model; the optimum {format_duration(p['optimal_interval_s'])}"
+           + ("" if hi_opt is None else f", {format_duration(lo_opt)}–{format_duration(hi_opt)} over the "
+              "measurement's range") + ")")
     out = [
-        Advice("interval_s", interval,
-               f"the optimum for a {format_duration(p['blocking_s'])} {p['mode']} checkpoint and an MTBF of "
-               f"{format_duration(p['mtbf_s'])} is {format_duration(p['optimal_interval_s'])} (exact model), "
-               f"waste {p['waste_fraction']:.2%}"),
+        Advice("interval_s", interval, why),
         Advice("async", p["mode"] == "async",
                f"waste at the optimum: async {p['waste_fraction_async_optimum']:.3%} vs sync "
                f"{p['waste_fraction_sync_optimum']:.3%} (stall {format_duration(p['async_stall_s'])}, interference "
-               f"{p['interference']:.0%})"),
+               f"{p['interference']:.0%}: {p['interference_source']})"),
         Advice("threads", m.threads, f"measured {format_rate(m.write_bps)} durable writes with {m.threads} threads"),
+        Advice("block_size_bytes", m.block_size_bytes, "the block size of that measurement"),
         Advice("direct", m.direct, "O_DIRECT worked on this target" if m.direct else
                "O_DIRECT is not available here: buffered writes with fdatasync"),
         Advice("pinned_budget_bytes", p["checkpoint_per_node_bytes"],
                f"host memory per node: each rank keeps one reused staging arena of its share (busiest rank "
                f"{format_size(p['checkpoint_per_rank_bytes'])})"),
     ]
-    return out
+    return [a for a in out if a.value is not None]
 
 
-def _assumptions(job: Job, m: Measurements) -> tuple[str, ...]:
+def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
     out = [f"every node gets the measured bandwidth ({format_rate(m.write_bps)} write, {format_rate(m.read_bps)} "
            "cold read); each of its ranks a 1/ranks-per-node share",
            "the busiest rank (data-parallel rank 0, holding replicated state) sets the node's bytes",
-           "failures are exponential at the job's MTBF; a restart also reloads the latest checkpoint"]
+           "failures are exponential at the job's MTBF; a restart also reloads the latest checkpoint",
+           f"interference (training throughput lost while persisting): {f.source}"]
+    k = extrapolation_factor(job, m)
+    if m.shape == "sample":
+        out.append(f"sample: one process saved {format_size(m.measured_bytes)}; the node writes "
+                   f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"
+                   + (f"; ranges widen the runs' spread by x{k:.2g} either way for that difference of shape "
+                      "(CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
     if m.shared_storage and job.aggregate_bps is None and job.nodes > 1:
         out.append(f"shared storage is assumed to scale to {job.nodes} nodes x the measured rate; give "
                    "--aggregate-bandwidth to cap it")
-    if job.interference is None:
-        out.append("interference comes from a CPU matmul probe on this host; on GPU training it is usually "
-                   "lower (override with --interference)")
+    if job.node_memory_bytes is None:
+        out.append("host checks used this host's memory; give --node-memory when the training node differs")
+    if m.probe_interference is not None:
+        out.append(f"the CPU probe beside the persist on this host lost {m.probe_interference:.0%} of its throughput "
+                   "(information only: a GPU training step does not run on these cores)")
     return tuple(out)
 
 
@@ -422,17 +615,54 @@ def check_schema(document: Any, where: str) -> str:
     return name
 
 
+#: Settings that describe one writer configuration: they always come from the same measurement.
+WRITER_SETTINGS = ("threads", "block_size_bytes", "shard_size_bytes", "direct")
+
+
 def advice_from_results(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, Advice]:
     """Settings justified by saved results (``(file name, document)`` pairs, schemas checked first).
-    A later document's advice on the same setting replaces an earlier one's. A document that lacks
-    what its schema promises, or holds a value no setting can take, is a one-line UsageError naming it."""
+    A later document's advice on the same setting replaces an earlier one's; the writer's settings
+    (:data:`WRITER_SETTINGS`) are replaced as a group, so they always describe one measured configuration.
+    A document that lacks what its schema promises, or holds a value no setting can take, is a one-line
+    UsageError naming it."""
     out: dict[str, Advice] = {}
     for where, doc in documents:
         name = check_schema(doc, where)
         with reading_document(where, doc["schema"]):
-            for advice in _ADVISORS[name](doc, where):
-                out[advice.setting] = advice
+            advice = [a for a in _ADVISORS[name](doc, where) if a.value is not None]
+        if any(a.setting in WRITER_SETTINGS for a in advice):
+            for key in WRITER_SETTINGS:
+                out.pop(key, None)
+        out.update((a.setting, a) for a in advice)
     return out
+
+
+def async_rates(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[float, float, str]]:
+    """``(staging bytes/s, persist bytes/s, file name)`` of every async save of one node the documents
+    measured with ckptbench's writer (a checkpoint bench, or what preflight measured)."""
+    out = []
+    for where, doc in documents:
+        name = check_schema(doc, where)
+        with reading_document(where, doc["schema"]):
+            if name == "ckptbench.bench.checkpoint":
+                mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
+                if mine is not None:
+                    total = doc["workload"]["total_bytes"]
+                    out.append((total / _positive_seconds(mine["stall_s"]),
+                                total / _positive_seconds(mine["persist_s"]), where))
+            elif name == "ckptbench.preflight":
+                m = doc["measurements"]
+                total = m["measured_bytes"]
+                out.append((total / _positive_seconds(m["async_stall_s"]),
+                            total / _positive_seconds(m["async_persist_s"]), where))
+    return out
+
+
+def _positive_seconds(value: Any) -> float:
+    seconds = _seconds(value)
+    if seconds <= 0:
+        raise ValueError(f"duration {value!r} is not a positive number of seconds")
+    return seconds
 
 
 def write_rates(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[float, str]]:
@@ -468,13 +698,33 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+def _tied(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results tied for best (``leaders``; documents written before the tie rule name one ``best``)."""
+    results = doc["results"]
+    indices = doc.get("leaders", [doc["best"]])
+    if not isinstance(indices, list) or not indices:
+        raise ValueError(f"'leaders' {indices!r} is not a list of result indices")
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(results):
+            raise IndexError(f"leader {i!r} is not one of its {len(results)} results")
+    return [results[i] for i in indices]
+
+
 def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
-    best = _best(doc)
-    c, w = best["config"], best["write"]
+    _best(doc)
+    tied = _tied(doc)
+    # Among configurations the noise cannot tell apart, the one that costs least: fewest threads, smallest blocks.
+    chosen = min(tied, key=lambda r: (r["config"]["threads"], r["config"]["block_size"]))
+    c, w = chosen["config"], chosen["write"]
     size = format_size(c["block_size"])
     runs = len(doc["results"])
-    why = (f"{where}: the best durable write of {runs} configurations, {_rate(w['gbps']):.2f} GB/s with "
-           f"{c['threads']} thread(s) x {size} blocks ({c['schedule']})")
+    if len(tied) == 1:
+        why = (f"{where}: the best durable write of {runs} configurations, {_rate(w['gbps']):.2f} GB/s with "
+               f"{c['threads']} thread(s) x {size} blocks ({c['schedule']}), beyond the noise of the others")
+    else:
+        why = (f"{where}: {len(tied)} of {runs} configurations tie for the best durable write (their runs overlap); "
+               f"the one with the fewest threads and smallest blocks, {_rate(w['gbps']):.2f} GB/s with "
+               f"{c['threads']} thread(s) x {size} blocks ({c['schedule']})")
     out = [Advice("threads", c["threads"], why), Advice("block_size_bytes", c["block_size"], why),
            Advice("direct", bool(c["direct"]), f"{where}: O_DIRECT " + (
                "worked" if c["direct"] else f"unavailable ({c.get('direct_fallback_reason')})"))]
@@ -482,9 +732,13 @@ def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
 
 
 def _from_objects(doc: dict[str, Any], where: str) -> list[Advice]:
-    best = _best(doc)
-    c, w = best["config"], best["write"]
-    why = (f"{where}: the best upload of {len(doc['results'])} configurations, {_rate(w['gbps']) * 1e3:.0f} MB/s "
+    _best(doc)
+    tied = _tied(doc)
+    chosen = min(tied, key=lambda r: (r["config"]["concurrency"], r["config"]["part_size_bytes"]))
+    c, w = chosen["config"], chosen["write"]
+    what = (f"the best upload of {len(doc['results'])} configurations" if len(tied) == 1 else
+            f"of {len(tied)} configurations tied for the best upload, the one with the fewest requests in flight")
+    why = (f"{where}: {what}, {_rate(w['gbps']) * 1e3:.0f} MB/s "
            f"with {c['concurrency']} requests in flight and {format_size(c['part_size_bytes'])} parts "
            f"({format_size(c['object_size_bytes'])} objects)")
     return [Advice("max_concurrency", c["concurrency"], why), Advice("part_size_bytes", c["part_size_bytes"], why)]
@@ -495,10 +749,13 @@ def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
     if ours is None:
         return []
     save_gbps = _rate(ours["save"]["gbps"])
-    out = [Advice("threads", ours["details"].get("threads"),
-                  f"{where}: ckptbench saved at {save_gbps:.2f} GB/s with these threads"),
-           Advice("shard_size_bytes", ours["details"].get("shard_size_bytes"),
-                  f"{where}: the shard size of that measurement")]
+    details = ours["details"]
+    why = f"{where}: ckptbench saved at {save_gbps:.2f} GB/s with this configuration"
+    out = [Advice("threads", details.get("threads"), why),
+           Advice("block_size_bytes", details.get("block_size_bytes"), why),
+           Advice("shard_size_bytes", details.get("shard_size_bytes"), why)]
+    if isinstance(details.get("direct"), bool):
+        out.append(Advice("direct", details["direct"], why))
     mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
     if mine is not None:
         sync_s = doc["workload"]["total_bytes"] / (save_gbps * 1e9)
@@ -588,11 +845,11 @@ def as_code(advice: dict[str, Advice]) -> list[str]:
               if v is not None]
     s3 = {k: v for k, v in (("part_size", get("part_size_bytes")), ("max_concurrency", get("max_concurrency")))
           if v is not None}
-    out = [f"ckptbench.Checkpointer({', '.join(kwargs)})"]
-    save = [*(kw for kw in kwargs if not kw.startswith("block_size")), *(["async_=True"] if get("async") else [])]
-    if s3:
-        save.append(f"storage_options={s3!r}")
-    out.append(f"ckptbench.save(state_dict, path, {', '.join(save)})" if save else "ckptbench.save(state_dict, path)")
+    call = [*(["async_=True"] if get("async") else []), *([f"storage_options={s3!r}"] if s3 else [])]
+    out = [f"ckptbench.Checkpointer({', '.join(kwargs)}).save(state_dict, path{''.join(', ' + a for a in call)})"]
+    if get("block_size_bytes") is None:  # save() takes every other setting: the same in one call
+        save = [*kwargs, *call]
+        out.append(f"ckptbench.save(state_dict, path{''.join(', ' + a for a in save)})")
     dcp = [f"{k}={v!r}" for k, v in (("threads", get("threads")), ("block_size", get("block_size_bytes")),
                                      ("direct", get("direct"))) if v is not None]
     out.append(f"ckptbench.integrations.dcp.Writer(path{''.join(', ' + a for a in dcp)})")

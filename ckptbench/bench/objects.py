@@ -33,6 +33,7 @@ from ckptbench.bench.records import (
     noisy_warnings,
     setup_warnings,
 )
+from ckptbench.bench.stats import leaders
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.storage.objects import ObjectTarget
 from ckptbench.units import format_size
@@ -135,7 +136,13 @@ class ObjectBenchReport:
 
     @property
     def best_index(self) -> int:
-        return max(range(len(self.results)), key=lambda i: self.results[i].write.gbps)
+        """The configuration with the highest median upload rate."""
+        return self.leaders[0]
+
+    @property
+    def leaders(self) -> list[int]:
+        """The configurations tied for the best upload rate (:func:`stats.leaders`), best median first."""
+        return leaders([r.write.runs_gbps for r in self.results])
 
     def warnings(self) -> list[BenchWarning]:
         out = setup_warnings(self.target, self.environment, self.spec.repeat, "configuration")
@@ -157,6 +164,7 @@ class ObjectBenchReport:
             "data_verified": self.data_verified,
             "results": [r.to_dict() for r in self.results],
             "best": self.best_index,
+            "leaders": self.leaders,
             "warnings": [w.to_dict() for w in self.warnings()],
             "environment": self.environment,
         }

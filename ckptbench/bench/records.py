@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ckptbench import __version__, knobs
-from ckptbench.bench.stats import latency_percentiles_ms, relative_spread, summarize
+from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
 from ckptbench.units import format_rate, format_size
 
 SCHEMA = "ckptbench.bench.fs/1"
@@ -222,7 +222,12 @@ class FsBenchReport:
     @property
     def best_index(self) -> int:
         """The configuration with the highest median write rate."""
-        return max(range(len(self.results)), key=lambda i: self.results[i].write.gbps)
+        return self.leaders[0]
+
+    @property
+    def leaders(self) -> list[int]:
+        """The configurations tied for the best write rate (:func:`stats.leaders`), best median first."""
+        return leaders([r.write.runs_gbps for r in self.results])
 
     def warnings(self) -> list[BenchWarning]:
         out: list[BenchWarning] = []
@@ -273,6 +278,7 @@ class FsBenchReport:
             "data_verified": self.data_verified,
             "results": [r.to_dict(spec, self.memcpy_bps) for r in self.results],
             "best": self.best_index,
+            "leaders": self.leaders,
             "metadata": [m.to_dict() for m in self.metadata],
             "warnings": [w.to_dict() for w in self.warnings()],
             "environment": self.environment,

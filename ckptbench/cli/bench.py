@@ -15,7 +15,7 @@ from ckptbench import knobs, units
 from ckptbench.cli import params
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
 from ckptbench.cli.render import SECRET_OPTIONS as SECRET_OPTIONS  # re-exported: it lived here
-from ckptbench.cli.render import open_output, run_and_emit, stdout_console
+from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
 from ckptbench.cli.render import redacted_argv as redacted_argv  # re-exported: it lived here
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import UsageError
@@ -330,7 +330,7 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
     if spec.read:
         for name in ("read MB/s", "min–max", "p99 req ms"):
             table.add_column(name, justify="right")
-    best = report.best_index
+    best, leaders = report.best_index, report.leaders
     for i, (result, record) in enumerate(zip(report.results, document["results"], strict=True)):
         c = record["config"]
         row = [format_size(result.object_size), str(c["objects"]), str(result.concurrency),
@@ -339,11 +339,13 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
             r = record[op]
             row += [f"{r['gbps'] * 1e3:.0f}", f"{r['summary_gbps']['min'] * 1e3:.0f}–{r['summary_gbps']['max'] * 1e3:.0f}",
                     f"{r['latency_ms']['p99']:.0f}" if r["latency_ms"] else "-"]
-        table.add_row(*row, style="bold green" if i == best and len(report.results) > 1 else None)
+        table.add_row(*row, style="bold green" if [i] == leaders and len(report.results) > 1 else None)
     console.print(table)
     b = report.results[best]
     read_text = f", read {b.read.gbps * 1e3:.0f} MB/s" if b.read else ""
-    console.print(f"best: [bold]{b.label()}[/]: write {b.write.gbps * 1e3:.0f} MB/s{read_text}")
+    if len(report.results) > 1:
+        console.print(best_or_tied([r.label() for r in report.results], leaders, spec.repeat))
+    console.print(f"fastest median: {b.label()}: write {b.write.gbps * 1e3:.0f} MB/s{read_text}")
 
 
 def _plot_sweep(document: dict[str, Any], path: Path) -> None:
@@ -386,7 +388,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         table.add_column("read GB/s", justify="right")
         table.add_column("min–max", justify="right")
         table.add_column("p10/p90", justify="right")
-    best = report.best_index
+    best, leaders = report.best_index, report.leaders
     for i, (result, record) in enumerate(zip(report.results, document["results"], strict=True)):
         w = record["write"]
         row = [str(result.threads), format_size(result.block_size), *([result.schedule] if sweep_schedule else []),
@@ -398,11 +400,14 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
             r = record["read"]
             row += [f"{r['gbps']:.2f}", f"{r['summary_gbps']['min']:.2f}–{r['summary_gbps']['max']:.2f}",
                     f"{r['summary_gbps']['p10']:.2f}/{r['summary_gbps']['p90']:.2f}"]
-        table.add_row(*row, style="bold green" if i == best and len(report.results) > 1 else None)
+        table.add_row(*row, style="bold green" if [i] == leaders and len(report.results) > 1 else None)
     console.print(table)
     b = report.results[best]
     read_text = f", read {b.read.gbps:.2f} GB/s" if b.read else ""
-    console.print(f"best: [bold]{b.threads} threads x {format_size(b.block_size)}[/] blocks, {b.schedule}: "
+    if len(report.results) > 1:
+        labels = [f"{r.threads} threads x {format_size(r.block_size)} blocks, {r.schedule}" for r in report.results]
+        console.print(best_or_tied(labels, leaders, spec.repeat))
+    console.print(f"fastest median: {b.threads} threads x {format_size(b.block_size)} blocks, {b.schedule}: "
                   f"write {b.write.gbps:.2f} GB/s{read_text}")
     for m in document["metadata"]:
         lat = m["latency_ms"]

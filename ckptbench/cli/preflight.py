@@ -27,7 +27,7 @@ DEFAULT_FAILURES = "llama3"
 DEFAULT_MEASURE_SIZE = "512MiB"
 UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
          "fraction (0..1)", "_usd_per_day": "US dollars per day", "_gpu_hours_per_day": "GPU hours per day"}
-_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "BORDERLINE": "bold magenta"}
 
 
 def _interval(value: str) -> float | None:
@@ -71,7 +71,14 @@ def _interval(value: str) -> float | None:
 @click.option("--aggregate-bandwidth", type=params.FINITE_RATE, default=None,
               help="Shared storage: the most it delivers to all nodes together (40GB/s); caps the per-node rate.")
 @click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
-              help="Async: training throughput lost while persisting (5%)  [default: measured by a CPU probe].")
+              help="Async: training throughput lost while a checkpoint persists (5%)  [default: assumed 2 %, "
+                   "range 0-5 %; the CPU probe on this host is reported, not used].")
+@click.option("--node-memory", type=params.FINITE_SIZE, default=None,
+              help="Host memory of one training node (2TiB), when preflight runs elsewhere (a login node)  "
+                   "[default: this host's].")
+@click.option("--node-network", type=params.FINITE_RATE, default=None,
+              help="The most one training node moves to shared storage (200Gb/s): caps its checkpoint and "
+                   "restore rates on a network filesystem or object storage.")
 @click.option("--gpu-hour-usd", type=params.FINITE_POSITIVE_NUMBER, default=None,
               help="Price of one GPU hour, for the wasted cost: 2.5.")
 @click.option("--measure-size", type=params.SIZE, default=DEFAULT_MEASURE_SIZE, show_default=True,
@@ -99,7 +106,13 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     the optimal interval, overhead, restore time and goodput.
 
     \b
-    Exit status: 0 when every check passes (warnings allowed), 1 when one fails, 2 on bad input.
+    Every prediction comes with a range (the runs' spread, widened where one process measured a
+    sample of a different shape than the job's node). A check is PASS or FAIL only when its whole
+    range agrees; otherwise it is BORDERLINE and says what measurement would settle it.
+
+    \b
+    Exit status: 0 PASS or WARN, 1 FAIL (a check fails over its whole range), 2 bad input,
+    3 BORDERLINE (a check's range spans its threshold; nothing failed).
 
     \b
     Examples:
@@ -140,7 +153,8 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
               ranks=ranks, ranks_per_node=opts["gpus_per_node"], failures=failures, restart_s=opts["restart"] or 0.0,
               interval_s=_interval(opts["interval"]), retain=opts["retain"], max_overhead=opts["max_overhead"],
               max_ckpt_time_s=opts["max_ckpt_time"], aggregate_bps=opts["aggregate_bandwidth"],
-              interference=opts["interference"], gpu_hour_usd=opts["gpu_hour_usd"])
+              interference=opts["interference"], gpu_hour_usd=opts["gpu_hour_usd"],
+              node_memory_bytes=opts["node_memory"], node_network_bps=opts["node_network"])
     options = storage_options_from(opts["endpoint_url"], opts["storage_option"])
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
@@ -189,12 +203,19 @@ class PreflightReport:
                 "restart_s": job.restart_s, "interval_s": job.interval_s, "retain": job.retain,
                 "max_overhead": job.max_overhead, "max_ckpt_time_s": job.max_ckpt_time_s,
                 "aggregate_bps": job.aggregate_bps, "interference": job.interference,
-                "gpu_hour_usd": job.gpu_hour_usd,
+                "gpu_hour_usd": job.gpu_hour_usd, "node_memory_bytes": job.node_memory_bytes,
+                "node_network_bps": job.node_network_bps,
             },
             "measurements": {
+                "shape": v.measurements.shape, "per_rank_bytes": v.measurements.measured_bytes,
                 "measured_bytes": v.measurements.measured_bytes, "write_bps": v.measurements.write_bps,
-                "read_bps": v.measurements.read_bps, "async_stall_s": v.measurements.stall_s,
-                "async_persist_s": v.measurements.persist_s, "interference": v.measurements.interference,
+                "write_bps_range": _pair(v.measurements.write_bps_range),
+                "read_bps": v.measurements.read_bps, "read_bps_range": _pair(v.measurements.read_bps_range),
+                "async_stall_s": v.measurements.stall_s, "async_stall_s_range": _pair(v.measurements.stall_s_range),
+                "async_persist_s": v.measurements.persist_s,
+                "async_persist_s_range": _pair(v.measurements.persist_s_range),
+                "interference": v.measurements.interference,
+                "probe_interference": v.measurements.probe_interference,
                 "memcpy_bps": v.measurements.memcpy_bps, "free_bytes": v.measurements.free_bytes,
                 "host_memory_bytes": v.measurements.host_memory_bytes, "threads": v.measurements.threads,
                 "direct": v.measurements.direct, "shared_storage": v.measurements.shared_storage,
@@ -205,6 +226,10 @@ class PreflightReport:
             "warnings": self.bench["warnings"],
             "environment": self.bench["environment"],
         }
+
+
+def _pair(values: tuple[float, float] | None) -> list[float] | None:
+    return list(values) if values is not None else None
 
 
 def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any) -> PreflightReport:
@@ -223,15 +248,24 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     fstype = (env.get("target") or {}).get("filesystem") or ""
     local = isinstance(storage, LocalDirectory)
     shared = not local or fstype.startswith(("fuse", "nfs", "ceph", "lustre", "gpfs", "beegfs", "cifs", "smb"))
+    def runs_range(values: list[float]) -> tuple[float, float]:
+        return (min(values), max(values))
+
+    save_bps = [g * 1e9 for g in ours.save.runs_gbps]
+    load_bps = [g * 1e9 for g in ours.load.runs_gbps]
     measurements = Measurements(
         measured_bytes=workload.total_bytes,
         write_bps=ours.save.gbps * 1e9, read_bps=ours.load.gbps * 1e9,
         stall_s=statistics.median(async_.stall_s), persist_s=statistics.median(async_.persist_s),
-        interference=interference_fraction(async_.interference_median),
+        interference=None, probe_interference=interference_fraction(async_.interference_median),
         memcpy_bps=report.memcpy_bps, shared_storage=shared,
         free_bytes=storage.free_bytes() if local else None,
         host_memory_bytes=env.get("memory_bytes"),
         threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
+        block_size_bytes=ours.details.get("block_size_bytes"),
+        write_bps_range=runs_range(save_bps), read_bps_range=runs_range(load_bps),
+        stall_s_range=runs_range(list(async_.stall_s)), persist_s_range=runs_range(list(async_.persist_s)),
+        shape="sample",
     )
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
 
@@ -256,20 +290,36 @@ def _print(doc: dict[str, Any]) -> None:
     console.print(
         f"measured: {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
         f"{format_rate(m['read_bps'])} (cold), async stall {format_duration(m['async_stall_s'])}, persist "
-        f"{format_duration(m['async_persist_s'])}" + (f", interference {m['interference']:.0%}"
-                                                     if m["interference"] is not None else ""))
+        f"{format_duration(m['async_persist_s'])}"
+        + (f", CPU probe {m['probe_interference']:.0%} (information)" if m["probe_interference"] is not None else ""))
+    console.print(f"interference used: {p['interference']:.0%} ({p['interference_source']})")
     console.print(
         f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "
         f"per rank (busiest), {format_size(p['checkpoint_per_node_bytes'])} per node; each rank gets "
         f"{format_rate(p['per_rank_write_bps'])}")
-    table = Table(header_style="bold", title="predicted", title_justify="left")
+    shape = {"sample": f"a sample in one process ({format_size(m['measured_bytes'])}), scaled to the node",
+             "nodes": "the job's ranks on a subset of its nodes", "job": "the whole job"}[m["shape"]]
+    table = Table(header_style="bold", title=f"predicted from {shape}: point (range)", title_justify="left")
     for name in ("sync save", "async stall", "persist", "restore", "interval", "optimum", "overhead", "goodput"):
         table.add_column(name, justify="right")
-    table.add_row(format_duration(p["sync_checkpoint_s"]), format_duration(p["async_stall_s"]),
-                  format_duration(p["async_persist_s"]), format_duration(p["restore_s"]),
+    plateau = p["optimal_interval_plateau_s"]
+
+    def ranged(key: str, shown: Any = format_duration) -> str:
+        low, high = p.get(f"{key}_range") or (None, None)
+        point = shown(p[key])
+        if low is None or high is None:
+            return point
+        return f"{point}\n({shown(low)}–{shown(high)})" if shown(low) != shown(high) else point
+
+    def percent(value: float) -> str:
+        return f"{value:.2%}"
+
+    table.add_row(ranged("sync_checkpoint_s"), ranged("async_stall_s"), ranged("async_persist_s"),
+                  ranged("restore_s"),
                   format_duration(p["interval_s"]) + (" (opt.)" if p["interval_is_optimal"] else ""),
-                  format_duration(p["optimal_interval_s"]) + f" {p['mode']}", f"{p['overhead_fraction']:.2%}",
-                  f"{p['goodput']:.2%}")
+                  f"{format_duration(p['optimal_interval_s'])} {p['mode']}\n(flat {format_duration(plateau[0])}–"
+                  f"{format_duration(plateau[1])})",
+                  ranged("overhead_fraction", percent), ranged("goodput", percent))
     console.print(table)
     wasted = f"{p['wasted_gpu_hours_per_day']:.1f} GPU-hours/day wasted"
     if p["wasted_usd_per_day"] is not None:

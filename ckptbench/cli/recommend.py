@@ -131,17 +131,31 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
 
 def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any], ckpt_size: int,
               failures: Any, restart_s: float) -> Any:
-    """The optimal interval for ``ckpt_size`` bytes at the best measured durable write rate."""
+    """The interval for ``ckpt_size`` bytes in the mode recommended: async (the measured staging and persist
+    rates, the assumed interference) when ``advice`` says async and a result measured it, else sync at the
+    best measured durable write rate. A round value inside the optimum's plateau."""
     from ckptbench.model import interval as model
-    from ckptbench.recommend import Advice, write_rates
+    from ckptbench.model.interference import ASSUMED
+    from ckptbench.recommend import Advice, async_rates, write_rates
 
     rates = write_rates(documents)
     if not rates:
         raise UsageError("no write rate in these results to turn --ckpt-size into a checkpoint time")
     rate, where = max(rates)
-    analysis = model.analyse(model.CheckpointCost.sync(ckpt_size / rate), failures.mtbf_s, restart_s)
-    return Advice("interval_s", max(1, round(analysis.optimal_interval_s)),  # whole seconds, at least one
-                  f"{where}: {format_size(ckpt_size)} at {rate / 1e9:.2f} GB/s take "
-                  f"{format_duration(ckpt_size / rate)}; with an MTBF of {format_duration(failures.mtbf_s)} the "
-                  f"exact optimum is {format_duration(analysis.optimal_interval_s)} (waste "
-                  f"{analysis.waste_fraction:.2%}, sync)")
+    measured_async = async_rates(documents)
+    if "async" in advice and advice["async"].value and measured_async:
+        staging_bps, persist_bps, where = measured_async[-1]
+        cost = model.CheckpointCost(ckpt_size / staging_bps, ckpt_size / persist_bps, ASSUMED.point)
+        how = (f"{where}: {format_size(ckpt_size)} stall {format_duration(cost.stall_s)} and persist "
+               f"{format_duration(cost.persist_s)} async (interference {ASSUMED.point:.0%}, assumed)")
+    else:
+        cost = model.CheckpointCost.sync(ckpt_size / rate)
+        how = (f"{where}: {format_size(ckpt_size)} at {rate / 1e9:.2f} GB/s take "
+               f"{format_duration(ckpt_size / rate)} sync")
+    analysis = model.analyse(cost, failures.mtbf_s, restart_s)
+    low, high = model.optimum_plateau(cost, failures.mtbf_s, restart_s)
+    chosen = model.round_interval_s(low, high, analysis.optimal_interval_s)
+    return Advice("interval_s", max(1, round(chosen)),  # whole seconds, at least one
+                  f"{how}; with an MTBF of {format_duration(failures.mtbf_s)} the exact optimum is "
+                  f"{format_duration(analysis.optimal_interval_s)} (waste {analysis.waste_fraction:.2%}), within "
+                  f"{model.PLATEAU_TOLERANCE:.1%} of it from {format_duration(low)} to {format_duration(high)}")

@@ -81,6 +81,15 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
         yield RichProgress(bar)
 
 
+def best_or_tied(labels: Sequence[str], leaders: Sequence[int], runs: int) -> str:
+    """``best: X`` when one candidate beats the rest beyond the noise, else the tied ones, best median first."""
+    if len(leaders) == 1:
+        return f"best: [bold]{labels[leaders[0]]}[/]"
+    why = ("one run each gives no spread to judge by: use --repeat 3 or more" if runs < 2
+           else f"their {runs} runs overlap")
+    return f"tied (no one beyond the noise; {why}): " + ", ".join(f"[bold]{labels[i]}[/]" for i in leaders)
+
+
 def print_warnings(warnings: Sequence[dict[str, str]]) -> None:
     """Each warning as one yellow line on stderr, followed by its remedy."""
     for w in warnings:

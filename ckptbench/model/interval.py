@@ -353,6 +353,53 @@ def analyse(
     )
 
 
+#: The optimum is flat: every interval whose waste is within this many fractions of wall time (0.1
+#: percentage points) of the minimum is as good as the optimum for planning purposes.
+PLATEAU_TOLERANCE = 0.001
+
+#: Interval steps people configure, coarsest first (seconds).
+ROUND_STEPS_S = (3600.0, 1800.0, 900.0, 600.0, 300.0, 60.0, 30.0, 10.0, 1.0)
+
+
+def optimum_plateau(
+    cost: CheckpointCost, mtbf_s: float, restart_s: float = 0.0, tolerance: float = PLATEAU_TOLERANCE,
+) -> tuple[float, float]:
+    """The intervals ``(low, high)`` whose exact waste is within ``tolerance`` of the optimum's (the waste is
+    unimodal in the interval, so the set is one range; ``low`` never undercuts the one-in-flight bound)."""
+    optimum = analyse(cost, mtbf_s, restart_s)
+    limit = optimum.waste_fraction + tolerance
+
+    def within(tau: float) -> bool:
+        return _waste(tau, cost, mtbf_s, restart_s) <= limit
+
+    def edge(inside: float, outside: float) -> float:  # bisection in log space to 1e-6 relative
+        for _ in range(200):
+            if abs(math.log(outside / inside)) < 1e-6:
+                break
+            middle = math.sqrt(inside * outside)
+            inside, outside = (middle, outside) if within(middle) else (inside, middle)
+        return inside
+
+    tau = optimum.optimal_interval_s
+    low = cost.min_interval_s if within(cost.min_interval_s) and cost.min_interval_s > 0 else edge(
+        tau, max(tau * 1e-9, cost.min_interval_s))
+    far = tau * 2.0
+    while within(far) and far < mtbf_s * MAX_EXPONENT / 2:
+        far *= 2.0
+    return max(low, cost.min_interval_s), edge(tau, far)
+
+
+def round_interval_s(low_s: float, high_s: float, near_s: float) -> float:
+    """A value people configure inside ``[low_s, high_s]``: a multiple of the coarsest step in
+    :data:`ROUND_STEPS_S` that falls inside, the one nearest ``near_s``; ``near_s`` itself if none does."""
+    for step in ROUND_STEPS_S:
+        candidates = [k * step for k in (math.floor(near_s / step), math.ceil(near_s / step)) if k >= 1]
+        inside = [c for c in candidates if low_s <= c <= high_s]
+        if inside:
+            return min(inside, key=lambda c: abs(c - near_s))
+    return near_s
+
+
 def waste_curve(
     cost: CheckpointCost, mtbf_s: float, restart_s: float, intervals_s: list[float],
 ) -> list[tuple[float, float, float]]:

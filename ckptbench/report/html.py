@@ -19,7 +19,7 @@ from urllib.parse import quote
 from ckptbench.report.document import DocumentReport, Report, Section, Table
 
 _STATUS_CLASS = {"PASS": "pass", "MET": "pass", "OK": "pass", "FAIL": "fail", "FAILED": "fail", "MISSED": "fail",
-                 "WARN": "warn", "WARNING": "warn", "SKIP": "skip", "SKIPPED": "skip"}
+                 "WARN": "warn", "WARNING": "warn", "BORDERLINE": "warn", "SKIP": "skip", "SKIPPED": "skip"}
 _NUMBER_START = re.compile(r"[-+]?[0-9]")
 
 _CSS = """

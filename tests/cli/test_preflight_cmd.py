@@ -29,6 +29,14 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     assert p["checkpoint_total_bytes"] == pytest.approx(100e6 * 14, rel=1e-6)  # bf16 + fp32 master + Adam
     assert p["sync_checkpoint_s"] == pytest.approx(p["checkpoint_per_node_bytes"] / m["write_bps"])
     assert {a["setting"] for a in doc["recommendation"]} >= {"interval_s", "async", "threads"}
+    assert m["shape"] == "sample" and m["per_rank_bytes"] == m["measured_bytes"]
+    for key in ("sync_checkpoint_s", "async_stall_s", "restore_s", "overhead_fraction", "goodput"):
+        low, high = p[f"{key}_range"]
+        assert low <= p[key] <= high, key
+    low, high = p["optimal_interval_plateau_s"]
+    interval = next(a["value"] for a in doc["recommendation"] if a["setting"] == "interval_s")
+    assert low <= interval <= high
+    assert p["interference_source"].startswith("assumed") and "probe_interference" in m
     assert doc["model"]["curve"] and (tmp_path / "waste.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list((tmp_path / "out").glob("preflight-*.json"))) == 1
     assert list(target.iterdir()) == []  # scratch removed
@@ -67,6 +75,8 @@ def test_run_config_feeds_the_job(cli, tmp_path: Path):
     (["--storage-option", "part_size=8MiB"], "apply to object storage"),
     (["--measure-size", "1PiB"], "is more than"),
     (["{missing}"], "does not exist"),
+    (["--node-memory", "0"], "--node-memory"),
+    (["--node-network", "0"], "--node-network"),
 ])
 def test_bad_input(cli, tmp_path: Path, args, needle):
     target = tmp_path / "t"
@@ -98,3 +108,22 @@ def test_a_job_that_never_completes_is_refused_before_anything_is_measured(cli, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_range_across_a_threshold_exits_3_borderline(cli, tmp_path: Path, monkeypatch):
+    """A sample so uncertain that the stall could be anything: the check cannot say PASS or FAIL."""
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "SAMPLE_EXTRAPOLATION", 1e4)
+    result = cli("preflight", str(tmp_path), *TINY, "--params", "400M", "--ranks", "2", "--gpus-per-node", "2",
+                 "--mtbf", "30d", "--max-ckpt-time", "30s", "--json")
+    assert result.exit_code == 3, result.stderr
+    doc = json.loads(result.stdout)
+    check = next(c for c in doc["checks"] if c["name"] == "checkpoint-time")
+    assert doc["verdict"] == "BORDERLINE" and check["status"] == "BORDERLINE"
+    assert "torchrun/srun" in check["remedy"]
+
+
+def test_help_documents_the_exit_statuses(cli):
+    text = cli("preflight", "--help").stdout
+    assert "3 BORDERLINE" in text and "1 FAIL" in text and "2 bad input" in text

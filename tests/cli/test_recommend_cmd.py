@@ -17,17 +17,43 @@ CKPT = REPO / "results" / "bench-checkpoint-vm-20261126T055124.json"
 def test_from_saved_results(cli):
     doc = cli.json("recommend", str(FS), str(CKPT), "--ckpt-size", "140GB", "--mtbf", "6h")
     fs = json.loads(FS.read_text())
-    best = fs["results"][fs["best"]]["config"]
+    assert fs["results"][fs["best"]]["config"]["block_size"] != 4 * 2**20  # the sweep's best is another block
     settings = doc["settings"]
-    assert settings["block_size_bytes"]["value"] == best["block_size"]
-    assert settings["threads"]["value"] == json.loads(CKPT.read_text())["results"][0]["details"]["threads"]  # later wins
-    assert str(CKPT) in settings["threads"]["reason"]
-    assert settings["interval_s"]["value"] > 0 and "exact optimum" in settings["interval_s"]["reason"]
+    ours = json.loads(CKPT.read_text())["results"][0]["details"]
+    # The later file wins, and the writer's settings come as one configuration: threads and block size alike.
+    for key, detail in (("threads", "threads"), ("block_size_bytes", "block_size_bytes"),
+                        ("shard_size_bytes", "shard_size_bytes"), ("direct", "direct")):
+        assert settings[key]["value"] == ours[detail] and str(CKPT) in settings[key]["reason"], key
+    assert settings["async"]["value"] is True
+    # the interval is computed in the mode recommended (async), inside the optimum's plateau
+    assert settings["interval_s"]["value"] > 0 and "async" in settings["interval_s"]["reason"]
+    assert "exact optimum" in settings["interval_s"]["reason"]
     toml = tomllib.loads(doc["toml"])
     assert toml["checkpoint"]["threads"] == settings["threads"]["value"]
     assert "interval" in toml["schedule"]
-    assert any(line.startswith("ckptbench.save(state_dict, path, threads=") for line in doc["code"])
+    call = next(line for line in doc["code"] if line.startswith("ckptbench.Checkpointer("))
+    assert f"threads={ours['threads']}" in call and f"block_size={ours['block_size_bytes']}" in call
+    assert call.endswith(".save(state_dict, path, async_=True)")
     assert any("FileSystemWriter(path, thread_count=" in line for line in doc["code"])
+
+
+def test_tied_configurations_give_the_cheapest_one(cli, tmp_path: Path):
+    fs = json.loads(FS.read_text())
+    by_median = sorted(range(len(fs["results"])), key=lambda i: -fs["results"][i]["write"]["gbps"])
+    fs["best"], fs["leaders"] = by_median[0], by_median[:3]
+    path = tmp_path / "tied.json"
+    path.write_text(json.dumps(fs))
+    settings = cli.json("recommend", str(path))["settings"]
+    cheapest = min((fs["results"][i]["config"] for i in by_median[:3]),
+                   key=lambda c: (c["threads"], c["block_size"]))
+    assert (settings["threads"]["value"], settings["block_size_bytes"]["value"]) == (
+        cheapest["threads"], cheapest["block_size"])
+    assert "3 of" in settings["threads"]["reason"] and "tie" in settings["threads"]["reason"]
+    fs["leaders"] = [by_median[0]]  # a winner beyond the noise is taken as it is
+    path.write_text(json.dumps(fs))
+    settings = cli.json("recommend", str(path))["settings"]
+    assert settings["threads"]["value"] == fs["results"][by_median[0]]["config"]["threads"]
+    assert "beyond the noise" in settings["threads"]["reason"]
 
 
 def test_fresh_sweep_when_no_files(cli, tmp_path: Path):

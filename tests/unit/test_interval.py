@@ -9,6 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ckptbench.errors import UsageError
+from ckptbench.model import interval as model
 from ckptbench.model.interval import (
     MAX_EXPONENT,
     CheckpointCost,
@@ -306,3 +307,38 @@ def test_bad_values_are_usage_errors(make) -> None:
 def test_infinite_values_are_called_infinite_not_negative() -> None:
     with pytest.raises(UsageError, match="MTBF .* inf must be finite"):
         analyse(CheckpointCost.sync(1), math.inf)
+
+
+# -- the optimum as a plateau ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cost", [model.CheckpointCost.sync(10.5), model.CheckpointCost(0.9, 8.5, 0.02),
+                                  model.CheckpointCost(2.0, 600.0, 0.1)])
+@pytest.mark.parametrize("mtbf_s", [3 * 3600.0, 86400.0 * 4])
+def test_plateau_holds_the_intervals_within_the_tolerance_of_the_minimum(cost, mtbf_s):
+    best = model.analyse(cost, mtbf_s, 60.0)
+    low, high = model.optimum_plateau(cost, mtbf_s, 60.0)
+    assert low <= best.optimal_interval_s <= high
+    limit = best.waste_fraction + model.PLATEAU_TOLERANCE
+    for tau in (low, high, (low + high) / 2):
+        assert model.waste_fraction(tau, cost, mtbf_s, 60.0) <= limit + 1e-9
+    if low > cost.min_interval_s:  # just outside either edge the waste exceeds it
+        assert model.waste_fraction(low * 0.99, cost, mtbf_s, 60.0) > limit
+    assert model.waste_fraction(high * 1.01, cost, mtbf_s, 60.0) > limit
+
+
+def test_plateau_starts_at_the_one_in_flight_bound_when_it_binds():
+    cost = model.CheckpointCost(0.1, 100.0, 0.0)
+    assert model.analyse(cost, 1000.0).constraint_binding
+    low, high = model.optimum_plateau(cost, 1000.0)
+    assert low == cost.min_interval_s and high > low
+
+
+@pytest.mark.parametrize(("low", "high", "near", "expected"), [
+    (1642.0, 4533.0, 2729.0, 3600.0),  # a whole hour fits
+    (69.6, 125.9, 93.6, 120.0),  # two minutes fit
+    (3700.0, 3900.0, 3800.0, 3900.0),  # 5-minute steps
+    (61.5, 61.9, 61.7, 61.7),  # nothing round inside: the optimum itself
+])
+def test_round_interval_inside_the_plateau(low, high, near, expected):
+    assert model.round_interval_s(low, high, near) == pytest.approx(expected)

@@ -8,8 +8,9 @@ import pytest
 
 from ckptbench.errors import UsageError
 from ckptbench.model.failures import FailureModel
+from ckptbench.model.interference import ASSUMED
 from ckptbench.model.sizing import Parallelism, TrainingRecipe, checkpoint_size
-from ckptbench.recommend import FAIL, PASS, WARN, Job, Measurements, evaluate, interference_fraction
+from ckptbench.recommend import BORDERLINE, FAIL, PASS, WARN, Job, Measurements, evaluate, interference_fraction
 
 GB = 1e9
 
@@ -23,7 +24,7 @@ def job(**kw) -> Job:
 def measured(**kw) -> Measurements:
     base = dict(measured_bytes=2**30, write_bps=2 * GB, read_bps=3 * GB, stall_s=0.1, persist_s=0.6,
                 interference=0.0, memcpy_bps=10 * GB, shared_storage=False, free_bytes=10**12,
-                host_memory_bytes=512 * 2**30, threads=4, direct=True)
+                host_memory_bytes=512 * 2**30, threads=4, direct=True, shape="job")
     return Measurements(**{**base, **kw})
 
 
@@ -144,3 +145,94 @@ def test_checkpoint_time_remedy_suggests_async_only_to_a_sync_job():
     one_rank = job(size=checkpoint_size(1e9), ranks=1, ranks_per_node=1, max_ckpt_time_s=0.01)
     assert remedy(evaluate(one_rank, measured()), "checkpoint-time") == ("faster storage, or a smaller checkpoint "
                                                                          "(fewer bytes per rank)")
+
+
+# -- ranges, BORDERLINE, the interference assumption, the plateau ------------------------------------
+
+
+def test_every_prediction_has_a_range_around_its_point():
+    v = evaluate(job(), measured(write_bps_range=(1.5 * GB, 2.5 * GB), read_bps_range=(2 * GB, 4 * GB),
+                                 stall_s_range=(0.08, 0.15), persist_s_range=(0.5, 0.9)))
+    p = v.predictions
+    for key in ("sync_checkpoint_s", "async_stall_s", "async_persist_s", "restore_s", "overhead_fraction",
+                "waste_fraction", "goodput", "optimal_interval_s"):
+        low, high = p[f"{key}_range"]
+        assert low <= p[key] <= high and low < high, key
+    assert p["sync_checkpoint_s_range"] == pytest.approx([14e9 / 2.5e9, 14e9 / 1.5e9])
+    assert p["restore_s_range"] == pytest.approx([14e9 / 4e9, 14e9 / 2e9])
+
+
+def test_a_range_across_a_threshold_is_borderline_with_exit_3():
+    # 14 GB per node at 2 GB/s (1.5-2.5 GB/s over the runs): a sync save of 7 s (5.6-9.3 s) against 8 s
+    m = measured(write_bps_range=(1.5 * GB, 2.5 * GB))
+    v = evaluate(job(max_ckpt_time_s=8.0, interference=0.99), m)  # sync: async costs more here
+    assert v.predictions["mode"] == "sync"
+    check = next(c for c in v.checks if c.name == "checkpoint-time")
+    assert check.status == BORDERLINE and check.value_range == pytest.approx((5.6, 14e9 / 1.5e9))
+    assert "spans FAIL and PASS" in check.message and check.remedy.startswith("settle it:")
+    assert v.verdict == BORDERLINE and v.exit_code == 3
+    # the same threshold outside the range decides: PASS at 10 s, FAIL at 5 s
+    assert status(evaluate(job(max_ckpt_time_s=10.0, interference=0.99), m), "checkpoint-time") == PASS
+    failed = evaluate(job(max_ckpt_time_s=5.0, interference=0.99), m)
+    assert status(failed, "checkpoint-time") == FAIL and failed.exit_code == 1
+
+
+def test_a_definite_failure_outranks_borderline():
+    m = measured(write_bps_range=(1.5 * GB, 2.5 * GB), free_bytes=10**9)
+    v = evaluate(job(max_ckpt_time_s=8.0, interference=0.99), m)
+    assert {c.status for c in v.checks} >= {BORDERLINE, FAIL} and v.verdict == FAIL and v.exit_code == 1
+
+
+def test_a_sample_of_another_shape_widens_the_range_and_says_how_to_settle_it():
+    exact = evaluate(job(), measured(shape="job"))
+    sampled = evaluate(job(), measured(shape="sample"))
+    assert exact.predictions["sync_checkpoint_s_range"] == pytest.approx([7.0, 7.0])
+    k = sampled.predictions["extrapolation_factor"]
+    assert k > 1 and sampled.predictions["sync_checkpoint_s_range"] == pytest.approx([7.0 / k, 7.0 * k])
+    assert any(a.startswith("sample: one process saved") for a in sampled.assumptions)
+    edge = evaluate(job(max_ckpt_time_s=8.0, interference=0.99), measured(shape="sample"))
+    text = next(c.remedy for c in edge.checks if c.name == "checkpoint-time")
+    assert "torchrun/srun" in text
+    # a one-rank node measured at its own size needs no extrapolation
+    one = job(size=checkpoint_size(1e8), ranks=1, ranks_per_node=1)
+    assert evaluate(one, measured(shape="sample")).predictions["extrapolation_factor"] == 1.0
+
+
+def test_interference_is_assumed_not_probed_unless_given_or_measured_on_the_device():
+    v = evaluate(job(), measured(interference=None, probe_interference=0.82))
+    p = v.predictions
+    assert p["interference"] == ASSUMED.point and p["interference_range"] == [ASSUMED.low, ASSUMED.high]
+    assert p["interference_source"] == ASSUMED.source and "FastPersist" in ASSUMED.source
+    assert any("CPU probe" in a and "information only" in a for a in v.assumptions)
+    given = evaluate(job(interference=0.3), measured(interference=None, probe_interference=0.82))
+    assert given.predictions["interference"] == 0.3 and given.predictions["interference_range"] == [0.3, 0.3]
+    device = evaluate(job(), measured(interference=0.1))
+    assert device.predictions["interference"] == 0.1 and "training device" in device.predictions["interference_source"]
+
+
+def test_the_interval_is_a_round_value_inside_the_plateau():
+    v = evaluate(job(), measured())
+    p = v.predictions
+    low, high = p["optimal_interval_plateau_s"]
+    assert low < p["optimal_interval_s"] < high
+    chosen = next(a.value for a in v.recommendation if a.setting == "interval_s")
+    assert low <= chosen <= high and chosen == p["recommended_interval_s"]
+    assert chosen % 60 == 0  # whole minutes at least, for an interval of hours
+
+
+def test_node_memory_describes_the_training_node():
+    here = evaluate(job(), measured(host_memory_bytes=20 * 10**9))
+    assert status(here, "host-memory") == WARN
+    assert any("--node-memory" in a for a in here.assumptions)
+    node = evaluate(job(node_memory_bytes=2 * 10**12), measured(host_memory_bytes=20 * 10**9))
+    assert status(node, "host-memory") == PASS
+    assert "training node's (--node-memory)" in next(c.message for c in node.checks if c.name == "host-memory")
+    assert not any("--node-memory" in a for a in node.assumptions)
+
+
+def test_node_network_caps_shared_storage_only():
+    capped = job(node_network_bps=1 * GB)
+    assert evaluate(capped, measured(shared_storage=True)).predictions["sync_checkpoint_s"] == pytest.approx(14.0)
+    assert evaluate(capped, measured(shared_storage=False)).predictions["sync_checkpoint_s"] == pytest.approx(7.0)
+    with pytest.raises(UsageError, match="--node-memory"):
+        job(node_memory_bytes=0)
