@@ -36,6 +36,7 @@ from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import BenchWarning, document_header
 from ckptbench.bench.records_ckpt import CheckpointBenchReport
+from ckptbench.bench.stats import leaders
 from ckptbench.bench.workloads import CheckpointWorkload
 from ckptbench.errors import CkptbenchError, TargetError, UsageError
 from ckptbench.model import interval
@@ -232,7 +233,7 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class Measured:
-    """The medians the model takes from one tier's benchmark (ckptbench's writer)."""
+    """The medians the model takes from one tier's benchmark (ckptbench's writer), and the runs behind them."""
 
     workload_bytes: int
     save_gbps: float
@@ -244,6 +245,25 @@ class Measured:
     load_cached: bool
     files: int
     disk_bytes: int
+    runs_save_gbps: tuple[float, ...] = ()
+    runs_load_gbps: tuple[float, ...] = ()
+    runs_stall_s: tuple[float, ...] = ()
+    runs_persist_s: tuple[float, ...] = ()
+
+    def ends(self) -> tuple[Measured, Measured]:
+        """(optimistic, pessimistic): the best and the worst of the runs of every quantity."""
+        def pick(runs: tuple[float, ...], point: float | None, better: Any) -> float | None:
+            return better(runs) if runs and point is not None else point
+
+        best = dataclasses.replace(self, save_gbps=pick(self.runs_save_gbps, self.save_gbps, max),
+                                   load_gbps=pick(self.runs_load_gbps, self.load_gbps, max),
+                                   stall_s=pick(self.runs_stall_s, self.stall_s, min),
+                                   persist_s=pick(self.runs_persist_s, self.persist_s, min))
+        worst = dataclasses.replace(self, save_gbps=pick(self.runs_save_gbps, self.save_gbps, min),
+                                    load_gbps=pick(self.runs_load_gbps, self.load_gbps, min),
+                                    stall_s=pick(self.runs_stall_s, self.stall_s, max),
+                                    persist_s=pick(self.runs_persist_s, self.persist_s, max))
+        return best, worst
 
     @classmethod
     def from_report(cls, report: CheckpointBenchReport) -> Measured:
@@ -258,6 +278,9 @@ class Measured:
             interference=run_async.interference_median if run_async else None,
             save_cached=ours.save.is_cached(report.memcpy_bps), load_cached=ours.load.is_cached(report.memcpy_bps),
             files=ours.files, disk_bytes=ours.disk_bytes,
+            runs_save_gbps=tuple(ours.save.runs_gbps), runs_load_gbps=tuple(ours.load.runs_gbps),
+            runs_stall_s=tuple(run_async.stall_s) if run_async else (),
+            runs_persist_s=tuple(run_async.persist_s) if run_async else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -385,6 +408,7 @@ class TierResult:
     report: CheckpointBenchReport
     measured: Measured
     model: TierModel
+    model_ends: tuple[TierModel, TierModel] | None = None  # the model at the (best, worst) ends of the runs
 
     @property
     def label(self) -> str:
@@ -393,6 +417,18 @@ class TierResult:
     @property
     def filesystem(self) -> str | None:
         return (self.report.environment.get("target") or {}).get("filesystem")
+
+    def model_range(self) -> dict[str, list[float] | None]:
+        """``[low, high]`` of each job figure over the runs' spread (None where a figure is missing)."""
+        if self.model_ends is None:
+            return {}
+        out: dict[str, list[float] | None] = {}
+        for key, where, attr, _ in BEST_METRICS:
+            if where != "model":
+                continue
+            values = [_model_value(m, attr) for m in (self.model, *self.model_ends)]
+            out[key] = None if None in values else [min(values), max(values)]  # type: ignore[type-var]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target
@@ -405,6 +441,7 @@ class TierResult:
             "tier": t.tier.to_dict() if t.tier else None,
             "measured": self.measured.to_dict(),
             "model": self.model.to_dict(),
+            "model_range": self.model_range(),
             "bench": self.report.to_dict(),
         }
 
@@ -421,7 +458,9 @@ def run_compare(spec: CheckpointBenchSpec, job: JobSpec, targets: Sequence[Compa
         measured = Measured.from_report(report)
         prices = t.tier.prices if t.tier else TierPrices()
         part = (report.environment.get("target") or {}).get("part_size_bytes") if t.on_objects else None
-        results.append(TierResult(t, report, measured, model_tier(job, measured, prices, part_bytes=part)))
+        ends = tuple(model_tier(job, end, prices, part_bytes=part) for end in measured.ends())
+        results.append(TierResult(t, report, measured, model_tier(job, measured, prices, part_bytes=part),
+                                  model_ends=ends))
     return CompareReport(spec=spec, job=job, workload=workload, tiers=tuple(results),
                          environment=collect_environment())
 
@@ -439,11 +478,31 @@ BEST_METRICS: tuple[tuple[str, str, str, bool], ...] = (
 )
 
 
-def _metric(result: TierResult, where: str, attr: str) -> float | None:
+def _model_value(model: TierModel, attr: str) -> float | None:
     if attr == "bill":
-        bill = result.model.bill
-        return bill["total_usd"] if bill and bill["complete"] else None
-    return getattr(result.measured if where == "measured" else result.model, attr)
+        return model.bill["total_usd"] if model.bill and model.bill["complete"] else None
+    return getattr(model, attr)
+
+
+def _metric(result: TierResult, where: str, attr: str) -> float | None:
+    if where == "measured":
+        return getattr(result.measured, attr)
+    return _model_value(result.model, attr)
+
+
+_RUNS = {"save_gbps": "runs_save_gbps", "load_gbps": "runs_load_gbps", "stall_s": "runs_stall_s",
+         "persist_s": "runs_persist_s"}
+
+
+def _samples(result: TierResult, where: str, attr: str) -> list[float]:
+    """What the tie rule compares: a measured quantity's runs, or a job figure at the point and at both ends
+    of the runs (one value when the tier ran once: no spread to judge by)."""
+    if where == "measured":
+        return list(getattr(result.measured, _RUNS[attr]))
+    values = [_model_value(result.model, attr)]
+    if result.model_ends is not None and len(result.measured.runs_save_gbps) > 1:
+        values += [_model_value(end, attr) for end in result.model_ends]
+    return [v for v in values if v is not None]
 
 
 @dataclass(frozen=True)
@@ -455,14 +514,24 @@ class CompareReport:
     environment: dict[str, Any]
     created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
-    def best(self) -> dict[str, str]:
-        """Metric -> label of the tier that does best on it (only where two or more tiers have a value)."""
+    def ranking(self) -> dict[str, list[str]]:
+        """Metric -> labels of the tiers tied for best on it (:func:`stats.leaders` over their runs), best
+        median first; one label is a winner beyond the noise. Only where two or more tiers have a value."""
         out = {}
         for key, where, attr, higher in BEST_METRICS:
-            values = [(v, r.label) for r in self.tiers if (v := _metric(r, where, attr)) is not None]
-            if len(values) >= 2:
-                out[key] = (max if higher else min)(values, key=lambda item: item[0])[1]
+            present = [r for r in self.tiers if _metric(r, where, attr) is not None]
+            if len(present) >= 2:
+                samples = [_samples(r, where, attr) or [_metric(r, where, attr)] for r in present]
+                out[key] = [present[i].label for i in leaders(samples, higher_is_better=higher)]
         return out
+
+    def best(self) -> dict[str, str]:
+        """Metric -> label of the tier that beats every other on it beyond the noise."""
+        return {key: labels[0] for key, labels in self.ranking().items() if len(labels) == 1}
+
+    def tied(self) -> dict[str, list[str]]:
+        """Metric -> labels of the tiers the noise cannot tell apart at the top."""
+        return {key: labels for key, labels in self.ranking().items() if len(labels) > 1}
 
     def notes(self) -> list[str]:
         out = []
@@ -522,6 +591,7 @@ class CompareReport:
             "units": UNITS,
             "tiers": [r.to_dict() for r in self.tiers],
             "best": self.best(),
+            "tied": self.tied(),
             "notes": self.notes(),
             "assumptions": list(ASSUMPTIONS),
             "warnings": [w.to_dict() for w in self.warnings()],

@@ -173,7 +173,7 @@ def _print_tables(document: dict[str, Any]) -> None:
 
     console = stdout_console()
     tiers, job, spec, workload = document["tiers"], document["job"], document["spec"], document["workload"]
-    best = document["best"]
+    best, tied = document["best"], document.get("tied", {})
     shape = workload["shape"]
     console.print(
         f"[bold]workload on every tier[/]: {workload['model']} x{workload['scale']:.3g} ({shape['layers']} blocks, "
@@ -198,7 +198,9 @@ def _print_tables(document: dict[str, Any]) -> None:
         table.add_column(f"{t['label']}\n[dim]{t['filesystem'] or t['kind']}[/]", justify="right")
 
     def cell(key: str, text: str, label: str) -> str:  # green on a terminal, * everywhere (logs, pipes)
-        return f"[bold green]*{text}[/]" if best.get(key) == label else text
+        if best.get(key) == label:
+            return f"[bold green]*{text}[/]"
+        return f"[green]={text}[/]" if label in tied.get(key, ()) else text
 
     for name, key in (("save GB/s (durable)", "save"), ("load GB/s (cold)", "load")):
         row = [f"{name}, measured"]
@@ -245,8 +247,8 @@ def _print_tables(document: dict[str, Any]) -> None:
         table.add_row(*row)
     console.print(table)
     if len(tiers) > 1:
-        console.print("[dim]*: best of the tiers on that row; job rows scale the measured rates to the job "
-                      "(assumptions in --json)[/]")
+        console.print("[dim]*: best of the tiers on that row beyond the noise of the runs; =: tied for best (their "
+                      "runs overlap); job rows scale the measured rates to the job (assumptions in --json)[/]")
     for t in tiers:
         tier = t["tier"]
         if tier and tier["notes"]:
@@ -256,9 +258,14 @@ def _print_tables(document: dict[str, Any]) -> None:
     console.print(takeaway(document))
 
 
+def _and(labels: list[str]) -> str:
+    return ", ".join(labels[:-1]) + f" and {labels[-1]}" if len(labels) > 1 else labels[0]
+
+
 def takeaway(document: dict[str, Any]) -> str:
     """One sentence: which tier wastes least (or checkpoints fastest), and which is cheapest."""
-    best, by_label = document["best"], {t["label"]: t for t in document["tiers"]}
+    best, tied = document["best"], document.get("tied", {})
+    by_label = {t["label"]: t for t in document["tiers"]}
     if len(by_label) < 2:
         (only,) = by_label.values()
         m = only["model"]
@@ -270,10 +277,16 @@ def takeaway(document: dict[str, Any]) -> str:
         m = by_label[best["waste_fraction"]]["model"]
         sentence = (f"Least waste: {best['waste_fraction']}, checkpointing every "
                     f"{format_duration(m['optimal_interval_s'])} ({pct(m['waste_fraction'])} of wall time)")
-    else:
+    elif "waste_fraction" in tied:
+        sentence = (f"Least waste: tied between {_and(tied['waste_fraction'])} (their runs overlap: "
+                    + ", ".join(f"{label} {pct(by_label[label]['model']['waste_fraction'])}"
+                                for label in tied["waste_fraction"]) + ")")
+    elif "checkpoint_s" in best:
         label = best["checkpoint_s"]
         sentence = (f"Fastest checkpoint: {label} ({format_duration(by_label[label]['model']['checkpoint_s'])} for "
                     "the job's checkpoint, sync)")
+    else:
+        sentence = f"Fastest checkpoint: tied between {_and(tied.get('checkpoint_s', list(by_label)))} (their runs overlap)"
     if "bill_total_usd" in best:
         label = best["bill_total_usd"]
         sentence += f"; cheapest: {label} ({_usd(by_label[label]['model']['bill']['total_usd'])} per run)"

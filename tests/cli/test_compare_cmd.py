@@ -5,13 +5,16 @@ never asserts timings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ckptbench.bench.compare import JobSpec, Measured, model_tier
+from ckptbench.bench.compare import JobSpec, Measured, TierModel, model_tier
 from ckptbench.errors import ConfigError, UsageError
 from ckptbench.model import interval, sizing
 from ckptbench.model.failures import FailureModel
@@ -72,8 +75,14 @@ def test_json_numbers_follow_from_the_measurements(cli, two_dirs, tmp_path: Path
         assert model["waste_fraction"] == pytest.approx(analysis.waste_fraction)
         assert model["waste_fraction"] > model["overhead_fraction"] > 0
         assert model["bill"] is None and model["error"] is None
-    assert set(doc["best"]) >= {"save_gbps", "load_gbps", "checkpoint_s", "waste_fraction"}
+    # every metric has a winner beyond the noise or a tie (both directories share one disk here)
+    assert set(doc["best"]) | set(doc["tied"]) >= {"save_gbps", "load_gbps", "checkpoint_s", "waste_fraction"}
+    assert not set(doc["best"]) & set(doc["tied"])
     assert set(doc["best"].values()) <= {str(a), str(b)}
+    assert all(sorted(labels) == sorted([str(a), str(b)]) for labels in doc["tied"].values())
+    for t in doc["tiers"]:
+        low, high = t["model_range"]["checkpoint_s"]
+        assert low <= t["model"]["checkpoint_s"] <= high
     assert doc["units"]["_s"] == "seconds" and doc["assumptions"]
     assert any("8 ranks" in note for note in doc["notes"])
     assert all(w["remedy"] for w in doc["warnings"])
@@ -109,7 +118,7 @@ def test_table_with_a_tier_file_its_bill_and_sync_mode(cli, two_dirs, tmp_path: 
     assert bill["storage_usd"] == pytest.approx(3 * 14e9 / 1e9 * wall_s / SECONDS_PER_MONTH * 0.1)
     assert bill["put_usd"] is None and bill["total_usd"] == bill["storage_usd"]
     assert doc["tiers"][0]["model"]["bill"] is None
-    assert "bill_total_usd" not in doc["best"]  # one tier has prices: nothing to compare
+    assert "bill_total_usd" not in doc["best"] and "bill_total_usd" not in doc["tied"]  # one tier has prices
 
 
 @pytest.mark.parametrize(
@@ -268,3 +277,35 @@ def test_job_spec_refuses_contradictions():
         _job(failures=None, mode="sync", interference=0.1)
     with pytest.raises(UsageError, match="keep"):
         _job(failures=None, keep=0)
+
+
+def _tier(label: str, runs_save: tuple[float, ...], waste: float) -> Any:
+    from ckptbench.bench.compare import CompareTarget, TierResult
+
+    measured = dataclasses.replace(MEASURED, save_gbps=statistics.median(runs_save), runs_save_gbps=runs_save)
+    model = TierModel(checkpoint_s=1.0, stall_s=None, persist_s=None, restore_s=1.0, restart_s=1.0, blocking_s=1.0,
+                      waste_fraction=waste)
+    return TierResult(CompareTarget(label, label, storage=None), report=None, measured=measured, model=model,
+                      model_ends=(dataclasses.replace(model, waste_fraction=waste * 0.9),
+                                  dataclasses.replace(model, waste_fraction=waste * 1.1)))
+
+
+def test_best_only_beyond_the_noise_else_tied():
+    from ckptbench.bench.compare import CompareReport
+    from ckptbench.cli.compare import takeaway
+
+    def report(*tiers):
+        return CompareReport(spec=None, job=None, workload=None, tiers=tiers, environment={})
+
+    apart = report(_tier("nvme", (2.0, 2.1, 2.2), 0.01), _tier("nfs", (0.5, 0.6, 0.7), 0.05))
+    assert apart.best()["save_gbps"] == "nvme" and apart.best()["waste_fraction"] == "nvme"
+    assert "save_gbps" not in apart.tied() and "waste_fraction" not in apart.tied()
+    assert apart.tied()["load_gbps"] == ["nvme", "nfs"]  # equal runs: neither beats the other
+    close = report(_tier("ext4", (0.81, 0.88, 1.17), 0.0100), _tier("tmpfs", (0.70, 1.20, 1.25), 0.0102))
+    assert "save_gbps" not in close.best() and close.tied()["save_gbps"] == ["tmpfs", "ext4"]
+    assert close.tied()["waste_fraction"] == ["ext4", "tmpfs"]
+    doc = {"best": close.best(), "tied": close.tied(),
+           "tiers": [{"label": t.label, "model": t.model.to_dict()} for t in close.tiers]}
+    assert takeaway(doc).startswith("Least waste: tied between ext4 and tmpfs")
+    single = report(_tier("a", (1.0,), 0.01), _tier("b", (2.0,), 0.02))  # one run each: no spread to judge by
+    assert not single.best() and single.tied()["save_gbps"] == ["b", "a"]
