@@ -78,6 +78,8 @@ PLAN_REUSE = _env_int("PLAN_REUSE", 1)
 #: preflight in one process: how far a node's rates may lie from the sample's beyond the repeats' spread,
 #: as a factor either way, when the node writes a different shape (more bytes, more ranks) than was measured.
 SAMPLE_EXTRAPOLATION = _env_float("SAMPLE_EXTRAPOLATION", 1.3)
+#: Outside a terminal (logs, Slurm, CI), a line on stderr as each step of a measurement starts and ends; 0: none.
+LOG_PROGRESS = _env_int("LOG_PROGRESS", 1)
 #: Seconds between progress updates while a native call runs.
 PROGRESS_POLL_S = _env_float("PROGRESS_POLL_S", 0.1)
 #: Distributed launches: longest wait for another rank (a barrier after the slowest rank's write),

@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ckptbench.cli import main
+# Set before ckptbench is imported: its knobs read the environment once.
+# Measuring commands print a line per step to stderr when it is not a terminal (logs); the tests read stderr
+# for the one-line errors, so they run without them (tests/cli/test_progress_log.py turns them on).
+os.environ.setdefault("CKPTBENCH_LOG_PROGRESS", "0")
+
+from ckptbench.cli import main  # noqa: E402
 
 # Child interpreters (``python -c``, multiprocessing's forkserver, torchrun workers) must import the
 # installed ckptbench, not the source tree the tests run from (no compiled engine there under CI's

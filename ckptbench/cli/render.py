@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import click
 
+from ckptbench import knobs
 from ckptbench.bench.progress import Progress
 from ckptbench.cli.params import shown_path
 from ckptbench.errors import StorageIOError, UsageError
@@ -64,12 +65,41 @@ class RichProgress(Progress):
         self._bar.update(self._task, completed=self._completed)
 
 
+class LogProgress(Progress):
+    """Progress for logs (Slurm, CI, a pipe): one line on stderr when a step starts and one when it ends,
+    with what it moved and how fast, so a long run shows where it is and what it measured so far."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self._write = write
+        self._step: str | None = None
+        self._started = 0.0
+
+    def phase(self, description: str) -> None:
+        self._step, self._started = description, time.monotonic()
+        self._write(f"ckptbench: {time.strftime('%H:%M:%S')} {description} ...")
+
+    def end_step(self, step_bytes: int) -> None:
+        if self._step is None:
+            return
+        from ckptbench.units import format_duration, format_rate, format_size
+
+        seconds = time.monotonic() - self._started
+        rate = f" ({format_rate(step_bytes / seconds)})" if step_bytes and seconds > 0 else ""
+        moved = f"{format_size(step_bytes)} in " if step_bytes else ""
+        self._write(f"ckptbench: {time.strftime('%H:%M:%S')} {self._step}: done, {moved}{format_duration(seconds)}"
+                    f"{rate}")
+        self._step = None
+
+
 @contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Progress]:
-    """A transient rich bar on stderr (drawn only on a terminal); a no-op Progress otherwise."""
+    """A transient rich bar on stderr on a terminal; one line per step start and end otherwise (logs)."""
     console = stderr_console()
-    if not enabled or not console.is_terminal:
+    if not enabled:
         yield Progress()
+        return
+    if not console.is_terminal:
+        yield LogProgress(lambda line: click.echo(line, err=True)) if knobs.LOG_PROGRESS else Progress()
         return
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
     from rich.progress import Progress as RichBar
