@@ -126,7 +126,7 @@ class Measurements:
     free_bytes: int | None
     host_memory_bytes: int | None
     threads: int
-    direct: bool
+    direct: bool | None
     write_bps_range: tuple[float, float] | None = None
     read_bps_range: tuple[float, float] | None = None
     stall_s_range: tuple[float, float] | None = None
@@ -134,6 +134,8 @@ class Measurements:
     probe_interference: float | None = None
     shape: str = "sample"
     block_size_bytes: int | None = None
+    launched_ranks: int = 1
+    per_rank_bytes: int | None = None  # what each rank wrote (the busiest); None: measured_bytes, one process
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -224,6 +226,36 @@ class Verdict:
 def interference_fraction(slowdown: float | None) -> float | None:
     """The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost."""
     return from_slowdown(slowdown)
+
+
+def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: float, shared_storage: bool,
+                             free_bytes: int | None, host_memory_bytes: int | None, threads: int) -> Measurements:
+    """A distributed benchmark (``ckptbench.bench.distributed/1``: every launched rank saved, loaded and
+    async-saved its share at once) as one node's measurements: a node's bytes are all ranks' bytes over the
+    launch's hosts, a round's time is its slowest rank's (MLPerf Storage), persist = durable - stall."""
+    hosts = max(1, len(set(bench["hosts"])))
+    node_bytes = sum(bench["rank_bytes"]) / hosts
+    rounds = bench["rounds"]
+
+    def rates(op: str) -> list[float]:
+        return [node_bytes / r["duration_s"] for r in rounds[op]]
+
+    writes, reads = rates("save"), rates("load")
+    stalls = [r["stall_s"] for r in rounds["async"]]
+    persists = [max(r["duration_s"] - r["stall_s"], 1e-9) for r in rounds["async"]]
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    return Measurements(
+        measured_bytes=round(node_bytes), write_bps=median(writes), read_bps=median(reads),
+        stall_s=median(stalls), persist_s=median(persists), interference=None, memcpy_bps=memcpy_bps,
+        shared_storage=shared_storage, free_bytes=free_bytes, host_memory_bytes=host_memory_bytes, threads=threads,
+        direct=None, write_bps_range=(min(writes), max(writes)), read_bps_range=(min(reads), max(reads)),
+        stall_s_range=(min(stalls), max(stalls)), persist_s_range=(min(persists), max(persists)), shape=shape,
+        launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]))
 
 
 def job_interference(job: Job, m: Measurements) -> Interference:
@@ -578,6 +610,13 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
            "failures are exponential at the job's MTBF; a restart also reloads the latest checkpoint",
            f"interference (training throughput lost while persisting): {f.source}"]
     k = extrapolation_factor(job, m)
+    if m.shape in ("job", "nodes"):
+        out.append(f"measured at the job's shape: {m.launched_ranks} ranks each wrote and read their share "
+                   f"({format_size(m.per_rank_bytes or 0)} for the busiest) at once; a node's time is its slowest "
+                   "rank's")
+    if m.shape == "nodes" and job.aggregate_bps is None and m.shared_storage:
+        out.append(f"a subset of the job's nodes was measured: shared storage is assumed to give each of the job's "
+                   f"{job.nodes} nodes what these nodes got; give --aggregate-bandwidth to cap it")
     if m.shape == "sample":
         out.append(f"sample: one process saved {format_size(m.measured_bytes)}; the node writes "
                    f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"

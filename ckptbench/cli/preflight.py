@@ -27,6 +27,8 @@ DEFAULT_FAILURES = "llama3"
 DEFAULT_MEASURE_SIZE = "512MiB"
 UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
          "fraction (0..1)", "_usd_per_day": "US dollars per day", "_gpu_hours_per_day": "GPU hours per day"}
+#: Filesystem types (``/proc/mounts``) whose storage other nodes share.
+SHARED_FILESYSTEMS = ("fuse", "nfs", "ceph", "lustre", "gpfs", "beegfs", "cifs", "smb", "wekafs", "9p")
 _STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "BORDERLINE": "bold magenta"}
 
 
@@ -159,6 +161,14 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
     storage = resolve_target(target, options, force=opts["force"])
+    from ckptbench.cli.launch import launch_from_environment
+
+    launch = launch_from_environment()
+    if launch is not None:
+        code = preflight_under_launch(launch, job, storage, model=DEFAULT_MODEL if preset is None else preset,
+                                      repeat=opts["repeat"], as_json=opts["as_json"], output_dir=opts["output_dir"],
+                                      plot_path=opts["plot_path"])
+        ctx.exit(code)
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
 
     spec = CheckpointBenchSpec(model=DEFAULT_MODEL if preset is None else preset, size_bytes=opts["measure_size"],
@@ -207,7 +217,8 @@ class PreflightReport:
                 "node_network_bps": job.node_network_bps,
             },
             "measurements": {
-                "shape": v.measurements.shape, "per_rank_bytes": v.measurements.measured_bytes,
+                "shape": v.measurements.shape, "launched_ranks": v.measurements.launched_ranks,
+                "per_rank_bytes": v.measurements.per_rank_bytes or v.measurements.measured_bytes,
                 "measured_bytes": v.measurements.measured_bytes, "write_bps": v.measurements.write_bps,
                 "write_bps_range": _pair(v.measurements.write_bps_range),
                 "read_bps": v.measurements.read_bps, "read_bps_range": _pair(v.measurements.read_bps_range),
@@ -226,6 +237,98 @@ class PreflightReport:
             "warnings": self.bench["warnings"],
             "environment": self.bench["environment"],
         }
+
+
+def check_launch(job: Any, world_size: int, local_world_size: int | None) -> str:
+    """The measurement's shape for a launch of ``world_size`` ranks (``local_world_size`` per node, when the
+    launcher says): ``"job"`` for the whole job, ``"nodes"`` for whole nodes of it; UsageError otherwise."""
+    if world_size > job.ranks:
+        raise UsageError(f"the launch has {world_size} ranks but the job has {job.ranks} (--ranks)",
+                         hint="launch at most the job's ranks, or describe the job you launch")
+    per_node = min(job.ranks, job.ranks_per_node)
+    if local_world_size is not None and local_world_size != per_node:
+        raise UsageError(f"the launch runs {local_world_size} ranks per node but the job has {per_node} "
+                         f"(--gpus-per-node {job.ranks_per_node})",
+                         hint="launch as many ranks per node as the job runs (torchrun --nproc-per-node)")
+    if world_size == job.ranks:
+        return "job"
+    if world_size % per_node:
+        raise UsageError(f"the launch's {world_size} ranks are not whole nodes of {per_node} ranks",
+                         hint="launch whole nodes of the job")
+    return "nodes"
+
+
+def _local_world_size() -> int | None:
+    import os
+
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        raw = os.environ.get(name, "").split("(")[0].split(",")[0].strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, repeat: int, as_json: bool,
+                           output_dir: Path | None, plot_path: Path | None) -> int:
+    """Every rank of a torchrun/srun launch writes and cold-reads its real share of the job's checkpoint at
+    once (the distributed bench); rank 0 evaluates the verdict on that measurement and prints it.
+    Returns the exit status (every rank returns rank 0's)."""
+    import os
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    from ckptbench.bench.distributed import DistributedBenchSpec, plan, run_distributed_bench
+    from ckptbench.checkpoint.distributed import current_world, leave_world
+    from ckptbench.model.sizing import Parallelism
+
+    shape = check_launch(job, launch.world_size, _local_world_size())
+    per_node = min(job.ranks, job.ranks_per_node)
+    rank_bytes = -(-job.node_bytes // per_node)  # the node's bytes, shared evenly by its ranks
+    spec = DistributedBenchSpec(model=model, size_bytes=rank_bytes * launch.world_size,
+                                parallelism=Parallelism(dp=launch.world_size, sharding="fsdp"), repeat=repeat,
+                                warmup=1)
+    plan(spec, launch.world_size)
+    world = current_world()
+    if world is None:
+        raise UsageError("this launch has a single process")
+    report_box: list[PreflightReport] = []
+    try:
+        with world.step("the preflight measurement"):
+            if not world.is_first:
+                run_distributed_bench(spec, storage, world)
+                return int(world.broadcast(None, "sharing the verdict"))
+
+            def run(progress: Any) -> PreflightReport:
+                bench = run_distributed_bench(spec, storage, world, progress=progress)
+                report = evaluate_launch(job, storage, bench.to_dict(), shape)
+                report_box.append(report)
+                return report
+
+            try:
+                run_and_emit(run, output=open_output(output_dir, "preflight"), plot_path=plot_path, as_json=as_json,
+                             plot=_plot, print_tables=lambda report, doc: _print(doc))
+            finally:
+                code = report_box[0].verdict.exit_code if report_box else 2
+                world.broadcast(code, "sharing the verdict")
+            return code
+    finally:
+        leave_world()
+
+
+def evaluate_launch(job: Any, storage: Any, bench: dict[str, Any], shape: str) -> PreflightReport:
+    """The verdict on a distributed measurement (``ckptbench.bench.distributed/1``) of ``shape``."""
+    from ckptbench import knobs, native
+    from ckptbench.recommend import evaluate, measurements_from_launch
+    from ckptbench.storage.local import LocalDirectory
+
+    local = isinstance(storage, LocalDirectory)
+    env = bench["environment"]
+    fstype = (env.get("target") or {}).get("filesystem") or ""
+    measurements = measurements_from_launch(
+        bench, shape=shape, memcpy_bps=native.memcpy_bandwidth(knobs.MEMCPY_PROBE_BYTES, 3),
+        shared_storage=not local or fstype.startswith(SHARED_FILESYSTEMS),
+        free_bytes=storage.free_bytes() if local else None, host_memory_bytes=env.get("memory_bytes"),
+        threads=knobs.SAVE_THREADS)
+    return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=bench)
 
 
 def _pair(values: tuple[float, float] | None) -> list[float] | None:
@@ -247,7 +350,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     env = doc["environment"]
     fstype = (env.get("target") or {}).get("filesystem") or ""
     local = isinstance(storage, LocalDirectory)
-    shared = not local or fstype.startswith(("fuse", "nfs", "ceph", "lustre", "gpfs", "beegfs", "cifs", "smb"))
+    shared = not local or fstype.startswith(SHARED_FILESYSTEMS)
     def runs_range(values: list[float]) -> tuple[float, float]:
         return (min(values), max(values))
 

@@ -650,3 +650,64 @@ def _worker(scenario: str, out: Path) -> None:
 if __name__ == "__main__":
     _worker(sys.argv[1], Path(sys.argv[2]))
     os._exit(0)  # skip interpreter teardown with a live gloo group (torch sometimes aborts there)
+
+
+# -- preflight at the job's real shape ------------------------------------------------------------------
+
+
+def test_preflight_under_torchrun_measures_the_jobs_real_shape(tmp_path: Path):
+    target = tmp_path / "target"
+    target.mkdir()
+    proc = torchrun(["-m", "ckptbench", "preflight", str(target), "--params", "20M", "--ranks", "2",
+                     "--gpus-per-node", "2", "--mtbf", "1d", "--repeat", "2", "--json"], cwd=tmp_path)
+    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-5000:]
+    doc = json.loads(proc.stdout)  # rank 0 alone prints
+    m, p = doc["measurements"], doc["predictions"]
+    assert doc["schema"] == "ckptbench.preflight/1" and m["shape"] == "job" and m["launched_ranks"] == 2
+    bench = m["checkpoint_bench"]
+    assert bench["schema"] == "ckptbench.bench.distributed/1" and bench["launch"]["world_size"] == 2
+    # every rank wrote its real share of the job's checkpoint (20M params x 14 B over 2 ranks), to the
+    # granularity of the model-shaped tensors
+    assert m["per_rank_bytes"] == max(bench["rank_bytes"])
+    assert m["per_rank_bytes"] == pytest.approx(p["checkpoint_per_rank_bytes"], rel=0.1)
+    assert m["measured_bytes"] == pytest.approx(sum(bench["rank_bytes"]))  # one host: a node's bytes
+    # the node's sync checkpoint is the slowest rank's time of the rounds, scaled to the job's exact bytes
+    durations = [r["duration_s"] for r in bench["rounds"]["save"]]
+    scale = p["checkpoint_per_node_bytes"] / m["measured_bytes"]
+    low, high = p["sync_checkpoint_s_range"]
+    assert low == pytest.approx(min(durations) * scale) and high == pytest.approx(max(durations) * scale)
+    assert p["extrapolation_factor"] == 1.0 and doc["verdict"] in ("PASS", "WARN", "BORDERLINE")
+    assert any("measured at the job's shape" in a for a in doc["assumptions"])
+    assert list(target.iterdir()) == []  # scratch removed
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--ranks", "1", "--gpus-per-node", "1"], "the launch has 2 ranks but the job has 1 (--ranks)"),
+    (["--ranks", "8", "--gpus-per-node", "4"], "runs 2 ranks per node but the job has 4"),
+])
+def test_preflight_launch_that_does_not_fit_the_job_is_refused(tmp_path: Path, args, needle):
+    proc = torchrun(["-m", "ckptbench", "preflight", str(tmp_path), "--params", "20M", "--mtbf", "1d", *args],
+                    cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("ckptbench: error:")]
+    assert any(needle in line for line in ours) and all(
+        needle in line or line == "ckptbench: error: terminated (SIGTERM)" for line in ours), ours
+    # torchrun prints its own traceback (ChildFailedError) for failed workers; none comes from ckptbench
+    assert "ckptbench/" not in "".join(line for line in proc.stderr.splitlines() if line.lstrip().startswith("File"))
+    assert list(tmp_path.iterdir()) == []  # nothing measured
+
+
+def test_preflight_shape_from_the_launch():
+    from ckptbench.cli.preflight import check_launch
+    from ckptbench.model.failures import FailureModel
+    from ckptbench.model.sizing import Parallelism, TrainingRecipe, checkpoint_size
+    from ckptbench.recommend import Job
+
+    job = Job(size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=16)), model_name="1B", ranks=16,
+              ranks_per_node=8, failures=FailureModel(86400.0))
+    assert check_launch(job, 16, 8) == "job" and check_launch(job, 8, 8) == "nodes"
+    assert check_launch(job, 8, None) == "nodes"
+    with pytest.raises(UsageError, match="not whole nodes"):
+        check_launch(job, 4, None)
+    with pytest.raises(UsageError, match="runs 4 ranks per node"):
+        check_launch(job, 8, 4)
