@@ -78,6 +78,9 @@ PLAN_REUSE = _env_int("PLAN_REUSE", 1)
 #: preflight in one process: how far a node's rates may lie from the sample's beyond the repeats' spread,
 #: as a factor either way, when the node writes a different shape (more bytes, more ranks) than was measured.
 SAMPLE_EXTRAPOLATION = _env_float("SAMPLE_EXTRAPOLATION", 1.3)
+#: preflight in one process: the most writer processes it starts at once to measure a node's ranks writing
+#: together (a node with more ranks is extrapolated from this many); 1 measures one process only.
+SAMPLE_RANKS_MAX = _env_int("SAMPLE_RANKS_MAX", 4)
 #: Outside a terminal (logs, Slurm, CI), a line on stderr as each step of a measurement starts and ends; 0: none.
 LOG_PROGRESS = _env_int("LOG_PROGRESS", 1)
 #: Seconds between progress updates while a native call runs.

@@ -136,6 +136,8 @@ class Measurements:
     block_size_bytes: int | None = None
     launched_ranks: int = 1
     per_rank_bytes: int | None = None  # what each rank wrote (the busiest); None: measured_bytes, one process
+    writers: int = 1  # processes that wrote at once in the measurement (a node's ranks are processes)
+    bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck: writer- or storage-bound
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -255,7 +257,8 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
         shared_storage=shared_storage, free_bytes=free_bytes, host_memory_bytes=host_memory_bytes, threads=threads,
         direct=None, write_bps_range=(min(writes), max(writes)), read_bps_range=(min(reads), max(reads)),
         stall_s_range=(min(stalls), max(stalls)), persist_s_range=(min(persists), max(persists)), shape=shape,
-        launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]))
+        launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]),
+        writers=len(bench["rank_bytes"]) // hosts)
 
 
 def job_interference(job: Job, m: Measurements) -> Interference:
@@ -282,7 +285,7 @@ def extrapolation_factor(job: Job, m: Measurements) -> float:
     """How far the node's rates may lie beyond the repeats' spread: 1 when the measurement had the node's shape."""
     if m.shape != "sample":
         return 1.0
-    same_shape = min(job.ranks, job.ranks_per_node) == 1 and job.node_bytes <= 2 * m.measured_bytes
+    same_shape = min(job.ranks, job.ranks_per_node) == m.writers and job.node_bytes <= 2 * m.measured_bytes
     return 1.0 if same_shape else max(1.0, knobs.SAMPLE_EXTRAPOLATION)
 
 
@@ -618,7 +621,8 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
         out.append(f"a subset of the job's nodes was measured: shared storage is assumed to give each of the job's "
                    f"{job.nodes} nodes what these nodes got; give --aggregate-bandwidth to cap it")
     if m.shape == "sample":
-        out.append(f"sample: one process saved {format_size(m.measured_bytes)}; the node writes "
+        who = "one process" if m.writers == 1 else f"{m.writers} processes at once"
+        out.append(f"sample: {who} saved {format_size(m.measured_bytes)}; the node writes "
                    f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"
                    + (f"; ranges widen the runs' spread by x{k:.2g} either way for that difference of shape "
                       "(CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
@@ -627,6 +631,10 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
                    "--aggregate-bandwidth to cap it")
     if job.node_memory_bytes is None:
         out.append("host checks used this host's memory; give --node-memory when the training node differs")
+    if m.bottleneck and m.bottleneck["limit"] == "writer":
+        out.append(f"writer-bound: one process saved at {m.bottleneck['fraction_of_ceiling']:.0%} of the writer's own "
+                   f"rate into memory on this host ({format_rate(m.bottleneck['writer_ceiling_bps'])}): the rates "
+                   "measured here are this host's CPU and memory limit; the storage may be faster")
     if m.probe_interference is not None:
         out.append(f"the CPU probe beside the persist on this host lost {m.probe_interference:.0%} of its throughput "
                    "(information only: a GPU training step does not run on these cores)")

@@ -218,6 +218,7 @@ class PreflightReport:
             },
             "measurements": {
                 "shape": v.measurements.shape, "launched_ranks": v.measurements.launched_ranks,
+                "writers": v.measurements.writers, "bottleneck": v.measurements.bottleneck,
                 "per_rank_bytes": v.measurements.per_rank_bytes or v.measurements.measured_bytes,
                 "measured_bytes": v.measurements.measured_bytes, "write_bps": v.measurements.write_bps,
                 "write_bps_range": _pair(v.measurements.write_bps_range),
@@ -336,11 +337,18 @@ def _pair(values: tuple[float, float] | None) -> list[float] | None:
 
 
 def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any) -> PreflightReport:
-    """Run the writer on ``storage`` and turn its numbers into the verdict."""
+    """Run the writer on ``storage`` and turn its numbers into the verdict.
+
+    One process saves and cold-loads the sample (its writer settings, the CPU probe); where the job's node
+    runs several ranks, that many processes (up to ``knobs.SAMPLE_RANKS_MAX``) then write the same bytes at
+    once, and their rates are the node's; the writer's own rate into memory says which side limits."""
+    import dataclasses
     import statistics
 
+    from ckptbench import knobs
+    from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
     from ckptbench.bench.checkpoint import run_checkpoint_bench
-    from ckptbench.recommend import Measurements, evaluate, interference_fraction
+    from ckptbench.recommend import Measurements, evaluate, interference_fraction, measurements_from_launch
     from ckptbench.storage.local import LocalDirectory
 
     report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
@@ -351,11 +359,14 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     fstype = (env.get("target") or {}).get("filesystem") or ""
     local = isinstance(storage, LocalDirectory)
     shared = not local or fstype.startswith(SHARED_FILESYSTEMS)
+
     def runs_range(values: list[float]) -> tuple[float, float]:
         return (min(values), max(values))
 
     save_bps = [g * 1e9 for g in ours.save.runs_gbps]
     load_bps = [g * 1e9 for g in ours.load.runs_gbps]
+    progress.phase("the writer's own rate into memory (tmpfs)")
+    ceiling = writer_ceiling_bps(workload, threads=spec.threads)
     measurements = Measurements(
         measured_bytes=workload.total_bytes,
         write_bps=ours.save.gbps * 1e9, read_bps=ours.load.gbps * 1e9,
@@ -368,8 +379,23 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         block_size_bytes=ours.details.get("block_size_bytes"),
         write_bps_range=runs_range(save_bps), read_bps_range=runs_range(load_bps),
         stall_s_range=runs_range(list(async_.stall_s)), persist_s_range=runs_range(list(async_.persist_s)),
-        shape="sample",
+        shape="sample", bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling),
     )
+    writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX)
+    if writers > 1 and local:
+        from ckptbench.bench.local_ranks import run_local_ranks
+
+        progress.phase(f"{writers} writers at once ({format_size(workload.total_bytes)} in all), as a node's ranks")
+        together = run_local_ranks(str(storage), ranks=writers, size_bytes=workload.total_bytes, model=spec.model,
+                                   repeat=spec.repeat, warmup=1)
+        node = measurements_from_launch(together, shape="sample", memcpy_bps=report.memcpy_bps,
+                                        shared_storage=shared, free_bytes=measurements.free_bytes,
+                                        host_memory_bytes=measurements.host_memory_bytes, threads=measurements.threads)
+        measurements = dataclasses.replace(
+            measurements, **{k: getattr(node, k) for k in (
+                "measured_bytes", "write_bps", "read_bps", "stall_s", "persist_s", "write_bps_range",
+                "read_bps_range", "stall_s_range", "persist_s_range", "writers", "per_rank_bytes")})
+        doc["together"] = together
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
 
 
@@ -390,17 +416,26 @@ def _print(doc: dict[str, Any]) -> None:
         f"[bold]{doc['target']}[/] ({env_target.get('filesystem')})  ·  job: {job['model']}, {job['ranks']} ranks on "
         f"{job['nodes']} node(s), {ck['recipe']['description']}, {ck['parallelism']['sharding']} sharding  ·  "
         f"MTBF {format_duration(job['failures']['mtbf_s'])} ({job['failures']['source']})")
+    who = f"{m['writers']} writers at once" if m["writers"] > 1 else "one writer"
     console.print(
-        f"measured: {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
+        f"measured ({who}): {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
         f"{format_rate(m['read_bps'])} (cold), async stall {format_duration(m['async_stall_s'])}, persist "
         f"{format_duration(m['async_persist_s'])}"
         + (f", CPU probe {m['probe_interference']:.0%} (information)" if m["probe_interference"] is not None else ""))
+    limit = m.get("bottleneck") or {}
+    if limit.get("limit") == "writer":
+        console.print(f"[yellow]writer-bound:[/] one process saved at {limit['fraction_of_ceiling']:.0%} of the writer's "
+                      f"own rate into memory here ({format_rate(limit['writer_ceiling_bps'])}): these rates are this "
+                      "host's limit, not the storage's")
+    elif limit.get("limit") == "storage":
+        console.print(f"storage-bound: one process saved at {limit['fraction_of_ceiling']:.0%} of the writer's own "
+                      f"rate into memory here ({format_rate(limit['writer_ceiling_bps'])})")
     console.print(f"interference used: {p['interference']:.0%} ({p['interference_source']})")
     console.print(
         f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "
         f"per rank (busiest), {format_size(p['checkpoint_per_node_bytes'])} per node; each rank gets "
         f"{format_rate(p['per_rank_write_bps'])}")
-    shape = {"sample": f"a sample in one process ({format_size(m['measured_bytes'])}), scaled to the node",
+    shape = {"sample": f"a sample ({who}, {format_size(m['measured_bytes'])}), scaled to the node",
              "nodes": "the job's ranks on a subset of its nodes", "job": "the whole job"}[m["shape"]]
     table = Table(header_style="bold", title=f"predicted from {shape}: point (range)", title_justify="left")
     for name in ("sync save", "async stall", "persist", "restore", "interval", "optimum", "overhead", "goodput"):

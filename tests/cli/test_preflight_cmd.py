@@ -127,3 +127,33 @@ def test_a_range_across_a_threshold_exits_3_borderline(cli, tmp_path: Path, monk
 def test_help_documents_the_exit_statuses(cli):
     text = cli("preflight", "--help").stdout
     assert "3 BORDERLINE" in text and "1 FAIL" in text and "2 bad input" in text
+
+
+def test_a_node_of_several_ranks_is_measured_with_that_many_writers_at_once(cli, tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "SAMPLE_RANKS_MAX", 2)
+    result = cli("preflight", str(tmp_path), *TINY, "--params", "100M", "--ranks", "8", "--gpus-per-node", "4",
+                 "--mtbf", "1d", "--max-ckpt-time", "10m", "--json")
+    assert result.exit_code in (0, 3), result.stderr
+    doc = json.loads(result.stdout)
+    m, p = doc["measurements"], doc["predictions"]
+    together = m["checkpoint_bench"]["together"]
+    assert together["schema"] == "ckptbench.bench.distributed/1" and together["launch"]["world_size"] == 2
+    assert m["shape"] == "sample" and m["writers"] == 2 and m["per_rank_bytes"] == max(together["rank_bytes"])
+    # the node's rates are those of the writers together: all their bytes over the slowest one's time
+    durations = [r["duration_s"] for r in together["rounds"]["save"]]
+    assert m["measured_bytes"] == sum(together["rank_bytes"])
+    assert m["write_bps_range"] == pytest.approx([m["measured_bytes"] / max(durations),
+                                                  m["measured_bytes"] / min(durations)])
+    assert p["extrapolation_factor"] > 1  # 2 writers measured for a node of 4 ranks
+    assert m["bottleneck"]["limit"] in ("writer", "storage") and m["bottleneck"]["writer_ceiling_bps"] > 0
+    assert list(tmp_path.iterdir()) == []  # every writer's scratch removed
+
+
+def test_the_bottleneck_is_named():
+    from ckptbench.bench.ceiling import bottleneck
+
+    assert bottleneck(1.9e9, [2.0e9, 1.8e9])["limit"] == "writer"  # 95 % of what it does into memory
+    assert bottleneck(0.5e9, [2.0e9])["limit"] == "storage"
+    assert bottleneck(0.5e9, None)["limit"] == "unknown"
