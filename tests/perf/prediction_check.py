@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Do preflight's predictions hold? For job shapes that fit this machine, run preflight in one process (a
+sample, extrapolated to the node), then measure the job's real shape under torchrun (every rank writes its
+share at once), and compare: predicted point, predicted range, measured median (min-max).
+
+Goals (the decisions issue): every measured median inside its predicted range, point error <= 20 %, ranges
+no wider than 2.5x (high / low). The sides alternate per shape (prediction, then the real shape) on the same
+directory, so both see the same machine.
+
+    python tests/perf/prediction_check.py --dir /var/tmp --output results/prediction-check-vm.json
+
+Each shape is ``NAME:PARAMS:RANKS`` (all ranks on one node, FSDP-sharded); the default three are a 1-rank
+4 GB checkpoint, 2 ranks sharing 5.6 GB, and 1 rank of 2 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SHAPES = ("1rank-4GB:285.7M:1", "2ranks-5.6GB:400M:2", "1rank-2GB:142.9M:1")
+#: (prediction key, distributed-bench operation, what is compared)
+QUANTITIES = (("sync_checkpoint_s", "save", "duration_s"), ("restore_s", "load", "duration_s"),
+              ("async_stall_s", "async", "stall_s"))
+
+
+def _env() -> dict[str, str]:
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "CKPTBENCH_LOG_PROGRESS": "0",
+            "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str]) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=3600)
+    if proc.returncode not in (0, 1, 3):
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def predict(directory: str, params: str, ranks: int, repeat: int) -> dict:
+    return _run([sys.executable, "-m", "ckptbench", "preflight", directory, "--params", params, "--ranks", str(ranks),
+                 "--gpus-per-node", str(ranks), "--mtbf", "1d", "--max-ckpt-time", "1h", "--repeat", str(repeat),
+                 "--json"])
+
+
+def measure(directory: str, node_bytes: int, ranks: int, repeat: int) -> dict:
+    """The real shape: ``ranks`` processes writing ``node_bytes`` together (the distributed bench, one node)."""
+    cmd = [sys.executable, "-m", "ckptbench", "bench", directory, "--workload", "checkpoint", "--size",
+           str(node_bytes), "--repeat", str(repeat), "--warmup", "1", "--json"]
+    if ranks > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
+               "127.0.0.1", "--master-port", str(_free_port()), *cmd[1:]]
+        doc = _run(cmd)
+        return {key: [r[field] for r in doc["rounds"][op]] for _, op, field in QUANTITIES for key in [op]}
+    doc = _run(cmd)
+    ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
+    async_ = next(a for a in doc["async"] if a["writer"] == "ckptbench")
+    return {"save": ours["save"]["runs_s"], "load": ours["load"]["runs_s"], "async": async_["runs_stall_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default="/var/tmp")
+    parser.add_argument("--shapes", nargs="*", default=list(DEFAULT_SHAPES))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args()
+    rows = []
+    for shape in args.shapes:
+        name, params, ranks_text = shape.split(":")
+        ranks = int(ranks_text)
+        started = time.time()
+        prediction = predict(args.dir, params, ranks, args.repeat)
+        p = prediction["predictions"]
+        measured = measure(args.dir, p["checkpoint_per_node_bytes"], ranks, args.repeat)
+        for key, op, _ in QUANTITIES:
+            values = sorted(measured[op])
+            median = values[len(values) // 2]
+            low, high = p[f"{key}_range"]
+            rows.append({
+                "shape": name, "quantity": key, "predicted_s": p[key], "predicted_range_s": [low, high],
+                "measured_median_s": median, "measured_runs_s": values, "inside": low <= median <= high,
+                "point_error": p[key] / median - 1, "range_width": high / low,
+                "writers_sampled": prediction["measurements"]["writers"],
+                "extrapolation_factor": p["extrapolation_factor"], "verdict": prediction["verdict"],
+                "seconds": time.time() - started,
+            })
+            r = rows[-1]
+            print(f"{name:14s} {key:18s} predicted {r['predicted_s']:7.3f} s [{low:7.3f}, {high:7.3f}]  measured "
+                  f"{median:7.3f} s ({values[0]:.3f}-{values[-1]:.3f})  {'inside' if r['inside'] else 'OUTSIDE'}  "
+                  f"error {r['point_error']:+.0%}  width {r['range_width']:.2f}x", flush=True)
+    held = sum(r["inside"] for r in rows)
+    print(f"\n{held}/{len(rows)} measured medians inside their predicted ranges; point errors "
+          f"{min(r['point_error'] for r in rows):+.0%} to {max(r['point_error'] for r in rows):+.0%}; widest range "
+          f"{max(r['range_width'] for r in rows):.2f}x")
+    if args.output:
+        args.output.write_text(json.dumps({
+            "schema": "ckptbench.prediction-check/1", "host": socket.gethostname(), "machine": platform.platform(),
+            "cpus": os.cpu_count(), "dir": args.dir, "repeat": args.repeat, "rows": rows,
+            "goals": {"inside": "every measured median inside its range", "point_error": "<= 20 %",
+                      "range_width": "<= 2.5x"},
+        }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
