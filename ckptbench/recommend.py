@@ -705,6 +705,58 @@ def async_rates(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[float
     return out
 
 
+@dataclass(frozen=True)
+class MeasuredRates:
+    """What one result file says about checkpoint speed on its target, for ``--from``: the durable write rate,
+    and where measured the async staging and persist rates, the cold-read rate, and (preflight) the job's
+    node bytes and interference."""
+
+    source: str
+    schema: str
+    write_bps: float
+    staging_bps: float | None = None
+    persist_bps: float | None = None
+    read_bps: float | None = None
+    node_bytes: int | None = None
+    interference: float | None = None
+
+    def describe(self) -> str:
+        parts = [f"write {format_rate(self.write_bps)}"]
+        if self.staging_bps is not None and self.persist_bps is not None:
+            parts.append(f"async staging {format_rate(self.staging_bps)}, persist {format_rate(self.persist_bps)}")
+        return f"{self.source} ({self.schema}): " + ", ".join(parts)
+
+
+def rates_from_result(where: str, doc: Any) -> MeasuredRates:
+    """:class:`MeasuredRates` of one result document; a one-line UsageError for a file that is not one."""
+    name = check_schema(doc, where)
+    rates = write_rates([(where, doc)])
+    if not rates:
+        raise UsageError(f"{where} measured no durable write rate of ckptbench's writer")
+    write_bps = max(r for r, _ in rates)
+    measured = async_rates([(where, doc)])
+    staging, persist = (measured[-1][0], measured[-1][1]) if measured else (None, None)
+    read_bps = node_bytes = interference = None
+    with reading_document(where, doc["schema"]):
+        if name == "ckptbench.preflight":
+            read_bps = _rate(doc["measurements"]["read_bps"] / 1e9) * 1e9
+            node_bytes = int(doc["predictions"]["checkpoint_per_node_bytes"])
+            interference = float(doc["predictions"]["interference"])
+        elif name == "ckptbench.bench.checkpoint":
+            ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
+            read_bps = _rate(ours["load"]["gbps"]) * 1e9
+        elif name == "ckptbench.bench.distributed":
+            summary = doc["summary"]
+            total = sum(doc["rank_bytes"])
+            read_bps = _rate(summary["load"]["gbps"]["median"]) * 1e9 / len(set(doc["hosts"]))
+            if "async" in summary:
+                stall = _positive_seconds(summary["async"]["stall_s"]["median"])
+                durable = _positive_seconds(summary["async"]["duration_s"]["median"])
+                hosts = len(set(doc["hosts"]))
+                staging, persist = total / hosts / stall, total / hosts / max(durable - stall, 1e-9)
+    return MeasuredRates(where, doc["schema"], write_bps, staging, persist, read_bps, node_bytes, interference)
+
+
 def _positive_seconds(value: Any) -> float:
     seconds = _seconds(value)
     if seconds <= 0:

@@ -41,6 +41,7 @@ from ckptbench.bench.workloads import CheckpointWorkload
 from ckptbench.errors import CkptbenchError, TargetError, UsageError
 from ckptbench.model import interval
 from ckptbench.model.failures import FailureModel
+from ckptbench.model.interference import ASSUMED, from_slowdown
 from ckptbench.model.sizing import CheckpointSize
 from ckptbench.model.tiers import (
     RunUse,
@@ -539,14 +540,15 @@ class CompareReport:
         if job.failures is None:
             out.append("no failure rate given (--mtbf, --failures, ...): no optimal interval, waste or restores")
         if job.ranks > 1:
-            out.append(f"{job.ranks} ranks each write {format_size(job.rank_bytes, binary=False)} at the rate "
+            out.append(f"{job.ranks} ranks each write {format_size(job.rank_bytes)} at the rate "
                        "measured here from one client: a tier that cannot serve them all at once will be slower")
         if job.mode == "async":
             measured = [(r.label, r.measured.interference) for r in self.tiers if r.measured.interference is not None]
-            if measured and job.interference == 0:
-                shown = ", ".join(f"{label} {value:+.0%}" for label, value in measured)
-                out.append(f"the model uses --interference 0; the CPU probe beside the persist measured {shown} "
-                           "on this machine (GPU training is slowed less); pass --interference to include it")
+            if measured:
+                shown = ", ".join(f"{label} {from_slowdown(value):.0%}" for label, value in measured)
+                out.append(f"the model uses interference {job.interference:.0%} (--interference, or the assumption "
+                           f"{ASSUMED.source}); the CPU probe beside the persist lost {shown} of its throughput on "
+                           "this host, information only: a GPU training step does not run on these cores")
         if any(r.model.bill and not r.model.bill["complete"] for r in self.tiers):
             out.append("request costs need an interval (a failure rate or --every); the $ shown omit them")
         return out

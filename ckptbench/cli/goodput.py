@@ -20,7 +20,8 @@ from ckptbench.cli.interval import (
     resolve_cost,
     resolve_failures,
 )
-from ckptbench.errors import UsageError
+from ckptbench.cli.options import from_result_option, read_result
+from ckptbench.errors import UsageError, reading_document
 from ckptbench.model import goodput as model
 from ckptbench.model.failures import MAX_COUNT, FailureModel
 from ckptbench.units import format_duration
@@ -95,6 +96,8 @@ The lost-work term is first order: against the exact model it is off by terms of
               help="Training time between checkpoints: 30m (adds lost work and stalls).")
 @click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
               help="Time to write one checkpoint: 140s (with --stall: the persist time).")
+@from_result_option("the checkpoint's cost (sync time, or async stall, persist and interference) as a preflight "
+                    "of this job predicted it,")
 @async_options
 @click.option("--hot-spares", type=SPARE_COUNT, default=0, show_default=True,
               help="Idle spare nodes kept ready to swap in (at most the job's node count).")
@@ -115,6 +118,42 @@ def goodput(**opts: Any) -> None:
         click.echo(EXPLAIN, nl=False)
         return
     emit(compute(opts), opts, _print_human, EXPLAIN)
+
+
+def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:
+    """--from a preflight result: the node's predicted checkpoint, in the mode that preflight chose."""
+    given = [flag for flag, key in (("--ckpt-time", "ckpt_time_s"), ("--stall", "stall_s"), ("--persist", "persist_s"))
+             if opts[key] is not None]
+    if given:
+        raise UsageError(f"--from and {given[0]} both give the checkpoint's cost", hint="give one of them")
+    from ckptbench.recommend import check_schema
+
+    where = str(opts["from_result"])
+    doc = read_result(opts["from_result"])
+    if check_schema(doc, where) != "ckptbench.preflight":
+        raise UsageError(f"--from {where} is a {doc['schema']} result; goodput needs the job's checkpoint, which "
+                         "a preflight of the job predicts",
+                         hint="run `ckptbench preflight --json --output DIR` for this job, or use "
+                              "`ckptbench interval --from` with --size")
+    with reading_document(where, doc["schema"]):
+        p = doc["predictions"]
+        if p["mode"] == "sync":
+            return {"ckpt_time_s": _seconds(p["sync_checkpoint_s"])}
+        interference = opts["interference"] if opts["interference"] is not None else _fraction(p["interference"])
+        return {"stall_s": _seconds(p["async_stall_s"]), "persist_s": _seconds(p["async_persist_s"]),
+                "interference": interference}
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:
+        raise ValueError(f"{value!r} is not a number of seconds")
+    return float(value)
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{value!r} is not a fraction")
+    return float(value)
 
 
 def compute(opts: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +180,8 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     )
     if failures is None:
         raise UsageError("give the failure rate: --faults-per-day 1, --mtbf 3h, --gpu-mtbf 50000h or --failures llama3")
+    if opts.get("from_result") is not None:
+        opts = {**opts, **_cost_from(opts)}
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
                         interference=opts["interference"])
     if (cost is None) != (opts["ckpt_interval_s"] is None):

@@ -17,10 +17,12 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
+from ckptbench.cli.options import from_result_option, measured_from
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model import sizing
 from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_DAY, FailureModel
+from ckptbench.model.interference import ASSUMED
 from ckptbench.units import format_duration, format_rate, format_size
 
 log = logging.getLogger(__name__)
@@ -214,7 +216,8 @@ def resolve_failures(
 def async_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--stall / --persist / --interference: an asynchronous checkpoint."""
     func = click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
-                        help="Async: fraction of training speed lost while persisting (0.05 or 5%).")(func)
+                        help="Async: fraction of training throughput lost while a checkpoint persists (5%)  "
+                             f"[default: {ASSUMED.point:.0%}, assumed: see --explain].")(func)
     func = click.option("--persist", type=params.BOUNDED_DURATION, default=None,
                         help="Async: staging end to durable (default: the checkpoint time).")(func)
     func = click.option("--stall", type=params.BOUNDED_DURATION, default=None,
@@ -237,7 +240,7 @@ def resolve_cost(
     persist = persist_s if persist_s is not None else write_s
     if persist is None:
         raise UsageError("--stall needs the persist time: --persist, or the checkpoint time or size")
-    return model.CheckpointCost(stall_s, persist, interference or 0.0)
+    return model.CheckpointCost(stall_s, persist, ASSUMED.point if interference is None else interference)
 
 
 def emit_json(doc: dict[str, Any]) -> None:
@@ -299,6 +302,8 @@ _SERVING: dict[str, tuple[str, ...]] = {
               help="A model preset from configs/models instead of --params: llama3-70b.")
 @click.option("--bandwidth", type=params.FINITE_RATE, default=None,
               help="Aggregate write bandwidth to storage: 1GB/s, 800MiB/s, 10Gbit/s.")
+@from_result_option("the write rate, and async stall and persist where measured (a preflight result also "
+                    "gives the node's checkpoint bytes),")
 @click.option("--dtype", type=click.Choice(sorted(sizing.DTYPE_BYTES)), default=None,
               help="Weights dtype  [default: bf16].")
 @click.option("--optimizer", type=click.Choice(sorted(sizing.OPTIMIZER_BYTES)), default=None,
@@ -358,6 +363,19 @@ def interval(**opts: Any) -> None:
 def compute(opts: dict[str, Any]) -> dict[str, Any]:
     """Everything the command reports, as the JSON document (raises ``UsageError`` on bad combinations)."""
     notes: list[str] = []
+    measured = None
+    if opts.get("from_result") is not None:
+        measured = measured_from(opts["from_result"])
+        for flag, key in (("--bandwidth", "bandwidth_bytes_per_s"), ("--ckpt-time", "ckpt_time_s")):
+            if opts[key] is not None:
+                raise UsageError(f"--from and {flag} both give the checkpoint speed", hint="give one of them")
+        opts = {**opts, "bandwidth_bytes_per_s": measured.write_bps}
+        if all(opts[k] is None for k in ("size_bytes", "param_count", "model_preset")):
+            if measured.node_bytes is None:
+                raise UsageError(f"--from {opts['from_result']} gives rates, not the checkpoint's bytes",
+                                 hint="add --size (the bytes one node writes) or --params/--model")
+            opts["size_bytes"] = measured.node_bytes
+        notes.append(f"from {measured.describe()}")
     size_info = _checkpoint_bytes(opts)
     bandwidth = opts["bandwidth_bytes_per_s"]
     write_flag = "--ckpt-time"
@@ -372,8 +390,15 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
                 f"{bandwidth:.3g} bytes/s take {write_s:.3g} s to write: outside the 1 ns to {high:.0e} s "
                 "the model takes",
             )
-    cost = resolve_cost(write_s, write_flag, stall_s=opts["stall_s"], persist_s=opts["persist_s"],
-                        interference=opts["interference"])
+    stall_s, persist_s, interference = opts["stall_s"], opts["persist_s"], opts["interference"]
+    if (measured is not None and measured.staging_bps is not None and measured.persist_bps is not None
+            and stall_s is None and persist_s is None and size_info is not None):
+        stall_s = size_info["checkpoint_bytes"] / measured.staging_bps
+        persist_s = size_info["checkpoint_bytes"] / measured.persist_bps
+        write_s = None
+        if interference is None:
+            interference = measured.interference
+    cost = resolve_cost(write_s, write_flag, stall_s=stall_s, persist_s=persist_s, interference=interference)
     if cost is None:
         raise UsageError(
             "give the checkpoint cost: --ckpt-time 140s, --size 140GB --bandwidth 1GB/s, "
@@ -410,6 +435,9 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         "stall_s": cost.stall_s,
         "persist_s": cost.persist_s,
         "interference": cost.interference,
+        "interference_source": None if not cost.is_async else (
+            "given (--interference)" if opts["interference"] is not None else
+            f"from {opts['from_result']}" if interference is not None else ASSUMED.source),
         "blocking_s": cost.blocking_s,
         "min_interval_s": cost.min_interval_s,
         "mtbf_s": None,
@@ -430,6 +458,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
             if opts[key] is not None:
                 raise UsageError(f"{flag} needs a failure rate (--mtbf, --gpus with --gpu-mtbf, or --failures)")
         doc |= {k: None for k in result_keys if k not in doc}
+        doc |= {"optimal_interval_plateau_s": None, "recommended_interval_s": None}
         if every_s is not None:
             doc["interval_s"] = every_s
             doc["overhead_fraction"] = model.overhead_fraction(every_s, cost)
@@ -442,6 +471,9 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
             notes.append(f"--plot {opts['plot_path'].name}: written as PNG whatever the extension")
         analysis = model.analyse(cost, failures.mtbf_s, restart_s, every_s)
         doc |= analysis.as_dict()
+        low, high = model.optimum_plateau(cost, failures.mtbf_s, restart_s)
+        doc |= {"optimal_interval_plateau_s": [low, high],
+                "recommended_interval_s": model.round_interval_s(low, high, analysis.optimal_interval_s)}
         doc |= {"failures_per_day": failures.faults_per_day, "failure_source": failures.source}
         if opts["simulate_runs"] is not None:
             doc["simulation"] = _simulate(opts, cost, failures, restart_s, analysis)
@@ -564,12 +596,12 @@ def _print_human(doc: dict[str, Any]) -> None:
     inputs.add_column()
     if doc["checkpoint_bytes"] is not None:
         sized = doc["sizing"]
-        what = format_size(doc["checkpoint_bytes"], binary=False)
+        what = format_size(doc["checkpoint_bytes"])
         if sized:
             what += f" ({sized['params'] / 1e9:.4g}B params, {sized['recipe']['description']})"
         inputs.add_row("checkpoint size", what)
         if sized and sized["ranks"] > 1:
-            inputs.add_row("per rank", f"up to {format_size(sized['per_rank_max_bytes'], binary=False)} "
+            inputs.add_row("per rank", f"up to {format_size(sized['per_rank_max_bytes'])} "
                                        f"({sized['writer_ranks']} of {sized['ranks']} ranks write)")
         inputs.add_row("bandwidth", format_rate(doc["bandwidth_bytes_per_s"]))
     if asynchronous:
@@ -653,7 +685,10 @@ def takeaway(doc: dict[str, Any]) -> str:
                     "for the optimal interval, or --every for the overhead of yours.")
         return (f"Checkpointing every {format_duration(doc['interval_s'])} costs {pct(doc['overhead_fraction'])} of "
                 "compute in checkpoint stalls; add a failure rate for the optimal interval and the total waste.")
-    sentence = (f"Checkpoint every {format_duration(doc['optimal_interval_s'])}: about {pct(doc['waste_fraction'])} "
+    low, high = doc["optimal_interval_plateau_s"]
+    sentence = (f"Checkpoint every {format_duration(doc['recommended_interval_s'])} (anything from "
+                f"{format_duration(low)} to {format_duration(high)} wastes within {model.PLATEAU_TOLERANCE:.1%} of "
+                f"the optimum {format_duration(doc['optimal_interval_s'])}): about {pct(doc['waste_fraction'])} "
                 "of wall time then goes to checkpoints, lost work and restarts")
     if doc["interval_s"] is not None:
         extra = doc["waste_fraction_at_interval"] - doc["waste_fraction"]

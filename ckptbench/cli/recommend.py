@@ -11,7 +11,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.interval import failure_options, resolve_failures
-from ckptbench.cli.params import shown_path
+from ckptbench.cli.options import read_result
 from ckptbench.cli.render import progress_bar, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.units import format_duration, format_size
@@ -53,7 +53,7 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
     """
     from ckptbench import recommend as rec
 
-    documents = [(str(path), _read(path)) for path in results]
+    documents = [(str(path), read_result(path)) for path in results]
     for where, doc in documents:  # every file checked before any work
         rec.check_schema(doc, where)
     failures = resolve_failures(
@@ -83,30 +83,6 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
     console.print("[bold]# as arguments[/]")
     for line in doc["code"]:
         click.echo(line)
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"result file {shown_path(path)} does not exist") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{shown_path(path)} is not JSON (not UTF-8 text)") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {shown_path(path)}: {exc.strerror}") from None
-    try:
-        return json.loads(text, parse_constant=_non_finite)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{shown_path(path)} is not JSON ({exc.msg} at line {exc.lineno})") from None
-    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
-        raise UsageError(f"{shown_path(path)} is not JSON ({exc})") from None
-    except RecursionError:
-        raise UsageError(f"{shown_path(path)} is not a ckptbench result (JSON nested too deeply to read)") from None
-
-
-def _non_finite(constant: str) -> float:
-    """``parse_constant`` for :func:`json.loads`: Python accepts NaN and Infinity, JSON does not."""
-    raise ValueError(f"{constant} is not a JSON number")
 
 
 def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:

@@ -35,7 +35,7 @@ def plot_compare(document: dict[str, Any], path: Path) -> Path:
     failure = f"MTBF {format_duration(job['mtbf_s'])}" if job["mtbf_s"] is not None else "no failure rate"
     fig.suptitle(f"measured: {workload['model']} x{workload['scale']:.3g}, {format_size(workload['total_bytes'])} "
                  f"per save (ckptbench writer, durable saves, cold loads); job: "
-                 f"{format_size(job['checkpoint_bytes'], binary=False)} per checkpoint, {who}, {job['mode']}, "
+                 f"{format_size(job['checkpoint_bytes'])} per checkpoint, {who}, {job['mode']}, "
                  f"{failure}", fontsize=8)
     return save_with_footer(fig, document, path, top=0.94)
 

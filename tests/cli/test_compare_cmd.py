@@ -18,6 +18,7 @@ from ckptbench.bench.compare import JobSpec, Measured, TierModel, model_tier
 from ckptbench.errors import ConfigError, UsageError
 from ckptbench.model import interval, sizing
 from ckptbench.model.failures import FailureModel
+from ckptbench.model.interference import ASSUMED
 from ckptbench.model.presets import configs_dir
 from ckptbench.model.tiers import (
     SECONDS_PER_MONTH,
@@ -69,8 +70,10 @@ def test_json_numbers_follow_from_the_measurements(cli, two_dirs, tmp_path: Path
         assert model["restart_s"] == pytest.approx(600 + model["restore_s"])
         assert model["stall_s"] == pytest.approx(m["stall_s"] * rank / m["workload_bytes"])
         assert model["persist_s"] == pytest.approx(m["persist_s"] * rank / m["workload_bytes"])
-        analysis = interval.analyse(interval.CheckpointCost(model["stall_s"], model["persist_s"]), 3 * 3600,
-                                    model["restart_s"])
+        # no --interference: the stated assumption, the same as every command's
+        assert job["interference"] == ASSUMED.point
+        analysis = interval.analyse(interval.CheckpointCost(model["stall_s"], model["persist_s"], ASSUMED.point),
+                                    3 * 3600, model["restart_s"])
         assert model["optimal_interval_s"] == pytest.approx(analysis.optimal_interval_s)
         assert model["waste_fraction"] == pytest.approx(analysis.waste_fraction)
         assert model["waste_fraction"] > model["overhead_fraction"] > 0

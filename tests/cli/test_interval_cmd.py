@@ -101,7 +101,7 @@ def test_async_reports_stall_persist_and_the_binding_constraint() -> None:
     assert (doc["stall_s"], doc["persist_s"], doc["interference"]) == (1, 60, 0.05)
     assert doc["young_interval_s"] == pytest.approx(math.sqrt(2 * (1 + 3) * 3 * 3600))
     assert doc["constraint_binding"] is False
-    bound = run_json("--stall", "5s", "--ckpt-time", "30m", "--mtbf", "4h", "--restart", "10m")
+    bound = run_json("--stall", "5s", "--ckpt-time", "30m", "--mtbf", "4h", "--restart", "10m", "--interference", "0")
     assert bound["persist_s"] == 1800  # --ckpt-time is the persist time of an async checkpoint
     assert bound["constraint_binding"] is True
     assert bound["optimal_interval_s"] == bound["min_interval_s"] == 1800
@@ -114,7 +114,12 @@ def test_human_output_has_a_table_and_one_takeaway() -> None:
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "Young" in out and "Daly" in out and "optimum" in out and "yours" in out
-    assert "Checkpoint every 27m 27s" in out
+    # the round value inside the flat optimum, the optimum itself and the plateau's ends
+    doc = run_json("--size", "140GB", "--bandwidth", "1GB/s", "--mtbf", "3h", "--restart", "10m", "--every", "1h")
+    low, high = doc["optimal_interval_plateau_s"]
+    assert low < doc["optimal_interval_s"] < high and low <= doc["recommended_interval_s"] <= high
+    assert doc["recommended_interval_s"] % 60 == 0
+    assert "Checkpoint every 30m (anything from" in " ".join(out.split()) and "the optimum 27m 27s" in " ".join(out.split())
     assert "every 1h wastes" in out
     assert result.stderr == ""
 
@@ -250,7 +255,8 @@ def test_a_restart_of_zero_is_allowed_as_its_default_is() -> None:
 
 def test_simulating_work_shorter_than_the_persist_time() -> None:
     # 30 min of work, a 1 h persist: one interval, one checkpoint; it was refused as "two in flight".
-    doc = run_json("--stall", "1s", "--persist", "1h", "--mtbf", "1d", "--simulate", "100", "--work", "30m")
+    doc = run_json("--stall", "1s", "--persist", "1h", "--mtbf", "1d", "--simulate", "100", "--work", "30m",
+                   "--interference", "0")
     sim = doc["simulation"]["at_optimum"]
     assert sim["interval_s"] == 1800 and doc["optimal_interval_s"] == 3600
     assert sim["model_wall_s"] > 1800 + 1 + 3600
