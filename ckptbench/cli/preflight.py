@@ -343,6 +343,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     runs several ranks, that many processes (up to ``knobs.SAMPLE_RANKS_MAX``) then write the same bytes at
     once, and their rates are the node's; the writer's own rate into memory says which side limits."""
     import dataclasses
+    import os
     import statistics
 
     from ckptbench import knobs
@@ -381,7 +382,8 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         stall_s_range=runs_range(list(async_.stall_s)), persist_s_range=runs_range(list(async_.persist_s)),
         shape="sample", bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling),
     )
-    writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX)
+    # More writer processes than cores would measure this host's CPU contention, not the storage.
+    writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX, os.cpu_count() or 1)
     if writers > 1 and local:
         from ckptbench.bench.local_ranks import run_local_ranks
 
@@ -427,6 +429,9 @@ def _print(doc: dict[str, Any]) -> None:
         console.print(f"[yellow]writer-bound:[/] one process saved at {limit['fraction_of_ceiling']:.0%} of the writer's "
                       f"own rate into memory here ({format_rate(limit['writer_ceiling_bps'])}): these rates are this "
                       "host's limit, not the storage's")
+    elif limit.get("limit") == "unknown" and limit.get("writer_ceiling_bps"):
+        console.print(f"bottleneck unknown: one process saved faster than the writer's own rate into memory here "
+                      f"({format_rate(limit['writer_ceiling_bps'])}); the host was busy during one of them")
     elif limit.get("limit") == "storage":
         console.print(f"storage-bound: one process saved at {limit['fraction_of_ceiling']:.0%} of the writer's own "
                       f"rate into memory here ({format_rate(limit['writer_ceiling_bps'])})")
