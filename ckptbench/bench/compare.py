@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import knobs
+from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
 from ckptbench.bench.checkpoint import CheckpointBenchSpec, required_disk_bytes, run_checkpoint_bench
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
@@ -410,6 +411,7 @@ class TierResult:
     measured: Measured
     model: TierModel
     model_ends: tuple[TierModel, TierModel] | None = None  # the model at the (best, worst) ends of the runs
+    bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck of its save rate
 
     @property
     def label(self) -> str:
@@ -443,6 +445,7 @@ class TierResult:
             "measured": self.measured.to_dict(),
             "model": self.model.to_dict(),
             "model_range": self.model_range(),
+            "bottleneck": self.bottleneck,
             "bench": self.report.to_dict(),
         }
 
@@ -452,6 +455,8 @@ def run_compare(spec: CheckpointBenchSpec, job: JobSpec, targets: Sequence[Compa
     """Measure ``workload`` on every target in turn (checked beforehand by :func:`check_targets`) and
     model the job on each. Each tier's scratch is removed as it ends (Ctrl-C included)."""
     progress = progress or Progress()
+    progress.phase("the writer's own rate into memory (tmpfs)")
+    ceiling = writer_ceiling_bps(workload, threads=spec.threads)
     results = []
     for i, t in enumerate(targets):
         report = run_checkpoint_bench(spec, t.storage, progress=_TierProgress(progress, i, len(targets), t.label),
@@ -461,7 +466,7 @@ def run_compare(spec: CheckpointBenchSpec, job: JobSpec, targets: Sequence[Compa
         part = (report.environment.get("target") or {}).get("part_size_bytes") if t.on_objects else None
         ends = tuple(model_tier(job, end, prices, part_bytes=part) for end in measured.ends())
         results.append(TierResult(t, report, measured, model_tier(job, measured, prices, part_bytes=part),
-                                  model_ends=ends))
+                                  model_ends=ends, bottleneck=bottleneck(measured.save_gbps * 1e9, ceiling)))
     return CompareReport(spec=spec, job=job, workload=workload, tiers=tuple(results),
                          environment=collect_environment())
 
@@ -549,6 +554,12 @@ class CompareReport:
                 out.append(f"the model uses interference {job.interference:.0%} (--interference, or the assumption "
                            f"{ASSUMED.source}); the CPU probe beside the persist lost {shown} of its throughput on "
                            "this host, information only: a GPU training step does not run on these cores")
+        bound = [r.label for r in self.tiers if r.bottleneck and r.bottleneck["limit"] == "writer"]
+        if bound:
+            ceiling = next(r.bottleneck["writer_ceiling_bps"] for r in self.tiers if r.label == bound[0])
+            out.append(f"writer-bound: {', '.join(bound)} saved at 80 % or more of the writer's own rate into memory on "
+                       f"this host ({ceiling / 1e9:.2f} GB/s): there the host's CPU and memory limit, not the storage, "
+                       "and such tiers compare as the writer, not as storage")
         if any(r.model.bill and not r.model.bill["complete"] for r in self.tiers):
             out.append("request costs need an interval (a failure rate or --every); the $ shown omit them")
         return out

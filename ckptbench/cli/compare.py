@@ -213,6 +213,8 @@ def _print_tables(document: dict[str, Any]) -> None:
             text += f" [dim]{summary['min']:.2f}–{summary['max']:.2f}[/]"
             if t["measured"][f"{key}_cached"]:
                 text += " [yellow](cached!)[/]"
+            if key == "save" and (t.get("bottleneck") or {}).get("limit") == "writer":
+                text += " [yellow](writer-bound)[/]"
             row.append(text)
         table.add_row(*row)
     if job["mode"] == "async":

@@ -84,6 +84,7 @@ def test_json_numbers_follow_from_the_measurements(cli, two_dirs, tmp_path: Path
     assert set(doc["best"].values()) <= {str(a), str(b)}
     assert all(sorted(labels) == sorted([str(a), str(b)]) for labels in doc["tied"].values())
     for t in doc["tiers"]:
+        assert t["bottleneck"]["limit"] in ("writer", "storage", "unknown")
         low, high = t["model_range"]["checkpoint_s"]
         assert low <= t["model"]["checkpoint_s"] <= high
     assert doc["units"]["_s"] == "seconds" and doc["assumptions"]
@@ -312,3 +313,16 @@ def test_best_only_beyond_the_noise_else_tied():
     assert takeaway(doc).startswith("Least waste: tied between ext4 and tmpfs")
     single = report(_tier("a", (1.0,), 0.01), _tier("b", (2.0,), 0.02))  # one run each: no spread to judge by
     assert not single.best() and single.tied()["save_gbps"] == ["b", "a"]
+
+
+def test_a_writer_bound_tier_is_named():
+    from ckptbench.bench.compare import CompareReport
+
+    job = _job(failures=None)
+    tiers = (dataclasses.replace(_tier("/dev/shm", (0.69, 0.70, 0.71), 0.01),
+                                 bottleneck={"limit": "writer", "writer_ceiling_bps": 0.72e9}),
+             dataclasses.replace(_tier("/var/tmp", (0.80, 0.81, 0.82), 0.01),
+                                 bottleneck={"limit": "storage", "writer_ceiling_bps": 0.72e9}))
+    notes = CompareReport(spec=None, job=job, workload=None, tiers=tiers, environment={}).notes()
+    [note] = [n for n in notes if n.startswith("writer-bound")]
+    assert "/dev/shm" in note and "/var/tmp" not in note and "0.72 GB/s" in note
