@@ -39,7 +39,7 @@ from ckptbench.bench.records import BenchWarning, document_header
 from ckptbench.bench.records_ckpt import CheckpointBenchReport
 from ckptbench.bench.stats import leaders
 from ckptbench.bench.workloads import CheckpointWorkload
-from ckptbench.errors import CkptbenchError, TargetError, UsageError
+from ckptbench.errors import CkptbenchError, TargetError, UsageError, reading_document
 from ckptbench.model import interval
 from ckptbench.model.failures import FailureModel
 from ckptbench.model.interference import ASSUMED, from_slowdown
@@ -285,8 +285,71 @@ class Measured:
             runs_persist_s=tuple(run_async.persist_s) if run_async else (),
         )
 
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> Measured:
+        """The same from a saved ``ckptbench.bench.checkpoint/1`` document (KeyError/TypeError when malformed)."""
+        ours = next((r for r in doc["results"] if r["writer"] == "ckptbench"), None)
+        if ours is None:
+            raise UsageError("the comparison needs ckptbench's writer among the writers")
+        mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
+        save, load = ours["save"], ours["load"]
+        return cls(
+            workload_bytes=int(save["bytes_per_run"]), save_gbps=float(save["gbps"]), load_gbps=float(load["gbps"]),
+            stall_s=float(mine["stall_s"]) if mine else None, persist_s=float(mine["persist_s"]) if mine else None,
+            interference=mine.get("interference") if mine else None, save_cached=bool(save["cached"]),
+            load_cached=bool(load["cached"]), files=int(ours["files"]), disk_bytes=int(ours["disk_bytes"]),
+            runs_save_gbps=tuple(float(v) for v in save["runs_gbps"]),
+            runs_load_gbps=tuple(float(v) for v in load["runs_gbps"]),
+            runs_stall_s=tuple(float(v) for v in mine["runs_stall_s"]) if mine else (),
+            runs_persist_s=tuple(float(v) for v in mine["runs_persist_s"]) if mine else (),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SavedBench:
+    """A tier measured earlier: its ``ckptbench.bench.checkpoint/1`` document read back, standing in for the
+    report of a tier measured in this run (``to_dict``, ``warnings``, ``environment``)."""
+
+    source: str
+    document: dict[str, Any]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.document.get("environment") or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.document
+
+    def warnings(self) -> list[BenchWarning]:
+        return [BenchWarning(w["code"], w["message"], w["remedy"]) for w in self.document.get("warnings") or []]
+
+
+def saved_tiers(where: str, doc: dict[str, Any]) -> list[tuple[str, SavedBench]]:
+    """``(label, saved benchmark)`` of every tier a result file measured: a shoot-out (``bench --workload
+    checkpoint``), each tier of a comparison, or the sample of a preflight. UsageError (one line) otherwise."""
+    schema = str(doc.get("schema", "")) if isinstance(doc, dict) else ""
+    name = schema.partition("/")[0]
+    with reading_document(where, schema or "result"):
+        if name == "ckptbench.bench.checkpoint":
+            found = [(doc["target"], doc)]
+        elif name == "ckptbench.compare":
+            found = [(t["label"], t["bench"]) for t in doc["tiers"]]
+        elif name == "ckptbench.preflight":
+            found = [(doc["target"], doc["measurements"]["checkpoint_bench"])]
+        else:
+            raise UsageError(f"--from {where}: a {schema or 'non-ckptbench'} file holds no tier measured with the "
+                             "writer", hint="give a result of `bench --workload checkpoint`, `compare` or `preflight`")
+        out = []
+        for label, bench in found:
+            if str(bench.get("schema", "")).partition("/")[0] != "ckptbench.bench.checkpoint":
+                raise UsageError(f"--from {where}: {label} was not measured in one process "
+                                 f"({bench.get('schema')}), which compare cannot set beside its tiers")
+            Measured.from_document(bench)  # malformed: fail now, naming the file
+            out.append((f"{label} ({Path(where).name})", SavedBench(where, bench)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -412,6 +475,7 @@ class TierResult:
     model: TierModel
     model_ends: tuple[TierModel, TierModel] | None = None  # the model at the (best, worst) ends of the runs
     bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck of its save rate
+    saved_from: str | None = None  # the result file of a tier measured earlier (--from), not in this run
 
     @property
     def label(self) -> str:
@@ -435,28 +499,36 @@ class TierResult:
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target
+        env_kind = (self.report.environment.get("target") or {}).get("kind")
         return {
             "label": t.label,
             "given": t.given,
-            "kind": "object" if t.on_objects else "directory",
-            "location": t.location,
+            "kind": ("object" if t.on_objects else "directory") if t.storage is not None else (
+                "object" if env_kind == "s3" or str(self.report.to_dict().get("target", "")).startswith("s3://")
+                else "directory"),
+            "location": t.location if t.storage is not None else self.report.to_dict().get("target"),
             "filesystem": self.filesystem,
             "tier": t.tier.to_dict() if t.tier else None,
             "measured": self.measured.to_dict(),
             "model": self.model.to_dict(),
             "model_range": self.model_range(),
             "bottleneck": self.bottleneck,
+            "saved_from": self.saved_from,
             "bench": self.report.to_dict(),
         }
 
 
 def run_compare(spec: CheckpointBenchSpec, job: JobSpec, targets: Sequence[CompareTarget], *,
-                workload: CheckpointWorkload, progress: Progress | None = None) -> CompareReport:
+                workload: CheckpointWorkload, progress: Progress | None = None,
+                saved: Sequence[tuple[str, SavedBench]] = ()) -> CompareReport:
     """Measure ``workload`` on every target in turn (checked beforehand by :func:`check_targets`) and
-    model the job on each. Each tier's scratch is removed as it ends (Ctrl-C included)."""
+    model the job on each, and on every ``saved`` tier (measured earlier, read from a result file). Each
+    tier's scratch is removed as it ends (Ctrl-C included)."""
     progress = progress or Progress()
-    progress.phase("the writer's own rate into memory (tmpfs)")
-    ceiling = writer_ceiling_bps(workload, threads=spec.threads)
+    ceiling = None
+    if targets:
+        progress.phase("the writer's own rate into memory (tmpfs)")
+        ceiling = writer_ceiling_bps(workload, threads=spec.threads)
     results = []
     for i, t in enumerate(targets):
         report = run_checkpoint_bench(spec, t.storage, progress=_TierProgress(progress, i, len(targets), t.label),
@@ -467,6 +539,13 @@ def run_compare(spec: CheckpointBenchSpec, job: JobSpec, targets: Sequence[Compa
         ends = tuple(model_tier(job, end, prices, part_bytes=part) for end in measured.ends())
         results.append(TierResult(t, report, measured, model_tier(job, measured, prices, part_bytes=part),
                                   model_ends=ends, bottleneck=bottleneck(measured.save_gbps * 1e9, ceiling)))
+    for label, bench in saved:
+        measured = Measured.from_document(bench.document)
+        part = (bench.environment.get("target") or {}).get("part_size_bytes")
+        ends = tuple(model_tier(job, end, TierPrices(), part_bytes=part) for end in measured.ends())
+        target = CompareTarget(label, bench.source, storage=None)
+        results.append(TierResult(target, bench, measured, model_tier(job, measured, TierPrices(), part_bytes=part),
+                                  model_ends=ends, saved_from=bench.source))
     return CompareReport(spec=spec, job=job, workload=workload, tiers=tuple(results),
                          environment=collect_environment())
 
@@ -551,9 +630,14 @@ class CompareReport:
             measured = [(r.label, r.measured.interference) for r in self.tiers if r.measured.interference is not None]
             if measured:
                 shown = ", ".join(f"{label} {from_slowdown(value):.0%}" for label, value in measured)
-                out.append(f"the model uses interference {job.interference:.0%} (--interference, or the assumption "
-                           f"{ASSUMED.source}); the CPU probe beside the persist lost {shown} of its throughput on "
-                           "this host, information only: a GPU training step does not run on these cores")
+                out.append(f"the model uses interference {job.interference:.0%} (--interference; without it, "
+                           f"{ASSUMED.source}); the CPU probe beside the persist lost {shown} of its throughput, "
+                           "information only: a GPU training step does not run on those cores")
+        saved = [r for r in self.tiers if r.saved_from]
+        if saved:
+            out.append("measured earlier, not in this run: " + "; ".join(
+                f"{r.label} ({r.report.to_dict().get('created', 'unknown date')})" for r in saved)
+                + ": another day or machine may differ beyond the runs' spread")
         bound = [r.label for r in self.tiers if r.bottleneck and r.bottleneck["limit"] == "writer"]
         if bound:
             ceiling = next(r.bottleneck["writer_ceiling_bps"] for r in self.tiers if r.label == bound[0])

@@ -27,6 +27,9 @@ DEFAULT_RUN_TIME = "30d"
 @click.option("--tier", multiple=True, metavar="NAME|FILE.toml",
               help="A tier from configs/tiers, or a tier file, to compare too (repeatable); a TARGET that is a "
                    "tier name or a .toml file is read the same way.")
+@click.option("--from", "from_results", multiple=True, type=params.RESULT_FILE, metavar="RESULT.json",
+              help="A tier measured earlier, from its result file (bench --workload checkpoint, compare, preflight), "
+                   "set beside the ones measured now without measuring it again (repeatable).")
 @click.option("--workload", type=click.Choice(["checkpoint"]), default="checkpoint", show_default=True,
               help="What runs on every tier: ckptbench's writer saving (durable, sync and async) and loading (cold) "
                    "a synthetic state_dict with the model's tensor shapes.")
@@ -71,7 +74,7 @@ DEFAULT_RUN_TIME = "30d"
               help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file.")
 @click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
-def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, model: str | None, size: int,
+def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple[Path, ...], workload: str, model: str | None, size: int,
             scale: float | None, threads: int | None, repeat: int, warmup: int, params: float | None,
             ranks: int, mtbf: float | None, gpu_mtbf: float | None, node_mtbf: float | None,
             faults_per_day: float | None, failures: str | None, gpus: int | None, nodes: int | None,
@@ -91,13 +94,14 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, mode
         --model llama3-70b --ranks 64 --failures llama3 --gpus 1024 --restart 10m --plot tiers.png
     """
     from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
-    from ckptbench.bench.compare import JobSpec, check_targets, resolve_compare_target, run_compare
+    from ckptbench.bench.compare import JobSpec, check_targets, resolve_compare_target, run_compare, saved_tiers
+    from ckptbench.cli.options import read_result
     from ckptbench.model import presets, sizing
 
     tier_args, param_count = tier, params  # (the flags' names, so --config TOML keys match them)
     ctx = click.get_current_context()
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-    if not targets and not tier_args:
+    if not targets and not tier_args and not from_results:
         raise UsageError("give the tiers to compare: directories, s3:// URLs or tier names",
                          hint="e.g. ckptbench compare /mnt/nvme /mnt/cephfs s3://bucket/prefix")
     if {"scale", "size"} <= given:
@@ -121,9 +125,12 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], workload: str, mode
     resolved += [resolve_compare_target(t, options, as_tier=True) for t in tier_args]
     if options and not any(t.on_objects for t in resolved):
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), and no target is")
+    saved = [tier for path in from_results for tier in saved_tiers(str(path), read_result(path))]
+    if len(resolved) + len(saved) < 1:
+        raise UsageError("nothing to compare")
     check_targets(resolved, work)
     run_and_emit(
-        lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress),
+        lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress, saved=saved),
         output=open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
         plot=_plot, print_tables=lambda report, document: _print_tables(document),
     )

@@ -326,3 +326,41 @@ def test_a_writer_bound_tier_is_named():
     notes = CompareReport(spec=None, job=job, workload=None, tiers=tiers, environment={}).notes()
     [note] = [n for n in notes if n.startswith("writer-bound")]
     assert "/dev/shm" in note and "/var/tmp" not in note and "0.72 GB/s" in note
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+SHOOTOUT = RESULTS / "bench-checkpoint-vm-20261127T063129.json"
+SWEEP = RESULTS / "bench-vm-20261126T042848.json"
+
+
+def test_a_tier_measured_earlier_sits_beside_one_measured_now(cli, tmp_path: Path):
+    doc = cli.json("compare", str(tmp_path), "--from", str(SHOOTOUT), *QUICK, "--params", "1B", "--mtbf", "1d")
+    now, earlier = doc["tiers"]
+    assert now["saved_from"] is None and earlier["saved_from"] == str(SHOOTOUT)
+    saved = json.loads(SHOOTOUT.read_text())
+    ours = next(r for r in saved["results"] if r["writer"] == "ckptbench")
+    assert earlier["measured"]["save_gbps"] == ours["save"]["gbps"]
+    assert earlier["measured"]["runs_save_gbps"] == ours["save"]["runs_gbps"]
+    assert earlier["model"]["checkpoint_s"] == pytest.approx(doc["job"]["rank_bytes"] / (ours["save"]["gbps"] * 1e9))
+    assert earlier["label"].endswith(f"({SHOOTOUT.name})") and earlier["bench"]["created"] == saved["created"]
+    assert any(n.startswith("measured earlier, not in this run") for n in doc["notes"])
+    only = cli.json("compare", "--from", str(SHOOTOUT), "--from", str(RESULTS / "compare-vm-20261126T071623.json"),
+                    "--params", "1B", "--mtbf", "1d")
+    assert len(only["tiers"]) == 4 and all(t["saved_from"] for t in only["tiers"])  # nothing measured at all
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (None, "holds no tier measured with the writer"),  # a filesystem sweep
+    ({"schema": "ckptbench.bench.checkpoint/1", "target": "/x", "results": []}, "needs ckptbench's writer"),
+    ({"schema": "ckptbench.bench.checkpoint/1"}, "not a well-formed"),
+])
+def test_from_a_file_without_a_tier_is_one_line(cli, tmp_path: Path, content, needle):
+    path = SWEEP
+    if content is not None:
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps(content))
+    result = cli("compare", "--from", str(path), "--params", "1B", "--mtbf", "1d")
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
