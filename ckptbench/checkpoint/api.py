@@ -35,21 +35,19 @@ from ckptbench.checkpoint.distributed import RankFailedError, World, current_wor
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild
 from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, copy_values, dtype_of, stage, typed_view
-from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
+from ckptbench.errors import (
+    CheckpointExistsError,
+    CommitOutcomeUnknown,
+    InsufficientSpaceError,
+    OutcomeUnknownError,
+    StorageIOError,
+    UsageError,
+)
 from ckptbench.interrupts import QuietThread, Workers
 from ckptbench.storage.store import LocalStore, Store, WriteReport, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointExistsError(UsageError):
-    """The target already holds a committed checkpoint and ``overwrite`` was not given."""
-
-    @classmethod
-    def at(cls, url: str) -> CheckpointExistsError:
-        return cls(f"{url} already holds a checkpoint",
-                   hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
 
 
 #: Seconds between re-reads of the manifest after a write whose answer was lost (it may land late).
@@ -65,10 +63,6 @@ def _current_manifest(store: Store) -> dict | None:
         return mf.read_manifest(store)
     except mf.NotACheckpointError:
         return None
-
-
-class CommitOutcomeUnknown(StorageIOError):
-    """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
 
 
 @dataclass(frozen=True)

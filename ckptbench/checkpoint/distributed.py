@@ -43,18 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench import knobs
-from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.errors import RankFailedError, UsageError
 from ckptbench.interrupts import QuietThread
 
 log = logging.getLogger(__name__)
 
 _NAMESPACE = "ckptbench/"
-
-
-class RankFailedError(CkptbenchError):
-    """Another rank of the launch failed, died or did not answer in time; the message names it."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

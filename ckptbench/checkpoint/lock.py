@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ckptbench import interrupts, knobs
-from ckptbench.errors import CkptbenchError, StorageIOError
+from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOError
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import LocalStore, Store
 
@@ -88,14 +88,6 @@ _live_tokens: set[str] = set()
 LEASE_TTL_S = knobs.LOCK_TTL_S
 #: errnos of a filesystem that has no flock: saves go on unlocked, with a warning.
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
-
-
-class CheckpointLockedError(CkptbenchError):
-    """Another save (another process, or another Checkpointer here) is writing to the same location."""
-
-
-class LockLostError(CheckpointLockedError):
-    """The save lost its lock before the commit (lease taken over, or the save was abandoned at exit)."""
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,10 @@ import numpy as np
 from ckptbench import knobs, native
 from ckptbench.checkpoint import gather
 from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, SavePlan, Sources
-from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.errors import InsufficientMemoryError, SnapshotError, UsageError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-class InsufficientMemoryError(UsageError):
-    """Not enough host memory for the staging arena."""
 
 
 def available_memory_bytes() -> int | None:
@@ -168,10 +164,6 @@ def _same_width_int(nbytes: int) -> Any:
     import torch
 
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[nbytes]
-
-
-class SnapshotError(CkptbenchError):
-    """The tensors changed under a copy-on-write staging in a way it cannot keep up with (freed, moved)."""
 
 
 def cow_unavailable() -> str:
