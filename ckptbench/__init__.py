@@ -5,8 +5,6 @@
 exported here, from :mod:`ckptbench.errors` (see the tree there).
 """
 
-from __future__ import annotations
-
 from ckptbench.errors import (
     CheckFailed,
     CheckpointExistsError,
