@@ -44,7 +44,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.interrupts import QuietThread, Workers
-from ckptbench.storage.store import LocalStore, Store, WriteReport, open_store
+from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -992,7 +992,7 @@ def _synchronize_all(tree: Any) -> None:
 def _follows_copy(store: Store) -> bool:
     """Whether ``store``'s writes can follow a copy still landing in the arena: the engine writes it
     (a filesystem) and waits for each block's bytes (``native.write(after=...)``)."""
-    return isinstance(store, LocalStore)
+    return store.writes_follow_copy
 
 
 def _stages_behind(async_: bool, store: Store) -> bool:
@@ -1098,9 +1098,9 @@ def _remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
     """After a commit: remove the files (and abort the uploads) of older or crashed saves that
     ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own)."""
     store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
-    if hasattr(store, "abort_incomplete_uploads"):  # uploads an earlier, failed save could not abort
-        store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
-                                       and (owns is None or owns(name)))
+    # Uploads an earlier, failed save could not abort (stores without multipart uploads have none).
+    store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
+                                   and (owns is None or owns(name)))
 
 
 _default: Checkpointer | None = None

@@ -72,12 +72,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from ckptbench import interrupts, knobs
 from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOError
 from ckptbench.interrupts import QuietThread
-from ckptbench.storage.store import LocalStore, Store
+from ckptbench.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ class _Lease(SaveLock):
     def _read(self) -> tuple[Holder | None, str | None]:
         try:
             if self._conditional:
-                data, etag = self._store.get_tagged(LOCK_NAME)  # type: ignore[attr-defined]
+                data, etag = self._store.get_tagged(LOCK_NAME)
                 return Holder.decode(data), etag
             return Holder.decode(self._store.get(LOCK_NAME)), None
         except FileNotFoundError:
@@ -331,7 +331,7 @@ class _Lease(SaveLock):
 
     def _create(self) -> bool:
         if self._conditional:
-            self._etag = self._store.put_if(LOCK_NAME, self._me.encode())  # type: ignore[attr-defined]
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode())
             return self._etag is not None
         if self._store.size(LOCK_NAME) is not None:
             return False
@@ -339,7 +339,7 @@ class _Lease(SaveLock):
 
     def _replace(self, etag: str | None) -> bool:
         if self._conditional:
-            self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)  # type: ignore[attr-defined]
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)
             return self._etag is not None
         return self._put_and_confirm()
 
@@ -358,7 +358,7 @@ class _Lease(SaveLock):
         """Extend the lease; the reason when it is no longer ours."""
         renewed = replace(self._me, renewed_unix_s=time.time())
         if self._conditional:
-            etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)  # type: ignore[attr-defined]
+            etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)
             if etag is None:
                 current, _ = self._read()
                 return _lost_to(current)
@@ -413,20 +413,20 @@ def _locked(url: str, holder: Holder | None) -> CheckpointLockedError:
 
 def acquire_save_lock(store: Store) -> SaveLock:
     """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
-    if isinstance(store, LocalStore):
-        return _FileLock.acquire(store.path, store.url)
-    conditional = hasattr(store, "put_if") and hasattr(store, "get_tagged") and _honours_conditions(store)
+    if store.local_path is not None:
+        return _FileLock.acquire(store.local_path, store.url)
+    conditional = store.conditional_writes and _honours_conditions(store)
     return _Lease(store, conditional).acquire()
 
 
 _conditions_honoured: dict[tuple[str, str], bool] = {}
 
 
-def _honours_conditions(store: Any) -> bool:
+def _honours_conditions(store: Store) -> bool:
     """Whether the server refuses an ``If-None-Match: *`` PUT of an existing object (checked once per
     endpoint and bucket, on a probe object that is removed again). Servers that ignore the header would
     make every lease creation succeed."""
-    key = (str(getattr(store, "endpoint", "")), str(getattr(store, "bucket", store.url)))
+    key = store.server()
     if key not in _conditions_honoured:
         probe = f"{LOCK_NAME}.probe-{secrets.token_hex(4)}"
         try:
