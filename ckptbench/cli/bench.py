@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SIZE = "1GiB"
 DEFAULT_FILES = 8
 DEFAULT_MODEL = "llama3-8b"
-#: Writers ``--writers`` accepts (bench.workloads.WRITERS; spelled out so --help needs no import).
+#: Writers ``--writers`` accepts (bench.writers.WRITERS; spelled out so --help needs no import).
 WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
 #: Options of the filesystem workload only, by parameter name -> flag.
 FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",

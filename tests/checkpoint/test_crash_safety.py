@@ -255,14 +255,14 @@ SIGNALLED = textwrap.dedent("""
     if how == "sigterm-exit":  # an application that turns SIGTERM into a normal exit
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if how == "sigint-slow-log":  # the next Ctrl-C lands right after the "finishing" line, before any wait
-        from ckptbench.checkpoint import lock
-        warning = lock.log.warning
+        from ckptbench.checkpoint import at_exit
+        warning = at_exit.log.warning
 
         def slow_warning(*args, **kwargs):
             warning(*args, **kwargs)
             time.sleep(1.0)
 
-        lock.log.warning = slow_warning
+        at_exit.log.warning = slow_warning
     if pause_s:
         original = LocalStore.write_files
 
