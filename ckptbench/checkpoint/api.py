@@ -116,15 +116,11 @@ class SaveResult:
 
 
 class SaveHandle:
-    """An asynchronous save in flight. ``staged`` is True once the caller may change its tensors
-    (always on return from ``save``); ``result()`` blocks until the checkpoint is durable."""
+    """An asynchronous save in flight, returned by ``save(..., async_=True)`` once the caller may change
+    its tensors; ``result()`` blocks until the checkpoint is durable."""
 
     def __init__(self, future: Future) -> None:
         self._future = future
-        self.staged = True
-
-    def wait_staged(self) -> None:
-        """Returns at once: ``save(..., async_=True)`` returns only after staging."""
 
     def done(self) -> bool:
         return self._future.done()
@@ -838,8 +834,8 @@ _FAULT_AHEAD_BYTES = 8 * 2**20
 def _fresh_read_buffer(nbytes: int) -> mmap.mmap:
     """Zeroed, page-aligned memory for one load, not yet faulted in (see :func:`_faulting_ahead`).
 
-    Not MADV_HUGEPAGE: on a 2-vCPU VM it made reads 1.5x faster when the host still backed the
-    memory and 2-3x slower when it had taken it back (free page reporting), in the same run."""
+    Not MADV_HUGEPAGE: huge pages speed reads up only while the host still backs the memory, and slow
+    them down a lot once it has taken it back (a VM's free page reporting), which can change within a run."""
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
 
 
@@ -848,11 +844,10 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
     """Fault ``buffer`` in from its start on a helper thread while the body reads into it in order.
 
     Page faults are most of a cold load's CPU time: done by the reader threads, between their
-    reads, they leave the device idle. Touching the whole buffer first, on one thread, made cold
-    loads 1.6-3.6x slower here; faulting it in alongside the reads, from the front, keeps ahead of
-    the readers (where they overtake it, they fault their own pages as before): cold loads
-    1.1-1.3x faster (median of 8 paired rounds, 2 vCPUs, virtio disk). Without
-    MADV_POPULATE_WRITE (Linux before 5.14, other systems) the readers fault every page themselves.
+    reads, they leave the device idle; touching the whole buffer first, on one thread, delays every
+    read. Faulted in alongside the reads, from the front, the buffer stays ahead of the readers
+    (where they overtake it, they fault their own pages). Without MADV_POPULATE_WRITE (Linux before
+    5.14, other systems) the readers fault every page themselves.
     """
     stop = threading.Event()
 
@@ -998,7 +993,7 @@ def _follows_copy(store: Store) -> bool:
 def _stages_behind(async_: bool, store: Store) -> bool:
     """Whether a save stages host tensors copy-on-write (``stage.CopyBehind``): every async save (the
     caller goes on at once), and sync saves whose write follows the copy instead of waiting for all of
-    it (:func:`_follows_copy`; a 1.7 GiB save 949 -> 883 ms on a 2-vCPU VM)."""
+    it (:func:`_follows_copy`)."""
     return async_ or _follows_copy(store)
 
 
