@@ -64,24 +64,22 @@ __all__ = [
 
 T = TypeVar("T")
 
-_SYNC_MODES = {mode.name: mode for mode in SyncMode}
-_SCHEDULES = {"shared": Schedule.shared, "per-file": Schedule.per_file}
+#: The names ``sync`` and ``schedule`` take, and the engine's members they stand for.
+_BY_NAME: dict[type, dict[str, Any]] = {
+    SyncMode: {"none": SyncMode.none, "fdatasync": SyncMode.fdatasync, "fsync": SyncMode.fsync},
+    Schedule: {"shared": Schedule.shared, "per-file": Schedule.per_file},
+}
 
 
-def _sync_mode(sync: str | SyncMode) -> SyncMode:
-    if isinstance(sync, SyncMode):
-        return sync
-    if sync not in _SYNC_MODES:
-        raise ValueError(f"sync must be 'none', 'fdatasync' or 'fsync', not {sync!r}")
-    return _SYNC_MODES[sync]
-
-
-def _schedule(schedule: str | Schedule) -> Schedule:
-    if isinstance(schedule, Schedule):
-        return schedule
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule must be 'shared' or 'per-file', not {schedule!r}")
-    return _SCHEDULES[schedule]
+def _member(option: str, value: Any, kind: type) -> Any:
+    """``value`` as a member of the engine's enum ``kind``: a member as it is, a name looked up."""
+    if isinstance(value, kind):
+        return value
+    names = _BY_NAME[kind]
+    if value not in names:
+        *first, last = (repr(name) for name in names)
+        raise ValueError(f"{option} must be {', '.join(first)} or {last}, not {value!r}")
+    return names[value]
 
 
 def write(
@@ -97,8 +95,8 @@ def write(
     after: Snapshot | None = None,
 ) -> IoResult:
     """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``)."""
-    return _native.write(jobs, threads, block_size, direct, _sync_mode(sync), sync_dir, record_latency,
-                         _schedule(schedule), control, after)
+    return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
+                         _member("schedule", schedule, Schedule), control, after)
 
 
 def read(
@@ -112,7 +110,7 @@ def read(
     control: Control | None = None,
 ) -> IoResult:
     """Read each (writable buffer, path, offset) job, filling the buffer completely (see ``_native.read``)."""
-    return _native.read(jobs, threads, block_size, direct, drop_cache, record_latency, _schedule(schedule), control)
+    return _native.read(jobs, threads, block_size, direct, drop_cache, record_latency, _member("schedule", schedule, Schedule), control)
 
 
 def metadata_bench(
@@ -124,7 +122,7 @@ def metadata_bench(
     control: Control | None = None,
 ) -> IoResult:
     """Create, write, sync and close ``files`` small files in ``directory`` (see ``_native.metadata_bench``)."""
-    return _native.metadata_bench(directory, files, file_size, threads, _sync_mode(sync), control)
+    return _native.metadata_bench(directory, files, file_size, threads, _member("sync", sync, SyncMode), control)
 
 
 def run_interruptible(
