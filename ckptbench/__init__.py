@@ -1,19 +1,66 @@
 """ckptbench: checkpoint I/O benchmarking and tuning for large-scale ML training.
 
 ``ckptbench.save`` / ``ckptbench.load`` / ``ckptbench.Checkpointer`` are imported lazily so that
-``import ckptbench`` (and the model commands) never pay for torch.
+``import ckptbench`` (and the model commands) never pay for torch. Every error a user may catch is
+exported here, from :mod:`ckptbench.errors` (see the tree there).
 """
 
-from typing import Any
+from ckptbench.errors import (
+    CheckFailed,
+    CheckpointExistsError,
+    CheckpointLockedError,
+    CkptbenchError,
+    CommitOutcomeUnknown,
+    ConfigError,
+    CorruptCheckpointError,
+    InsufficientMemoryError,
+    InsufficientSpaceError,
+    LockLostError,
+    MissingDependencyError,
+    NotACheckpointError,
+    OutcomeUnknownError,
+    RankFailedError,
+    SnapshotError,
+    StorageIOError,
+    TargetError,
+    UsageError,
+)
 
 __version__ = "0.1.0"
 
-_LAZY = {"save", "load", "Checkpointer", "SaveResult", "SaveHandle"}
+#: Names imported from ckptbench.checkpoint on first use (it imports torch).
+_LAZY = ("save", "load", "Checkpointer", "SaveResult", "SaveHandle")
+
+__all__ = [
+    *_LAZY,
+    "CheckFailed",
+    "CheckpointExistsError",
+    "CheckpointLockedError",
+    "CkptbenchError",
+    "CommitOutcomeUnknown",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "InsufficientMemoryError",
+    "InsufficientSpaceError",
+    "LockLostError",
+    "MissingDependencyError",
+    "NotACheckpointError",
+    "OutcomeUnknownError",
+    "RankFailedError",
+    "SnapshotError",
+    "StorageIOError",
+    "TargetError",
+    "UsageError",
+]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         from ckptbench import checkpoint
 
         return getattr(checkpoint, name)
     raise AttributeError(f"module 'ckptbench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,130 +1,199 @@
-"""Type stub for the compiled engine (csrc/bindings.cpp). Every blocking call releases the GIL."""
+"""ckptbench native I/O engine (C++17). Blocking calls release the GIL."""
 
 from collections.abc import Sequence
-from typing import Literal
+import enum
+from typing import Annotated, overload
 
-import numpy as np
-import numpy.typing as npt
+import numpy
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
-SyncName = Literal["none", "fdatasync", "fsync"]
-ScheduleName = Literal["shared", "per-file"]
+
+class SyncMode(enum.Enum):
+    """What makes a written file durable before the call returns."""
+
+    none = 0
+    """Nothing: the data may still be in the page cache."""
+
+    fdatasync = 1
+    """fdatasync(2) once a file's last block is written."""
+
+    fsync = 2
+    """fsync(2) once a file's last block is written."""
+
+class Schedule(enum.Enum):
+    """How blocks meet threads."""
+
+    shared = 0
+    """One queue of blocks in file order; threads share each file."""
+
+    per_file = 1
+    """Each thread takes the next whole file and streams it."""
 
 class AlignedBuffer:
-    """Page-aligned host memory, touched once at construction; supports the buffer protocol."""
+    """
+    Page-aligned host memory, touched once at construction; supports the buffer protocol.
+    """
 
     def __init__(self, nbytes: int, alignment: int = 4096, prefault: bool = True) -> None: ...
+
     @property
     def nbytes(self) -> int: ...
+
     @property
     def alignment(self) -> int: ...
+
     @property
     def address(self) -> int: ...
+
     def __len__(self) -> int: ...
+
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class Control:
     """Progress counter and cancellation flag shared with a running call."""
 
     def __init__(self) -> None: ...
-    def cancel(self) -> None: ...
+
+    def cancel(self) -> None:
+        """Ask the running call to stop between blocks."""
+
     @property
     def bytes_done(self) -> int: ...
+
     @property
     def cancel_requested(self) -> bool: ...
 
 class ThreadStat:
     @property
     def start_ns(self) -> int: ...
+
     @property
     def end_ns(self) -> int: ...
+
     @property
     def bytes(self) -> int: ...
+
     @property
     def ops(self) -> int: ...
 
 class IoResult:
     @property
     def bytes(self) -> int: ...
+
     @property
     def ops(self) -> int: ...
+
     @property
     def start_ns(self) -> int: ...
+
     @property
     def end_ns(self) -> int: ...
+
     @property
     def seconds(self) -> float: ...
+
     @property
     def threads(self) -> list[ThreadStat]: ...
+
     @property
     def files(self) -> int: ...
+
     @property
     def direct_requested(self) -> bool: ...
+
     @property
     def direct_used(self) -> bool: ...
+
     @property
     def fallback_reason(self) -> str: ...
+
     @property
-    def sync(self) -> SyncName: ...
+    def sync(self) -> str: ...
+
     @property
     def cancelled(self) -> bool: ...
+
     @property
-    def latencies_ns(self) -> npt.NDArray[np.uint64]: ...
+    def latencies_ns(self) -> Annotated[NDArray[numpy.uint64], dict(shape=(None,), writable=False)]: ...
 
-Job = tuple[Buffer, str, int]
+def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, after: Snapshot | None = None) -> IoResult:
+    """
+    Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, they are written as they are: its finish() raises).
+    """
 
-def write(
-    jobs: Sequence[Job],
-    threads: int = 1,
-    block_size: int = 4194304,
-    direct: bool = True,
-    sync: SyncName = "fdatasync",
-    sync_dir: bool = True,
-    record_latency: bool = True,
-    schedule: ScheduleName = "shared",
-    control: Control | None = None,
-    after: Snapshot | None = None,
-) -> IoResult: ...
-def read(
-    jobs: Sequence[Job],
-    threads: int = 1,
-    block_size: int = 4194304,
-    direct: bool = True,
-    drop_cache: bool = True,
-    record_latency: bool = True,
-    schedule: ScheduleName = "shared",
-    control: Control | None = None,
-) -> IoResult: ...
-def metadata_bench(
-    directory: str,
-    files: int,
-    file_size: int = 4096,
-    threads: int = 1,
-    sync: SyncName = "fsync",
-    control: Control | None = None,
-) -> IoResult: ...
-def probe_direct(directory: str) -> tuple[bool, str]: ...
-def memcpy_bandwidth(nbytes: int = 268435456, repeats: int = 5) -> float: ...
-def crc32c(buffer: Buffer, crc: int = 0) -> int: ...
-def crc32c_ranges(buffer: Buffer, ranges: Sequence[tuple[int, int]], threads: int = 1) -> list[int]: ...
-def crc32c_hardware() -> bool: ...
-def copy_from_addresses(dst: Buffer, jobs: Sequence[tuple[int, int, int]] | Buffer, threads: int = 1) -> None: ...
-def snapshot_unavailable() -> str: ...
+def read(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, drop_cache: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None) -> IoResult:
+    """
+    Read each (writable buffer, path, offset) job, filling the buffer completely.
+    """
+
+def metadata_bench(directory: str, files: int, file_size: int = 4096, threads: int = 1, sync: SyncMode = SyncMode.fsync, control: Control | None = None) -> IoResult:
+    """Create, write, sync and close `files` small files in `directory`."""
+
+def probe_direct(directory: str) -> tuple[bool, str]:
+    """
+    (supported, reason): whether `directory` accepts O_DIRECT writes (cached per directory).
+    """
+
+def memcpy_bandwidth(nbytes: int = 268435456, repeats: int = 5) -> float:
+    """Best single-thread memcpy bandwidth, bytes/s."""
+
+def copy_bandwidth(dst: Buffer, src: Buffer, repeats: int = 3) -> float:
+    """
+    Best memcpy bandwidth (bytes/s) copying src into dst (the shorter length), without allocating.
+    """
+
+def crc32c(buffer: Buffer, crc: int = 0) -> int:
+    """CRC-32C of a buffer (continue from `crc` to checksum in pieces)."""
+
+def crc32c_ranges(buffer: Buffer, ranges: Sequence[tuple[int, int]], threads: int = 1) -> list[int]:
+    """One CRC-32C per (offset, nbytes) range of `buffer`, on N threads."""
+
+def crc32c_hardware() -> bool:
+    """Whether CRC-32C uses the CPU instruction (SSE4.2)."""
+
+@overload
+def copy_from_addresses(dst: Buffer, jobs: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], threads: int = 1) -> None: ...
+
+@overload
+def copy_from_addresses(dst: Buffer, jobs: Sequence[tuple[int, int, int]], threads: int = 1) -> None:
+    """
+    Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)); a fourth column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU tensor's data_ptr()).
+    """
+
+def snapshot_unavailable() -> str:
+    """
+    Why copy-on-write snapshots (Snapshot) cannot be taken in this process; '' when they can.
+    """
 
 class Snapshot:
-    def __init__(
-        self,
-        dst: Buffer,
-        jobs: Sequence[tuple[int, int, int]] | Buffer,
-        threads: int = 1,
-        chunk_bytes: int = 1048576,
-        min_region_bytes: int = 262144,
-        max_regions: int = 4096,
-    ) -> None: ...
-    def finish(self) -> None: ...
+    """
+    Copy-on-write staging: write-protects the sources of copy_from_addresses-style jobs and copies them into `dst` on background threads; a write to a page not yet copied waits until its chunk is copied. The caller may write to the sources as soon as it returns.
+    """
+
+    @overload
+    def __init__(self, dst: Buffer, jobs: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], threads: int = 1, chunk_bytes: int = 1048576, min_region_bytes: int = 262144, max_regions: int = 4096) -> None: ...
+
+    @overload
+    def __init__(self, dst: Buffer, jobs: Sequence[tuple[int, int, int]], threads: int = 1, chunk_bytes: int = 1048576, min_region_bytes: int = 262144, max_regions: int = 4096) -> None:
+        """
+        Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError when snapshots are unavailable (see snapshot_unavailable()).
+        """
+
+    def finish(self) -> None:
+        """
+        Wait until every byte is copied and the protection is gone. Raises RuntimeError when the sources were freed, moved or unreadable meanwhile (the copy may be torn). Idempotent.
+        """
+
     @property
     def done(self) -> bool: ...
-    def stats(self) -> dict[str, int]: ...
 
-def copy_bandwidth(dst: Buffer, src: Buffer, repeats: int = 3) -> float: ...
-def fill_random(buffer: Buffer, seed: int = 0) -> None: ...
+    def stats(self) -> dict[str, int]:
+        """
+        Protected bytes, bytes copied before returning, chunks, regions, and writes that waited.
+        """
+
+def fill_random(buffer: Buffer, seed: int = 0) -> None:
+    """
+    Fill a writable buffer with incompressible bytes, deterministic in `seed`.
+    """

@@ -1,7 +1,28 @@
-"""The error tree. Every error a user can cause or meet derives from :class:`CkptbenchError`.
+"""The error tree. Every error a user can cause or meet derives from :class:`CkptbenchError`, is defined
+here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpointError``)::
+
+    CkptbenchError
+    ├── UsageError                      bad input; nothing was done (exit 2)
+    │   ├── ConfigError
+    │   ├── TargetError
+    │   ├── InsufficientSpaceError
+    │   ├── InsufficientMemoryError
+    │   ├── MissingDependencyError
+    │   └── CheckpointExistsError
+    ├── StorageIOError                  an I/O operation failed at run time
+    │   ├── OutcomeUnknownError
+    │   └── CommitOutcomeUnknown
+    ├── NotACheckpointError             (exit 2)
+    ├── CorruptCheckpointError
+    ├── CheckpointLockedError
+    │   └── LockLostError
+    ├── RankFailedError
+    ├── SnapshotError
+    └── CheckFailed
 
 ``cli/`` catches the base class once and turns it into one red line on stderr and an exit code:
 ``exit_code`` 2 for bad input (nothing was done), 1 for a failed check or a runtime I/O failure.
+The engine (``ckptbench.native``) raises ``OSError`` with errno and path.
 """
 
 from __future__ import annotations
@@ -46,6 +67,19 @@ class MissingDependencyError(UsageError):
     """An optional dependency is not installed; the message names what to install."""
 
 
+class InsufficientMemoryError(UsageError):
+    """Not enough host memory for the staging arena."""
+
+
+class CheckpointExistsError(UsageError):
+    """The target already holds a committed checkpoint and ``overwrite`` was not given."""
+
+    @classmethod
+    def at(cls, url: str) -> CheckpointExistsError:
+        return cls(f"{url} already holds a checkpoint",
+                   hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
+
+
 class StorageIOError(CkptbenchError):
     """An I/O operation failed at run time (after validation passed)."""
 
@@ -53,6 +87,38 @@ class StorageIOError(CkptbenchError):
 class OutcomeUnknownError(StorageIOError):
     """A write failed without an answer: a request reached the store (or may have), but its response
     never came back, so it may have been stored all the same, now or a little later."""
+
+
+class CommitOutcomeUnknown(StorageIOError):
+    """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
+
+
+class NotACheckpointError(CkptbenchError):
+    """The path holds no committed checkpoint (no manifest, or one that cannot be read)."""
+
+    exit_code = 2
+
+
+class CorruptCheckpointError(CkptbenchError):
+    """A committed checkpoint whose data does not match its manifest (checksum or size)."""
+
+
+class CheckpointLockedError(CkptbenchError):
+    """Another save (another process, or another Checkpointer here) is writing to the same location."""
+
+
+class LockLostError(CheckpointLockedError):
+    """The save lost its lock before the commit (lease taken over, or the save was abandoned at exit)."""
+
+
+class RankFailedError(CkptbenchError):
+    """Another rank of the launch failed, died or did not answer in time; the message names it."""
+
+    exit_code = 1
+
+
+class SnapshotError(CkptbenchError):
+    """The tensors changed under a copy-on-write staging in a way it cannot keep up with (freed, moved)."""
 
 
 class CheckFailed(CkptbenchError):

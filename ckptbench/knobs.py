@@ -64,8 +64,8 @@ STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
 #: 1: gather small CUDA tensors with one runtime-compiled kernel launch (checkpoint/gather.py); 0: torch.cat.
 STAGE_GATHER_KERNEL = _env_int("STAGE_GATHER_KERNEL", 1)
 #: 1: the gather kernel writes small tensors straight into the registered (mapped) host arena, one
-#: launch for all (0.83-0.94x of a plain copy's bandwidth on an H100, vs 0.81x for 0); 0: it gathers them
-#: into device buffers, then one device-to-host copy per run.
+#: launch for all (measured in results/gpu-staging-*); 0: it gathers them into device buffers, then one
+#: device-to-host copy per run.
 STAGE_GATHER_DIRECT = _env_int("STAGE_GATHER_DIRECT", 1)
 #: Async saves stage contiguous CPU tensors copy-on-write (``checkpoint.stage.CopyBehind``): the caller
 #: waits only while their pages are write-protected, and the copy runs behind it (Linux 6.4+ userfaultfd);

@@ -3,22 +3,28 @@
 Re-exports the engine and adds :func:`run_interruptible`: a blocking engine call runs on a worker
 thread while the calling thread polls its progress and stays able to receive Ctrl-C, which cancels
 the call between blocks instead of waiting for a multi-gigabyte write to finish.
+
+:func:`write`, :func:`read` and :func:`metadata_bench` take ``sync`` and ``schedule`` by name
+(``"fdatasync"``, ``"per-file"``) or as the engine's :class:`SyncMode` and :class:`Schedule`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ckptbench import interrupts, knobs
 from ckptbench.interrupts import Deferred, QuietThread
 
 try:
+    from ckptbench import _native
     from ckptbench._native import (
         AlignedBuffer,
         Control,
         IoResult,
+        Schedule,
         Snapshot,
+        SyncMode,
         copy_bandwidth,
         copy_from_addresses,
         crc32c,
@@ -26,11 +32,8 @@ try:
         crc32c_ranges,
         fill_random,
         memcpy_bandwidth,
-        metadata_bench,
         probe_direct,
-        read,
         snapshot_unavailable,
-        write,
     )
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
@@ -41,7 +44,9 @@ __all__ = [
     "AlignedBuffer",
     "Control",
     "IoResult",
+    "Schedule",
     "Snapshot",
+    "SyncMode",
     "copy_bandwidth",
     "copy_from_addresses",
     "crc32c",
@@ -58,6 +63,66 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: The names ``sync`` and ``schedule`` take, and the engine's members they stand for.
+_BY_NAME: dict[type, dict[str, Any]] = {
+    SyncMode: {"none": SyncMode.none, "fdatasync": SyncMode.fdatasync, "fsync": SyncMode.fsync},
+    Schedule: {"shared": Schedule.shared, "per-file": Schedule.per_file},
+}
+
+
+def _member(option: str, value: Any, kind: type) -> Any:
+    """``value`` as a member of the engine's enum ``kind``: a member as it is, a name looked up."""
+    if isinstance(value, kind):
+        return value
+    names = _BY_NAME[kind]
+    if value not in names:
+        *first, last = (repr(name) for name in names)
+        raise ValueError(f"{option} must be {', '.join(first)} or {last}, not {value!r}")
+    return names[value]
+
+
+def write(
+    jobs: Sequence[tuple[Any, str, int]],
+    threads: int = 1,
+    block_size: int = 4 << 20,
+    direct: bool = True,
+    sync: str | SyncMode = "fdatasync",
+    sync_dir: bool = True,
+    record_latency: bool = True,
+    schedule: str | Schedule = "shared",
+    control: Control | None = None,
+    after: Snapshot | None = None,
+) -> IoResult:
+    """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``)."""
+    return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
+                         _member("schedule", schedule, Schedule), control, after)
+
+
+def read(
+    jobs: Sequence[tuple[Any, str, int]],
+    threads: int = 1,
+    block_size: int = 4 << 20,
+    direct: bool = True,
+    drop_cache: bool = True,
+    record_latency: bool = True,
+    schedule: str | Schedule = "shared",
+    control: Control | None = None,
+) -> IoResult:
+    """Read each (writable buffer, path, offset) job, filling the buffer completely (see ``_native.read``)."""
+    return _native.read(jobs, threads, block_size, direct, drop_cache, record_latency, _member("schedule", schedule, Schedule), control)
+
+
+def metadata_bench(
+    directory: str,
+    files: int,
+    file_size: int = 4096,
+    threads: int = 1,
+    sync: str | SyncMode = "fsync",
+    control: Control | None = None,
+) -> IoResult:
+    """Create, write, sync and close ``files`` small files in ``directory`` (see ``_native.metadata_bench``)."""
+    return _native.metadata_bench(directory, files, file_size, threads, _member("sync", sync, SyncMode), control)
 
 
 def run_interruptible(

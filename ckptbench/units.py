@@ -1,6 +1,6 @@
 """Parse and format sizes, rates, durations, counts and fractions.
 
-Conventions (DESIGN.md): GB = 1e9 bytes, GiB = 2**30 bytes, GB/s = 1e9 bytes/s. Single-letter
+Conventions (docs/ARCHITECTURE.md): GB = 1e9 bytes, GiB = 2**30 bytes, GB/s = 1e9 bytes/s. Single-letter
 suffixes on sizes (``4k``, ``1M``, ``2G``) are binary, as in fio and dd. Every parser raises
 :class:`ValueError` with a message naming the bad value and what would be accepted; the CLI turns
 that into a one-line usage error.

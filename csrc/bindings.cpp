@@ -1,6 +1,8 @@
-// The one Python boundary of the engine: named arguments with defaults, the GIL released around
-// every blocking call, IoError mapped to OSError (errno + path), AlignedBuffer exported through
-// the buffer protocol so numpy, memoryview and torch.frombuffer see its memory without copies.
+// The one Python boundary of the engine: named, typed arguments with defaults, the GIL released
+// around every blocking call, IoError mapped to OSError (errno + path), AlignedBuffer exported
+// through the buffer protocol so numpy, memoryview and torch.frombuffer see its memory without
+// copies. ckptbench/_native.pyi is generated from this module by nanobind's stubgen
+// (tests/native/test_stub.py regenerates it and compares).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -10,9 +12,11 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checksum.hpp"
+#include "copy.hpp"
 #include "engine.hpp"
 #include "snapshot.hpp"
 
@@ -20,6 +24,18 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
+
+// Any object supporting the buffer protocol; its memory is taken with PyObject_GetBuffer in the call.
+class buffer : public nb::object {
+    NB_OBJECT_DEFAULT(buffer, object, "typing_extensions.Buffer", PyObject_CheckBuffer)
+};
+
+// Jobs of write() and read(): (buffer, path, offset) tuples.
+using IoJobs = nb::typed<nb::sequence, nb::typed<nb::tuple, buffer, nb::str, int>>;
+// Jobs of copy_from_addresses() and Snapshot: (address, destination offset, nbytes[, zeros after])
+// rows, as an int64 table or as tuples.
+using CopyTable = nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using CopyTuples = nb::typed<nb::handle, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>;
 
 int aligned_buffer_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     auto *buf = nb::inst_ptr<ckpt::AlignedBuffer>(self);
@@ -51,9 +67,8 @@ struct HeldBuffers {
 };
 
 // jobs: a sequence of (buffer, path, offset); the whole buffer is one job.
-std::vector<ckpt::Job> to_jobs(nb::handle jobs, HeldBuffers &held, bool writable) {
+std::vector<ckpt::Job> to_jobs(const nb::sequence &seq, HeldBuffers &held, bool writable) {
     std::vector<ckpt::Job> out;
-    nb::sequence seq = nb::borrow<nb::sequence>(jobs);
     std::size_t n = nb::len(seq);
     held.views.reserve(n);  // no reallocation while Job.buf points into the views' memory
     out.reserve(n);
@@ -67,47 +82,58 @@ std::vector<ckpt::Job> to_jobs(nb::handle jobs, HeldBuffers &held, bool writable
     return out;
 }
 
-// (address, destination offset, nbytes[, zeros after]) jobs into the buffer `view`: a sequence of
-// tuples or a C-contiguous int64 table of such rows, checked against the buffer's bounds.
-std::vector<ckpt::CopyJob> copy_jobs(const Py_buffer &view, nb::handle jobs, HeldBuffers &held) {
-    auto len = static_cast<std::size_t>(view.len);
-    std::vector<ckpt::CopyJob> copies;
-    auto add = [&](std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes, std::uint64_t zero_after) {
+// Checks copy jobs into the buffer `view` against its bounds, one (address, destination offset,
+// nbytes, zeros after) at a time.
+class CopyJobs {
+public:
+    explicit CopyJobs(const Py_buffer &view) : view_(view) {}
+
+    void add(std::uint64_t src, std::uint64_t offset, std::uint64_t nbytes, std::uint64_t zero_after) {
+        auto len = static_cast<std::size_t>(view_.len);
         if (offset > len || nbytes > len - offset || zero_after > len - offset - nbytes)
             throw nb::index_error(("copy to (" + std::to_string(offset) + ", " + std::to_string(nbytes) +
                                    (zero_after ? " + " + std::to_string(zero_after) + " zeros" : std::string()) +
                                    ") is outside the destination of " + std::to_string(len) + " bytes").c_str());
         if (nbytes && src == 0) throw nb::value_error("source address is null");
-        copies.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
-                          static_cast<char *>(view.buf) + offset, static_cast<std::size_t>(nbytes),
-                          static_cast<std::size_t>(zero_after)});
-    };
-    if (PyObject_CheckBuffer(jobs.ptr())) {  // a C-contiguous table of int64 rows
-        Py_buffer &table = held.acquire(jobs, false, PyBUF_FORMAT);
-        std::string format = table.format ? table.format : "B";
-        if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
-            format.erase(0, 1);  // native or little-endian (x86-64, aarch64 are little-endian)
-        if (table.itemsize != 8 || (format != "q" && format != "l") || table.ndim != 2 ||
-            (table.shape[1] != 3 && table.shape[1] != 4))
-            throw nb::value_error("a jobs table must be a C-contiguous int64 array of shape (n, 3) or (n, 4): "
-                                  "(address, offset, nbytes[, zeros after]) rows");
-        const auto width = static_cast<std::size_t>(table.shape[1]);
-        const auto *row = static_cast<const std::int64_t *>(table.buf);
-        std::size_t n = static_cast<std::size_t>(table.len) / (8 * width);
-        copies.reserve(n);
-        for (std::size_t i = 0; i < n; ++i, row += width) {
-            std::int64_t zeros = width == 4 ? row[3] : 0;
-            if (row[0] < 0 || row[1] < 0 || row[2] < 0 || zeros < 0)
-                throw nb::value_error("a jobs table row is negative");
-            add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
-                static_cast<std::uint64_t>(row[2]), static_cast<std::uint64_t>(zeros));
-        }
-    } else {
-        for (const auto &[src, offset, nbytes] :
-             nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(jobs))
-            add(src, offset, nbytes, 0);
+        jobs_.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(src)),
+                         static_cast<char *>(view_.buf) + offset, static_cast<std::size_t>(nbytes),
+                         static_cast<std::size_t>(zero_after)});
     }
-    return copies;
+    std::vector<ckpt::CopyJob> take() { return std::move(jobs_); }
+
+private:
+    const Py_buffer &view_;
+    std::vector<ckpt::CopyJob> jobs_;
+};
+
+constexpr const char *kTableShape =
+    "a jobs table must be a C-contiguous int64 array of shape (n, 3) or (n, 4): (address, offset, nbytes[, zeros "
+    "after]) rows";
+
+// Rows of an int64 table of shape (n, 3) or (n, 4).
+std::vector<ckpt::CopyJob> copy_jobs(const Py_buffer &view, const CopyTable &table) {
+    const std::size_t width = table.shape(1);
+    if (width != 3 && width != 4) throw nb::value_error(kTableShape);
+    CopyJobs jobs(view);
+    const std::int64_t *row = table.data();
+    for (std::size_t i = 0; i < table.shape(0); ++i, row += width) {
+        std::int64_t zeros = width == 4 ? row[3] : 0;
+        if (row[0] < 0 || row[1] < 0 || row[2] < 0 || zeros < 0) throw nb::value_error("a jobs table row is negative");
+        jobs.add(static_cast<std::uint64_t>(row[0]), static_cast<std::uint64_t>(row[1]),
+                 static_cast<std::uint64_t>(row[2]), static_cast<std::uint64_t>(zeros));
+    }
+    return jobs.take();
+}
+
+// A sequence of (address, offset, nbytes) tuples. A buffer that is not an int64 table of the right
+// shape (another dtype, byte order, rank or layout) is refused rather than read as tuples.
+std::vector<ckpt::CopyJob> copy_jobs(const Py_buffer &view, nb::handle tuples) {
+    if (PyObject_CheckBuffer(tuples.ptr())) throw nb::value_error(kTableShape);
+    CopyJobs jobs(view);
+    for (const auto &[src, offset, nbytes] :
+         nb::cast<std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>(tuples))
+        jobs.add(src, offset, nbytes, 0);
+    return jobs.take();
 }
 
 // A Snapshot with its destination kept exported (not resizable, not freed) until it is gone.
@@ -120,13 +146,6 @@ struct PySnapshot {
     }
 };
 
-ckpt::SyncMode parse_sync(const std::string &sync) {
-    if (sync == "none") return ckpt::SyncMode::None;
-    if (sync == "fdatasync") return ckpt::SyncMode::Fdatasync;
-    if (sync == "fsync") return ckpt::SyncMode::Fsync;
-    throw nb::value_error(("sync must be 'none', 'fdatasync' or 'fsync', not '" + sync + "'").c_str());
-}
-
 const char *sync_name(ckpt::SyncMode mode) {
     switch (mode) {
         case ckpt::SyncMode::None: return "none";
@@ -136,24 +155,49 @@ const char *sync_name(ckpt::SyncMode mode) {
     return "none";
 }
 
-ckpt::Schedule parse_schedule(const std::string &schedule) {
-    if (schedule == "shared") return ckpt::Schedule::Shared;
-    if (schedule == "per-file") return ckpt::Schedule::PerFile;
-    throw nb::value_error(("schedule must be 'shared' or 'per-file', not '" + schedule + "'").c_str());
-}
-
-ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, const std::string &sync,
-                             bool sync_dir, bool drop_cache, bool record_latency, const std::string &schedule) {
+ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
+                             bool drop_cache, bool record_latency, ckpt::Schedule schedule) {
     ckpt::IoOptions o;
-    o.schedule = parse_schedule(schedule);
+    o.schedule = schedule;
     o.threads = threads;
     o.block_size = block_size;
     o.direct = direct;
-    o.sync = parse_sync(sync);
+    o.sync = sync;
     o.sync_dir = sync_dir;
     o.drop_cache = drop_cache;
     o.record_latency = record_latency;
     return o;
+}
+
+// copy_from_addresses() for either form of jobs.
+template <typename Jobs>
+void copy_from_addresses(buffer dst, const Jobs &jobs, int threads) {
+    HeldBuffers held;
+    Py_buffer &view = held.acquire(dst, true);
+    std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs);
+    nb::gil_scoped_release release;
+    ckpt::parallel_copy(copies, threads);
+}
+
+// Snapshot.__init__ for either form of jobs.
+template <typename Jobs>
+void init_snapshot(PySnapshot *self, buffer dst, const Jobs &jobs, int threads, std::size_t chunk_bytes,
+                   std::size_t min_region_bytes, std::size_t max_regions) {
+    HeldBuffers held;
+    Py_buffer &view = held.acquire(dst, true);
+    std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs);
+    std::unique_ptr<ckpt::Snapshot> snapshot;
+    {
+        nb::gil_scoped_release release;
+        snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes, min_region_bytes,
+                                                    max_regions);
+    }
+    new (self) PySnapshot();
+    self->snapshot = std::move(snapshot);
+    if (PyObject_GetBuffer(dst.ptr(), &self->dst, PyBUF_SIMPLE | PyBUF_WRITABLE) != 0) {
+        self->dst = Py_buffer{};
+        PyErr_Clear();  // held above: cannot fail; the snapshot is still finished before dst goes
+    }
 }
 
 }  // namespace
@@ -178,6 +222,15 @@ NB_MODULE(_native, m) {
             }
         }
     });
+
+    nb::enum_<ckpt::SyncMode>(m, "SyncMode", "What makes a written file durable before the call returns.")
+        .value("none", ckpt::SyncMode::None, "Nothing: the data may still be in the page cache.")
+        .value("fdatasync", ckpt::SyncMode::Fdatasync, "fdatasync(2) once a file's last block is written.")
+        .value("fsync", ckpt::SyncMode::Fsync, "fsync(2) once a file's last block is written.");
+
+    nb::enum_<ckpt::Schedule>(m, "Schedule", "How blocks meet threads.")
+        .value("shared", ckpt::Schedule::Shared, "One queue of blocks in file order; threads share each file.")
+        .value("per_file", ckpt::Schedule::PerFile, "Each thread takes the next whole file and streams it.");
 
     nb::class_<ckpt::AlignedBuffer>(m, "AlignedBuffer", nb::type_slots(aligned_buffer_slots),
                                     "Page-aligned host memory, touched once at construction; supports the buffer protocol.")
@@ -223,9 +276,8 @@ NB_MODULE(_native, m) {
 
     m.def(
         "write",
-        [](nb::handle jobs, int threads, std::size_t block_size, bool direct, const std::string &sync,
-           bool sync_dir, bool record_latency, const std::string &schedule, ckpt::Control *control,
-           PySnapshot *after) {
+        [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
+           bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PySnapshot *after) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
             auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule);
@@ -236,38 +288,31 @@ NB_MODULE(_native, m) {
             nb::gil_scoped_release release;
             return ckpt::write_jobs(parsed, opts, control);
         },
-        "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = "fdatasync",
-        "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = "shared", "control"_a = nb::none(),
-        "after"_a = nb::none(),
+        "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = ckpt::SyncMode::Fdatasync,
+        "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared,
+        "control"_a = nb::none(), "after"_a = nb::none(),
         "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still "
         "copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, "
         "they are written as they are: its finish() raises).");
 
     m.def(
         "read",
-        [](nb::handle jobs, int threads, std::size_t block_size, bool direct, bool drop_cache,
-           bool record_latency, const std::string &schedule, ckpt::Control *control) {
+        [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, bool drop_cache, bool record_latency,
+           ckpt::Schedule schedule, ckpt::Control *control) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, true);
-            auto opts =
-                make_options(threads, block_size, direct, "none", false, drop_cache, record_latency, schedule);
+            auto opts = make_options(threads, block_size, direct, ckpt::SyncMode::None, false, drop_cache,
+                                     record_latency, schedule);
             nb::gil_scoped_release release;
             return ckpt::read_jobs(parsed, opts, control);
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "drop_cache"_a = true,
-        "record_latency"_a = true, "schedule"_a = "shared", "control"_a = nb::none(),
+        "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared, "control"_a = nb::none(),
         "Read each (writable buffer, path, offset) job, filling the buffer completely.");
 
-    m.def(
-        "metadata_bench",
-        [](const std::string &directory, std::size_t files, std::size_t file_size, int threads,
-           const std::string &sync, ckpt::Control *control) {
-            auto mode = parse_sync(sync);
-            nb::gil_scoped_release release;
-            return ckpt::metadata_bench(directory, files, file_size, threads, mode, control);
-        },
-        "directory"_a, "files"_a, "file_size"_a = 4096, "threads"_a = 1, "sync"_a = "fsync",
-        "control"_a = nb::none(), "Create, write, sync and close `files` small files in `directory`.");
+    m.def("metadata_bench", &ckpt::metadata_bench, "directory"_a, "files"_a, "file_size"_a = 4096, "threads"_a = 1,
+          "sync"_a = ckpt::SyncMode::Fsync, "control"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+          "Create, write, sync and close `files` small files in `directory`.");
 
     m.def("probe_direct", &ckpt::probe_direct, "directory"_a, nb::call_guard<nb::gil_scoped_release>(),
           "(supported, reason): whether `directory` accepts O_DIRECT writes (cached per directory).");
@@ -277,7 +322,7 @@ NB_MODULE(_native, m) {
 
     m.def(
         "copy_bandwidth",
-        [](nb::handle dst, nb::handle src, int repeats) {
+        [](buffer dst, buffer src, int repeats) {
             HeldBuffers held;
             Py_buffer &d = held.acquire(dst, true);
             Py_buffer &s = held.acquire(src, false);
@@ -292,21 +337,21 @@ NB_MODULE(_native, m) {
 
     m.def(
         "crc32c",
-        [](nb::handle buffer, std::uint32_t crc) {
+        [](buffer data, std::uint32_t crc) {
             HeldBuffers held;
-            Py_buffer &view = held.acquire(buffer, false);
-            const char *data = static_cast<const char *>(view.buf);
+            Py_buffer &view = held.acquire(data, false);
+            const char *bytes = static_cast<const char *>(view.buf);
             auto n = static_cast<std::size_t>(view.len);
             nb::gil_scoped_release release;
-            return ckpt::crc32c(data, n, crc);
+            return ckpt::crc32c(bytes, n, crc);
         },
         "buffer"_a, "crc"_a = 0, "CRC-32C of a buffer (continue from `crc` to checksum in pieces).");
 
     m.def(
         "crc32c_ranges",
-        [](nb::handle buffer, const std::vector<std::pair<std::size_t, std::size_t>> &ranges, int threads) {
+        [](buffer data, const std::vector<std::pair<std::size_t, std::size_t>> &ranges, int threads) {
             HeldBuffers held;
-            Py_buffer &view = held.acquire(buffer, false);
+            Py_buffer &view = held.acquire(data, false);
             auto len = static_cast<std::size_t>(view.len);
             for (const auto &[offset, nbytes] : ranges)
                 if (offset > len || nbytes > len - offset)
@@ -320,17 +365,14 @@ NB_MODULE(_native, m) {
 
     m.def("crc32c_hardware", &ckpt::crc32c_hardware, "Whether CRC-32C uses the CPU instruction (SSE4.2).");
 
-    m.def(
-        "copy_from_addresses",
-        [](nb::handle dst, nb::handle jobs, int threads) {
-            HeldBuffers held;
-            Py_buffer &view = held.acquire(dst, true);
-            std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs, held);
-            nb::gil_scoped_release release;
-            ckpt::parallel_copy(copies, threads);
-        },
-        "dst"_a, "jobs"_a, "threads"_a = 1,
-        "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence "
+    m.def("copy_from_addresses", &copy_from_addresses<CopyTable>, "dst"_a, "jobs"_a.noconvert(), "threads"_a = 1,
+          "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence "
+        "of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)); a fourth "
+        "column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller "
+        "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
+        "CPU tensor's data_ptr()).");
+    m.def("copy_from_addresses", &copy_from_addresses<CopyTuples>, "dst"_a, "jobs"_a, "threads"_a = 1,
+          "Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence "
         "of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)); a fourth "
         "column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller "
         "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
@@ -343,39 +385,25 @@ NB_MODULE(_native, m) {
                            "Copy-on-write staging: write-protects the sources of copy_from_addresses-style jobs and "
                            "copies them into `dst` on background threads; a write to a page not yet copied waits "
                            "until its chunk is copied. The caller may write to the sources as soon as it returns.")
-        .def(
-            "__init__",
-            [](PySnapshot *self, nb::handle dst, nb::handle jobs, int threads, std::size_t chunk_bytes,
-               std::size_t min_region_bytes, std::size_t max_regions) {
-                HeldBuffers held;
-                Py_buffer &view = held.acquire(dst, true);
-                std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs, held);
-                std::unique_ptr<ckpt::Snapshot> snapshot;
-                {
-                    nb::gil_scoped_release release;
-                    snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes,
-                                                                min_region_bytes, max_regions);
-                }
-                new (self) PySnapshot();
-                self->snapshot = std::move(snapshot);
-                if (PyObject_GetBuffer(dst.ptr(), &self->dst, PyBUF_SIMPLE | PyBUF_WRITABLE) != 0) {
-                    self->dst = Py_buffer{};
-                    PyErr_Clear();  // held above: cannot fail; the snapshot is still finished before dst goes
-                }
-            },
-            "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20, "min_region_bytes"_a = 256 << 10,
-            "max_regions"_a = 4096,
-            "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
-            "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
-            "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
-            "when snapshots are unavailable (see snapshot_unavailable()).")
+        .def("__init__", &init_snapshot<CopyTable>, "dst"_a, "jobs"_a.noconvert(), "threads"_a = 1,
+             "chunk_bytes"_a = 1 << 20, "min_region_bytes"_a = 256 << 10, "max_regions"_a = 4096,
+             "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
+             "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
+             "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
+             "when snapshots are unavailable (see snapshot_unavailable()).")
+        .def("__init__", &init_snapshot<CopyTuples>, "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20,
+             "min_region_bytes"_a = 256 << 10, "max_regions"_a = 4096,
+             "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
+             "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
+             "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
+             "when snapshots are unavailable (see snapshot_unavailable()).")
         .def("finish", [](PySnapshot &s) { s.snapshot->finish(); }, nb::call_guard<nb::gil_scoped_release>(),
              "Wait until every byte is copied and the protection is gone. Raises RuntimeError when the sources were "
              "freed, moved or unreadable meanwhile (the copy may be torn). Idempotent.")
         .def_prop_ro("done", [](const PySnapshot &s) { return s.snapshot->done(); })
         .def("stats", [](const PySnapshot &s) {
             ckpt::SnapshotStats st = s.snapshot->stats();
-            nb::dict d;
+            nb::typed<nb::dict, nb::str, std::size_t> d;
             d["protected_bytes"] = st.protected_bytes;
             d["copied_at_start"] = st.copied_at_start;
             d["chunks"] = st.chunks;
@@ -386,13 +414,13 @@ NB_MODULE(_native, m) {
 
     m.def(
         "fill_random",
-        [](nb::handle buffer, std::uint64_t seed) {
+        [](buffer data, std::uint64_t seed) {
             HeldBuffers held;
-            Py_buffer &view = held.acquire(buffer, true);
-            char *data = static_cast<char *>(view.buf);
+            Py_buffer &view = held.acquire(data, true);
+            char *bytes = static_cast<char *>(view.buf);
             auto n = static_cast<std::size_t>(view.len);
             nb::gil_scoped_release release;
-            ckpt::fill_random(data, n, seed);
+            ckpt::fill_random(bytes, n, seed);
         },
         "buffer"_a, "seed"_a = 0, "Fill a writable buffer with incompressible bytes, deterministic in `seed`.");
 }

@@ -18,13 +18,4 @@ std::vector<std::uint32_t> crc32c_ranges(const char *base, const std::vector<std
 // True when the hardware instruction is used.
 bool crc32c_hardware();
 
-// Copy each (src, dst, nbytes) on `threads` threads; big copies are split so threads share them.
-struct CopyJob {
-    const char *src;
-    char *dst;
-    std::size_t nbytes;
-    std::size_t zero_after = 0;  // then zero this many bytes from dst + nbytes (padding after a tensor)
-};
-void parallel_copy(const std::vector<CopyJob> &jobs, int threads);
-
 }  // namespace ckpt

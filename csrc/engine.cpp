@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "resources.hpp"
 #include "threads.hpp"
 
 #include <fcntl.h>
@@ -48,30 +49,27 @@ std::string parent_dir(const std::string &path) {
     return path.substr(0, pos);
 }
 
-void close_fd(int &fd) noexcept {
-    if (fd >= 0) {
-        ::close(fd);
-        fd = -1;
-    }
-}
-
 void sync_fd(int fd, SyncMode mode, const std::string &path) {
     if (mode == SyncMode::None) return;
     int rc = retry_eintr([&] { return mode == SyncMode::Fsync ? ::fsync(fd) : ::fdatasync(fd); });
     if (rc != 0) throw IoError(errno, mode == SyncMode::Fsync ? "fsync" : "fdatasync", path);
 }
 
+// Opens `path` with open(2)'s `flags` and `mode`, retrying EINTR; throws IoError when it fails.
+UniqueFd open_file(const std::string &path, int flags, mode_t mode = 0) {
+    UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), flags, mode); }));
+    if (!fd) throw IoError(errno, "open", path);
+    return fd;
+}
+
 void sync_directory(const std::string &dir) {
-    int fd = retry_eintr([&] { return ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
-    if (fd < 0) throw IoError(errno, "open", dir);
-    if (retry_eintr([&] { return ::fsync(fd); }) != 0) {
+    UniqueFd fd = open_file(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (retry_eintr([&] { return ::fsync(fd.get()); }) != 0) {
         int err = errno;
-        ::close(fd);
         // Some filesystems (FUSE, tmpfs variants) do not implement fsync on directories.
         if (err == EINVAL || err == EROFS || err == ENOTSUP) return;
         throw IoError(err, "fsync", dir);
     }
-    ::close(fd);
 }
 
 // Move exactly len bytes, retrying short transfers and EINTR.
@@ -93,8 +91,8 @@ void transfer(Kind kind, int fd, char *buf, std::size_t len, std::uint64_t offse
     }
 }
 
-// A parallel-for over `items` with N threads pulling indices from one counter. The first exception
-// stops every thread and is rethrown after they join; cancellation stops them between items.
+// parallel_for with one ThreadStat and one list of latency samples per worker; cancellation (the
+// Control's flag) stops the workers between items.
 struct WorkerPool {
     std::vector<ThreadStat> stats;
     std::vector<std::vector<std::uint64_t>> latencies;
@@ -105,43 +103,25 @@ struct WorkerPool {
     using Work = std::function<std::uint64_t(std::size_t, std::vector<std::uint64_t> &)>;
 
     void run(int nthreads, std::size_t items, Control *control, const Work &work) {
-        nthreads = std::max(1, static_cast<int>(std::min<std::size_t>(nthreads, std::max<std::size_t>(items, 1))));
-        stats.assign(nthreads, ThreadStat{});
-        latencies.assign(nthreads, {});
-        std::atomic<std::size_t> next{0};
-        std::atomic<bool> failed{false};
-        std::exception_ptr error;
-        std::mutex error_mutex;
-        auto body = [&](int tid) {
-            ThreadStat &st = stats[tid];
-            auto &lat = latencies[tid];
-            st.start_ns = now_ns();
-            try {
-                for (;;) {
-                    if (failed.load(std::memory_order_relaxed)) break;
-                    if (control && control->cancel.load(std::memory_order_relaxed)) break;
-                    std::size_t i = next.fetch_add(1);
-                    if (i >= items) break;
-                    std::size_t before = lat.size();
-                    st.bytes += work(i, lat);
-                    st.ops += lat.size() - before;
-                }
-            } catch (...) {
-                std::lock_guard<std::mutex> lock(error_mutex);
-                if (!error) error = std::current_exception();
-                failed.store(true);
-            }
-            st.end_ns = now_ns();
-        };
-        std::vector<std::thread> threads;
-        threads.reserve(nthreads - 1);
-        {
-            AsyncSignalsBlocked quiet;  // the workers inherit the mask; this thread gets its own back
-            for (int t = 1; t < nthreads; ++t) threads.emplace_back(body, t);
-        }
-        body(0);
-        for (auto &t : threads) t.join();
-        if (error) std::rethrow_exception(error);
+        const std::size_t workers = worker_count(items, nthreads);
+        stats.assign(workers, ThreadStat{});
+        latencies.assign(workers, {});
+        std::size_t ran = parallel_for(
+            items, nthreads,
+            [&](std::size_t worker, std::size_t i) {
+                auto &lat = latencies[worker];
+                std::size_t before = lat.size();
+                stats[worker].bytes += work(i, lat);
+                stats[worker].ops += lat.size() - before;
+            },
+            [&] { return control && control->cancel.load(std::memory_order_relaxed); },
+            [&](std::size_t worker, auto &loop) {
+                stats[worker].start_ns = now_ns();
+                loop();
+                stats[worker].end_ns = now_ns();
+            });
+        stats.resize(ran);
+        latencies.resize(ran);
         cancelled = control && control->cancel.load();
     }
 
@@ -169,15 +149,11 @@ std::uint64_t timed(std::vector<std::uint64_t> &lat, Control *control, std::uint
 
 struct FileState {
     std::string path;
-    int fd_direct = -1;
-    int fd_buffered = -1;
+    UniqueFd fd_direct;
+    UniqueFd fd_buffered;
     bool wants_direct = false;
     bool wants_buffered = false;
     std::atomic<std::size_t> remaining{0};
-    ~FileState() {
-        close_fd(fd_direct);
-        close_fd(fd_buffered);
-    }
 };
 
 struct Chunk {
@@ -190,16 +166,15 @@ struct Chunk {
 
 // O_DIRECT support for reading an existing file: open it with O_DIRECT and read one aligned block.
 std::pair<bool, std::string> probe_direct_read(const std::string &path) {
-    int fd = retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC); });
-    if (fd < 0) {
+    UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC); }));
+    if (!fd) {
         int err = errno;
         if (err == EINVAL) return {false, "open(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
         throw IoError(err, "open", path);
     }
     AlignedBuffer block(kDirectAlign, kDirectAlign, false);
-    ssize_t n = ::pread(fd, block.data(), kDirectAlign, 0);
+    ssize_t n = ::pread(fd.get(), block.data(), kDirectAlign, 0);
     int err = errno;
-    ::close(fd);
     if (n < 0 && err == EINVAL) return {false, "pread(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
     return {true, ""};
 }
@@ -275,12 +250,10 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
 
     if (kind == Kind::Read && opts.drop_cache) {
         for (auto &f : files) {
-            int fd = retry_eintr([&] { return ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC); });
-            if (fd < 0) throw IoError(errno, "open", f->path);
+            UniqueFd fd = open_file(f->path, O_RDONLY | O_CLOEXEC);
             // Dirty pages survive DONTNEED: write them back first so the read below is cold.
-            retry_eintr([&] { return ::fdatasync(fd); });
-            ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            ::close(fd);
+            retry_eintr([&] { return ::fdatasync(fd.get()); });
+            ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
         }
     }
 
@@ -288,14 +261,8 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     result.start_ns = now_ns();
     int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT) : O_RDONLY) | O_CLOEXEC;
     for (auto &f : files) {
-        if (f->wants_direct) {
-            f->fd_direct = retry_eintr([&] { return ::open(f->path.c_str(), base_flags | O_DIRECT, 0644); });
-            if (f->fd_direct < 0) throw IoError(errno, "open", f->path);
-        }
-        if (f->wants_buffered || !f->wants_direct) {
-            f->fd_buffered = retry_eintr([&] { return ::open(f->path.c_str(), base_flags, 0644); });
-            if (f->fd_buffered < 0) throw IoError(errno, "open", f->path);
-        }
+        if (f->wants_direct) f->fd_direct = open_file(f->path, base_flags | O_DIRECT, 0644);
+        if (f->wants_buffered || !f->wants_direct) f->fd_buffered = open_file(f->path, base_flags, 0644);
     }
 
     SyncMode sync = result.sync;
@@ -304,10 +271,10 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         FileState &f = *c.file;
         if (kind == Kind::Write && opts.before_write) opts.before_write(c.buf + c.len);
         timed(lat, control, c.len, [&] {
-            transfer(kind, c.direct ? f.fd_direct : f.fd_buffered, c.buf, c.len, c.offset, f.path);
+            transfer(kind, (c.direct ? f.fd_direct : f.fd_buffered).get(), c.buf, c.len, c.offset, f.path);
         });
         if (kind == Kind::Write && f.remaining.fetch_sub(1) == 1)
-            sync_fd(f.fd_buffered >= 0 ? f.fd_buffered : f.fd_direct, sync, f.path);
+            sync_fd((f.fd_buffered ? f.fd_buffered : f.fd_direct).get(), sync, f.path);
         return c.len;
     };
     WorkerPool pool;
@@ -334,9 +301,9 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         result.end_ns = now_ns();
         return result;
     }
-    for (auto &f : files) {
-        close_fd(f->fd_direct);
-        close_fd(f->fd_buffered);
+    for (auto &f : files) {  // closing is part of the timed region
+        f->fd_direct.reset();
+        f->fd_buffered.reset();
     }
     if (kind == Kind::Write && opts.sync_dir)
         for (const auto &dir : dirs) sync_directory(dir);
@@ -381,18 +348,18 @@ std::pair<bool, std::string> probe_direct(const std::string &directory) {
     std::string probe = directory + "/.ckptbench-direct-probe-" + std::to_string(::getpid()) + "-" +
                         std::to_string(counter.fetch_add(1));
     std::pair<bool, std::string> verdict{true, ""};
-    int fd = retry_eintr([&] { return ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600); });
-    if (fd < 0) {
+    AlignedBuffer block(kDirectAlign, kDirectAlign, true);  // before the file exists: nothing to undo if it fails
+    UniqueFd fd(retry_eintr([&] { return ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600); }));
+    if (!fd) {
         int err = errno;
         if (err != EINVAL) throw IoError(err, "open", probe);
         verdict = {false, "open(O_DIRECT) is not supported: " + std::string(std::strerror(err))};
         // Some filesystems refuse O_DIRECT at open but may have created the file: remove it.
         ::unlink(probe.c_str());
     } else {
-        AlignedBuffer block(kDirectAlign, kDirectAlign, true);
-        ssize_t n = ::pwrite(fd, block.data(), kDirectAlign, 0);
+        ssize_t n = ::pwrite(fd.get(), block.data(), kDirectAlign, 0);
         int err = errno;
-        ::close(fd);
+        fd.reset();
         ::unlink(probe.c_str());
         if (n < 0) {
             if (err != EINVAL) throw IoError(err, "pwrite", probe);
@@ -426,16 +393,10 @@ IoResult metadata_bench(const std::string &directory, std::size_t files, std::si
     pool.run(threads, files, control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
         std::string path = directory + "/md-" + std::to_string(i);
         return timed(lat, control, file_size, [&] {
-            int fd = retry_eintr([&] { return ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644); });
-            if (fd < 0) throw IoError(errno, "open", path);
-            try {
-                transfer(Kind::Write, fd, payload.data(), file_size, 0, path);
-                sync_fd(fd, sync, path);
-            } catch (...) {
-                ::close(fd);
-                throw;
-            }
-            if (::close(fd) != 0) throw IoError(errno, "close", path);
+            UniqueFd fd = open_file(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+            transfer(Kind::Write, fd.get(), payload.data(), file_size, 0, path);
+            sync_fd(fd.get(), sync, path);
+            if (fd.close() != 0) throw IoError(errno, "close", path);
         });
     });
     pool.fill(result, true);

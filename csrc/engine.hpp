@@ -30,8 +30,8 @@ private:
     std::string path_;
 };
 
-// Page-aligned host memory from posix_memalign, touched once at construction (first-touch memory
-// costs ~1 GB/s on the VMs we target, so buffers are allocated outside timed regions and reused).
+// Page-aligned host memory from posix_memalign, touched once at construction (the first touch of a
+// page is a fault, far slower than a copy: buffers are allocated outside timed regions and reused).
 class AlignedBuffer {
 public:
     AlignedBuffer(std::size_t nbytes, std::size_t alignment, bool prefault);
@@ -122,8 +122,8 @@ IoResult metadata_bench(const std::string &directory, std::size_t files, std::si
 // Best-of-`repeats` memcpy bandwidth between two fresh pre-faulted buffers, in bytes per second.
 double memcpy_bandwidth(std::size_t nbytes, int repeats);
 
-// The same between two caller-owned buffers (no allocation: freeing hundreds of MiB just before a
-// timed read was seen to slow O_DIRECT reads on small VMs for seconds afterwards).
+// The same between two caller-owned buffers (no allocation: freeing large buffers just before a timed
+// read can slow the O_DIRECT reads that follow).
 double copy_bandwidth(char *dst, const char *src, std::size_t nbytes, int repeats);
 
 // Fill with incompressible pseudo-random bytes (xorshift64*), deterministic in `seed`.

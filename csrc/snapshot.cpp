@@ -45,44 +45,40 @@ std::uintptr_t page_size() {
 
 // A userfaultfd that also handles faults taken inside the kernel (a read(2) into protected memory):
 // the syscall needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, /dev/userfaultfd its access.
-int open_userfaultfd(std::string *why) {
-    int fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
-    if (fd >= 0) return fd;
+UniqueFd open_userfaultfd(std::string *why) {
+    UniqueFd fd(static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
+    if (fd) return fd;
     int err = errno;
-    int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-    if (dev >= 0) {
-        fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+    UniqueFd dev(open("/dev/userfaultfd", O_RDWR | O_CLOEXEC));
+    if (dev) {
+        fd.reset(ioctl(dev.get(), USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK));
         err = errno;
-        close(dev);
-        if (fd >= 0) return fd;
+        if (fd) return fd;
     }
     if (why)
         *why = std::string("userfaultfd is not permitted here (") + std::strerror(err) +
                "; it needs CAP_SYS_PTRACE, vm.unprivileged_userfaultfd=1 or access to /dev/userfaultfd)";
-    return -1;
+    return {};
 }
 
-int open_snapshot_fd(std::string *why) {
-    int fd = open_userfaultfd(why);
-    if (fd < 0) return -1;
+UniqueFd open_snapshot_fd(std::string *why) {
+    UniqueFd fd = open_userfaultfd(why);
+    if (!fd) return {};
     uffdio_api api{};
     api.api = UFFD_API;
     api.features = kFeatures;
-    if (ioctl(fd, UFFDIO_API, &api) != 0) {
+    if (ioctl(fd.get(), UFFDIO_API, &api) != 0) {
         if (why)
             *why = std::string("this kernel's userfaultfd lacks write-protection of unpopulated memory or the "
                                "unmap/remove/remap events (Linux 6.4+): ") + std::strerror(errno);
-        close(fd);
-        return -1;
+        return {};
     }
     return fd;
 }
 
 std::string probe() {
     std::string why;
-    int fd = open_snapshot_fd(&why);
-    if (fd < 0) return why;
-    close(fd);
+    if (!open_snapshot_fd(&why)) return why;
     char from[64] = "probe", to[64] = {0};  // a container's seccomp profile may refuse it
     iovec local{to, sizeof to}, remote{from, sizeof from};
     if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof from))
@@ -225,35 +221,23 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     copiers_.reserve(static_cast<std::size_t>(threads));
     std::size_t states_at = (sizeof(Shared) + 63) / 64 * 64;
     std::size_t scratch_at = (states_at + chunks_.size() + 63) / 64 * 64;
-    mapping_bytes_ = scratch_at + workers_ * 2 * IOV_MAX * sizeof(iovec);
-    mapping_ = mmap(nullptr, mapping_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mapping_ == MAP_FAILED) {
-        mapping_ = nullptr;
-        throw std::runtime_error(std::string("mmap: ") + std::strerror(errno));
-    }
-    shared_ = new (mapping_) Shared();
-    state_ = reinterpret_cast<std::atomic<std::uint8_t> *>(static_cast<char *>(mapping_) + states_at);
+    mapping_ = Mapping(scratch_at + workers_ * 2 * IOV_MAX * sizeof(iovec));
+    shared_.reset(new (mapping_.data()) Shared());
+    state_ = reinterpret_cast<std::atomic<std::uint8_t> *>(mapping_.data() + states_at);
     for (std::size_t c = 0; c < chunks_.size(); ++c) new (&state_[c]) std::atomic<std::uint8_t>(Pending);
-    scratch_ = reinterpret_cast<iovec *>(static_cast<char *>(mapping_) + scratch_at);
+    scratch_ = reinterpret_cast<iovec *>(mapping_.data() + scratch_at);
     shared_->remaining.store(chunks_.size());
 
-    try {  // nothing is registered yet: a failure here undoes what it can and leaves no trace
-        if (!now.empty()) parallel_copy(now, threads);
-        std::string why;
-        uffd_ = open_snapshot_fd(&why);
-        if (uffd_ < 0) throw std::runtime_error(why);
-        stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (stop_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    // Nothing is registered yet: a failure here leaves no trace (the members release what was taken).
+    if (!now.empty()) parallel_copy(now, threads);
+    std::string why;
+    uffd_ = open_snapshot_fd(&why);
+    if (!uffd_) throw std::runtime_error(why);
+    stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stop_fd_) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    {
         AsyncSignalsBlocked blocked;
         fault_thread_ = std::thread([this] { fault_loop(); });  // before any page is registered
-    } catch (...) {
-        if (stop_fd_ >= 0) close(stop_fd_);
-        if (uffd_ >= 0) close(uffd_);
-        stop_fd_ = uffd_ = -1;
-        shared_->~Shared();
-        munmap(mapping_, mapping_bytes_);
-        mapping_ = nullptr;
-        throw;
     }
 
     // From here nothing allocates or throws. A region that cannot be registered (hugetlbfs, one
@@ -263,18 +247,18 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
         uffdio_register reg{};
         reg.range = {lo, hi - lo};
         reg.mode = UFFDIO_REGISTER_MODE_WP;
-        bool ok = ioctl(uffd_, UFFDIO_REGISTER, &reg) == 0;
+        bool ok = ioctl(uffd_.get(), UFFDIO_REGISTER, &reg) == 0;
         if (ok) {
             uffdio_writeprotect wp{};
             wp.range = {lo, hi - lo};
             wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
-            if (ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) == 0) {
+            if (ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp) == 0) {
                 stats_.protected_bytes += hi - lo;
                 ++stats_.regions;
                 continue;
             }
             uffdio_range range{lo, hi - lo};
-            ioctl(uffd_, UFFDIO_UNREGISTER, &range);
+            ioctl(uffd_.get(), UFFDIO_UNREGISTER, &range);
         }
         regions_[r].second = regions_[r].first;  // not registered: nothing to unregister at the end
         for (std::size_t c = chunk_of(lo); c < chunks_.size() && chunks_[c].start < hi; ++c) {
@@ -296,19 +280,16 @@ Snapshot::~Snapshot() {
     if (getpid() != pid_) {  // a forked child: the threads are the parent's; forget them unjoined
         for (auto &t : copiers_) new (&t) std::thread();
         new (&fault_thread_) std::thread();
-        if (uffd_ >= 0) {  // inherited while the parent's snapshot ran (else closed, maybe reused since)
-            close(stop_fd_);
-            close(uffd_);
-        }
+        // The descriptors still held were inherited while the parent's snapshot ran (finish() released
+        // them otherwise): the members close them. The shared pages are left as they are: their mutex
+        // and condition variable may be the parent's threads', which do not exist here.
+        shared_.release();
+        mapping_.release();
         return;
     }
     try {
         finish();
     } catch (...) {
-    }
-    if (mapping_) {
-        shared_->~Shared();
-        munmap(mapping_, mapping_bytes_);
     }
 }
 
@@ -342,7 +323,7 @@ void Snapshot::copy_chunk(std::size_t index, std::size_t worker) {
     uffdio_writeprotect wp{};  // lift the protection and wake the threads waiting on the chunk
     wp.range = {chunk.start, chunk.end - chunk.start};
     wp.mode = 0;
-    ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp);
+    ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp);
     state_[index].store(Done);
     if (shared_->remaining.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> lock(shared_->done_mutex);
@@ -382,7 +363,7 @@ bool Snapshot::wait_copied(const char *end) noexcept {
 }
 
 void Snapshot::fault_loop() {
-    pollfd fds[2] = {{uffd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{uffd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
     for (;;) {  // until told to stop: a thread stopped on a protected page has no one else
         if (poll(fds, 2, -1) < 0) {
             if (errno != EINTR) {
@@ -401,7 +382,7 @@ void Snapshot::handle_messages() {
     const std::size_t worker = workers_ - 1;
     uffd_msg msgs[16];
     for (;;) {
-        ssize_t n = read(uffd_, msgs, sizeof msgs);
+        ssize_t n = read(uffd_.get(), msgs, sizeof msgs);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno != EAGAIN) fail("could not read the userfaultfd of", 0, 0);
@@ -417,14 +398,14 @@ void Snapshot::handle_messages() {
                 uffdio_range range{address / page_size() * page_size(), page_size()};
                 if (c == SIZE_MAX) {  // outside every chunk (none expected): unprotect the page, go on
                     uffdio_writeprotect wp{range, 0};
-                    ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp);
+                    ioctl(uffd_.get(), UFFDIO_WRITEPROTECT, &wp);
                     continue;
                 }
                 shared_->faults.fetch_add(1, std::memory_order_relaxed);
                 if (!claim_and_copy(c, worker))  // a copier has it: the copy is short, then wake
                     while (state_[c].load() != Done) sched_yield();
                 range = {chunks_[c].start, chunks_[c].end - chunks_[c].start};
-                ioctl(uffd_, UFFDIO_WAKE, &range);  // in case the copy's unprotect woke no one
+                ioctl(uffd_.get(), UFFDIO_WAKE, &range);  // in case the copy's unprotect woke no one
                 continue;
             }
             if (m.event == UFFD_EVENT_REMOVE) {
@@ -450,11 +431,11 @@ void Snapshot::unregister_all() noexcept {
     for (const auto &[lo, hi] : regions_) {
         if (lo == hi) continue;
         uffdio_range range{lo, hi - lo};
-        if (ioctl(uffd_, UFFDIO_UNREGISTER, &range) == 0) continue;
+        if (ioctl(uffd_.get(), UFFDIO_UNREGISTER, &range) == 0) continue;
         // Part of it was unmapped and mapped anew (a failed snapshot): page by page, what is left.
         for (std::uintptr_t p = lo; p < hi; p += page_size()) {
             uffdio_range one{p, page_size()};
-            ioctl(uffd_, UFFDIO_UNREGISTER, &one);
+            ioctl(uffd_.get(), UFFDIO_UNREGISTER, &one);
         }
     }
 }
@@ -472,11 +453,10 @@ void Snapshot::finish() {
         copiers_.clear();
         unregister_all();  // no event after this; the fault thread drains those queued, then stops
         std::uint64_t one = 1;
-        if (write(stop_fd_, &one, sizeof one) != sizeof one) fail("could not stop the fault thread of", 0, 0);
+        if (write(stop_fd_.get(), &one, sizeof one) != sizeof one) fail("could not stop the fault thread of", 0, 0);
         if (fault_thread_.joinable()) fault_thread_.join();
-        close(stop_fd_);
-        close(uffd_);
-        stop_fd_ = uffd_ = -1;
+        stop_fd_.reset();
+        uffd_.reset();
         stats_.faults = shared_->faults.load();
         finished_ = true;
     }

@@ -1,7 +1,7 @@
 // Copy-on-write staging: a consistent copy of host memory that the caller may write to at once.
 //
 // An async save blocks its caller only while staging, and staging host tensors is a memcpy of the
-// whole checkpoint (~0.1 s per GB here). A Snapshot write-protects the source pages instead (Linux
+// whole checkpoint. A Snapshot write-protects the source pages instead (Linux
 // userfaultfd, UFFDIO_WRITEPROTECT, as QEMU's background snapshots do) and copies them into the
 // destination on background threads. A write to a page not yet copied stops the writing thread in
 // the kernel; the snapshot's fault thread copies that page's chunk first, lifts the protection and
@@ -26,7 +26,8 @@
 
 #include <sys/uio.h>
 
-#include "checksum.hpp"
+#include "copy.hpp"
+#include "resources.hpp"
 
 namespace ckpt {
 
@@ -100,17 +101,21 @@ private:
         std::condition_variable done_cv;
     };
 
-    int uffd_ = -1;
+    // Destroys the Shared in place (its pages belong to mapping_).
+    struct DestroyShared {
+        void operator()(Shared *shared) const noexcept { shared->~Shared(); }
+    };
+
+    UniqueFd uffd_;
     int pid_ = 0;
-    int stop_fd_ = -1;
+    UniqueFd stop_fd_;
     std::vector<std::pair<std::uintptr_t, std::uintptr_t>> regions_;  // registered [start, end)
     std::vector<Chunk> chunks_;
     std::vector<Piece> pieces_;
     std::vector<std::size_t> order_;         // chunks by the lowest destination address they copy to
     std::vector<std::uintptr_t> lowest_dst_;  // per chunk
-    void *mapping_ = nullptr;  // Shared, then one state per chunk, then per worker 2 x IOV_MAX iovecs
-    std::size_t mapping_bytes_ = 0;
-    Shared *shared_ = nullptr;
+    Mapping mapping_;  // Shared, then one state per chunk, then per worker 2 x IOV_MAX iovecs
+    std::unique_ptr<Shared, DestroyShared> shared_;
     std::atomic<std::uint8_t> *state_ = nullptr;
     iovec *scratch_ = nullptr;  // workers: the copiers, then the fault thread
     std::size_t workers_ = 0;

@@ -39,18 +39,14 @@ from ckptbench import interrupts, knobs, native
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
-from ckptbench.bench.workloads import (
+from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict, check_device, plan_workload, to_device
+from ckptbench.bench.writers import (
     OBJECT_WRITERS,
     WRITERS,
-    CheckpointWorkload,
     CkptbenchWriter,
     ComputeProbe,
     Writer,
-    build_state_dict,
-    check_device,
     make_writer,
-    plan_workload,
-    to_device,
     verify_state_dict,
 )
 from ckptbench.checkpoint.stage import available_memory_bytes

@@ -294,7 +294,8 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     progress.begin(mine.total_bytes * rounds * 3)
     progress.phase(f"rank {world.rank}: building its share ({format_size(mine.total_bytes)}, "
                    f"{len(mine.tensors)} tensors)")
-    from ckptbench.bench.workloads import _SEED, build_state_dict, verify_state_dict
+    from ckptbench.bench.workloads import _SEED, build_state_dict
+    from ckptbench.bench.writers import verify_state_dict
 
     state_dict = build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP)
     ckpt = Checkpointer(threads=spec.threads)

@@ -35,21 +35,19 @@ from ckptbench.checkpoint.distributed import RankFailedError, World, current_wor
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild
 from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, copy_values, dtype_of, stage, typed_view
-from ckptbench.errors import InsufficientSpaceError, OutcomeUnknownError, StorageIOError, UsageError
+from ckptbench.errors import (
+    CheckpointExistsError,
+    CommitOutcomeUnknown,
+    InsufficientSpaceError,
+    OutcomeUnknownError,
+    StorageIOError,
+    UsageError,
+)
 from ckptbench.interrupts import QuietThread, Workers
-from ckptbench.storage.store import LocalStore, Store, WriteReport, open_store
+from ckptbench.storage.store import Store, WriteReport, open_store
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointExistsError(UsageError):
-    """The target already holds a committed checkpoint and ``overwrite`` was not given."""
-
-    @classmethod
-    def at(cls, url: str) -> CheckpointExistsError:
-        return cls(f"{url} already holds a checkpoint",
-                   hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
 
 
 #: Seconds between re-reads of the manifest after a write whose answer was lost (it may land late).
@@ -65,10 +63,6 @@ def _current_manifest(store: Store) -> dict | None:
         return mf.read_manifest(store)
     except mf.NotACheckpointError:
         return None
-
-
-class CommitOutcomeUnknown(StorageIOError):
-    """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
 
 
 @dataclass(frozen=True)
@@ -122,15 +116,11 @@ class SaveResult:
 
 
 class SaveHandle:
-    """An asynchronous save in flight. ``staged`` is True once the caller may change its tensors
-    (always on return from ``save``); ``result()`` blocks until the checkpoint is durable."""
+    """An asynchronous save in flight, returned by ``save(..., async_=True)`` once the caller may change
+    its tensors; ``result()`` blocks until the checkpoint is durable."""
 
     def __init__(self, future: Future) -> None:
         self._future = future
-        self.staged = True
-
-    def wait_staged(self) -> None:
-        """Returns at once: ``save(..., async_=True)`` returns only after staging."""
 
     def done(self) -> bool:
         return self._future.done()
@@ -844,8 +834,8 @@ _FAULT_AHEAD_BYTES = 8 * 2**20
 def _fresh_read_buffer(nbytes: int) -> mmap.mmap:
     """Zeroed, page-aligned memory for one load, not yet faulted in (see :func:`_faulting_ahead`).
 
-    Not MADV_HUGEPAGE: on a 2-vCPU VM it made reads 1.5x faster when the host still backed the
-    memory and 2-3x slower when it had taken it back (free page reporting), in the same run."""
+    Not MADV_HUGEPAGE: huge pages speed reads up only while the host still backs the memory, and slow
+    them down a lot once it has taken it back (a VM's free page reporting), which can change within a run."""
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
 
 
@@ -854,11 +844,10 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
     """Fault ``buffer`` in from its start on a helper thread while the body reads into it in order.
 
     Page faults are most of a cold load's CPU time: done by the reader threads, between their
-    reads, they leave the device idle. Touching the whole buffer first, on one thread, made cold
-    loads 1.6-3.6x slower here; faulting it in alongside the reads, from the front, keeps ahead of
-    the readers (where they overtake it, they fault their own pages as before): cold loads
-    1.1-1.3x faster (median of 8 paired rounds, 2 vCPUs, virtio disk). Without
-    MADV_POPULATE_WRITE (Linux before 5.14, other systems) the readers fault every page themselves.
+    reads, they leave the device idle; touching the whole buffer first, on one thread, delays every
+    read. Faulted in alongside the reads, from the front, the buffer stays ahead of the readers
+    (where they overtake it, they fault their own pages). Without MADV_POPULATE_WRITE (Linux before
+    5.14, other systems) the readers fault every page themselves.
     """
     stop = threading.Event()
 
@@ -998,13 +987,13 @@ def _synchronize_all(tree: Any) -> None:
 def _follows_copy(store: Store) -> bool:
     """Whether ``store``'s writes can follow a copy still landing in the arena: the engine writes it
     (a filesystem) and waits for each block's bytes (``native.write(after=...)``)."""
-    return isinstance(store, LocalStore)
+    return store.writes_follow_copy
 
 
 def _stages_behind(async_: bool, store: Store) -> bool:
     """Whether a save stages host tensors copy-on-write (``stage.CopyBehind``): every async save (the
     caller goes on at once), and sync saves whose write follows the copy instead of waiting for all of
-    it (:func:`_follows_copy`; a 1.7 GiB save 949 -> 883 ms on a 2-vCPU VM)."""
+    it (:func:`_follows_copy`)."""
     return async_ or _follows_copy(store)
 
 
@@ -1104,9 +1093,9 @@ def _remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
     """After a commit: remove the files (and abort the uploads) of older or crashed saves that
     ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own)."""
     store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
-    if hasattr(store, "abort_incomplete_uploads"):  # uploads an earlier, failed save could not abort
-        store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
-                                       and (owns is None or owns(name)))
+    # Uploads an earlier, failed save could not abort (stores without multipart uploads have none).
+    store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
+                                   and (owns is None or owns(name)))
 
 
 _default: Checkpointer | None = None

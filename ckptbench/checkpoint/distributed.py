@@ -15,8 +15,8 @@ group, so gloo serves on GPU machines too (with an nccl default group, a gloo si
 
 Two kinds of exchange, both called by every rank in the same order:
 
-* :meth:`World.barrier` and :meth:`World.all_gather` go through the gloo group (fast: a barrier
-  costs ~2-4 ms between two local processes) and are for the calling thread of a collective step.
+* :meth:`World.barrier` and :meth:`World.all_gather` go through the gloo group (fast) and are for the
+  calling thread of a collective step.
 * :meth:`World.exchange` goes through the rendezvous store under a caller-chosen key, so it may run
   on any thread (an async save commits from a background thread while the training loop goes on);
   each rank contributes a value or its failure, and every rank gets all of them.
@@ -43,18 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench import knobs
-from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.errors import RankFailedError, UsageError
 from ckptbench.interrupts import QuietThread
 
 log = logging.getLogger(__name__)
 
 _NAMESPACE = "ckptbench/"
-
-
-class RankFailedError(CkptbenchError):
-    """Another rank of the launch failed, died or did not answer in time; the message names it."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ class Ring:
 
 def upload(table: np.ndarray, device: Any, stream: Any) -> Any:
     """``table`` (int64) on ``device``, copied on ``stream`` (None: the current one) through page-locked
-    memory: from pageable memory the copy costs the host ~0.5 ms per 600 KB. The caller keeps the
+    memory: from pageable memory the copy costs the host far more. The caller keeps the
     result until ``stream`` is done (the caching allocators order later reuse of both buffers after
     the copy)."""
     import torch
@@ -370,7 +370,7 @@ def _launch(kernel: Any, stream: Any, table: Any, dst: Any) -> None:
     that device): each row copied to ``dst`` (a device tensor, or registered host memory) at its offset.
 
     One driver call: torch's launcher opens the driver library, checks that host tensors are pinned and
-    converts its arguments anew on every call, ~0.15 ms of a staging that may take 1 ms in all. A
+    converts its arguments anew on every call, a noticeable part of a staging of small tensors. A
     stand-in kernel (no ``func``, as in the CPU tests) is called the way torch's launcher is, and so is
     the kernel where there is no CUDA driver library to call (a ROCm build)."""
     rows = int(table.shape[0])
@@ -390,7 +390,7 @@ def _launch(kernel: Any, stream: Any, table: Any, dst: Any) -> None:
 class CurrentStream:
     """This thread's current CUDA stream on ``device``, by handle: all that launching the kernel on it and
     waiting for it take. Getting torch's stream object and joining a side stream to it costs the host
-    ~0.1 ms, a tenth of what staging 40 MB of small tensors takes. Work queued on it runs after the
+    a noticeable part of staging small tensors. Work queued on it runs after the
     tensors' producers (queued there before), as a side stream made to wait for it would."""
 
     device: Any
@@ -415,7 +415,7 @@ class CurrentStream:
 
 def on_device(device: Any) -> contextlib.AbstractContextManager:
     """CUDA ``device`` made current for the driver calls inside (nothing to do where it already is, as
-    nearly always: ``torch.cuda.device`` costs the host ~50 us)."""
+    nearly always: ``torch.cuda.device`` costs the host time)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     import torch

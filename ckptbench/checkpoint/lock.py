@@ -1,4 +1,4 @@
-"""The save lock: one save at a time per checkpoint location (guarantee 6 of the README).
+"""The save lock: one save at a time per checkpoint location (the README's Concurrency guarantee).
 
 Why a lock: shards carry a per-save id and, after its commit, a save removes the files its manifest
 does not name (older or crashed saves). Two saves to one location at once would each remove the
@@ -17,7 +17,8 @@ Call sequence (``api.Checkpointer.save``):
                                         release on the persist thread. Idempotent.
 4. ``lock.finish_before_exit(future)`` (async saves): the interpreter's exit, also one caused by
                                         Ctrl-C, first waits for the persist; a second Ctrl-C abandons it
-                                        (releases the lock, so no commit follows) and ends the process.
+                                        (releases the lock, so no commit follows) and ends the process
+                                        (``checkpoint/at_exit.py``).
 
 Where the lock lives:
 
@@ -54,8 +55,6 @@ Limits, precisely:
 
 from __future__ import annotations
 
-import atexit
-import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours (see the end)
 import contextlib
 import errno
 import fcntl
@@ -63,21 +62,19 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
 
-from ckptbench import interrupts, knobs
-from ckptbench.errors import CkptbenchError, StorageIOError
+from ckptbench import knobs
+from ckptbench.checkpoint import at_exit
+from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOError
 from ckptbench.interrupts import QuietThread
-from ckptbench.storage.store import LocalStore, Store
+from ckptbench.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +85,6 @@ _live_tokens: set[str] = set()
 LEASE_TTL_S = knobs.LOCK_TTL_S
 #: errnos of a filesystem that has no flock: saves go on unlocked, with a warning.
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
-
-
-class CheckpointLockedError(CkptbenchError):
-    """Another save (another process, or another Checkpointer here) is writing to the same location."""
-
-
-class LockLostError(CheckpointLockedError):
-    """The save lost its lock before the commit (lease taken over, or the save was abandoned at exit)."""
 
 
 @dataclass(frozen=True)
@@ -212,10 +201,9 @@ class SaveLock:
             return self._committed
 
     def finish_before_exit(self, future: Future) -> None:
-        """Make the interpreter's exit wait for ``future`` (an async persist holding this lock)."""
-        with _in_flight_lock:
-            _in_flight[future] = self
-        future.add_done_callback(_forget)
+        """Make the interpreter's exit wait for ``future`` (an async persist holding this lock); see
+        ``checkpoint/at_exit.py``."""
+        at_exit.finish_before_exit(future, self)
 
     def _verify(self) -> str | None:
         return None
@@ -331,7 +319,7 @@ class _Lease(SaveLock):
     def _read(self) -> tuple[Holder | None, str | None]:
         try:
             if self._conditional:
-                data, etag = self._store.get_tagged(LOCK_NAME)  # type: ignore[attr-defined]
+                data, etag = self._store.get_tagged(LOCK_NAME)
                 return Holder.decode(data), etag
             return Holder.decode(self._store.get(LOCK_NAME)), None
         except FileNotFoundError:
@@ -339,7 +327,7 @@ class _Lease(SaveLock):
 
     def _create(self) -> bool:
         if self._conditional:
-            self._etag = self._store.put_if(LOCK_NAME, self._me.encode())  # type: ignore[attr-defined]
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode())
             return self._etag is not None
         if self._store.size(LOCK_NAME) is not None:
             return False
@@ -347,7 +335,7 @@ class _Lease(SaveLock):
 
     def _replace(self, etag: str | None) -> bool:
         if self._conditional:
-            self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)  # type: ignore[attr-defined]
+            self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)
             return self._etag is not None
         return self._put_and_confirm()
 
@@ -366,7 +354,7 @@ class _Lease(SaveLock):
         """Extend the lease; the reason when it is no longer ours."""
         renewed = replace(self._me, renewed_unix_s=time.time())
         if self._conditional:
-            etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)  # type: ignore[attr-defined]
+            etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)
             if etag is None:
                 current, _ = self._read()
                 return _lost_to(current)
@@ -421,20 +409,20 @@ def _locked(url: str, holder: Holder | None) -> CheckpointLockedError:
 
 def acquire_save_lock(store: Store) -> SaveLock:
     """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
-    if isinstance(store, LocalStore):
-        return _FileLock.acquire(store.path, store.url)
-    conditional = hasattr(store, "put_if") and hasattr(store, "get_tagged") and _honours_conditions(store)
+    if store.local_path is not None:
+        return _FileLock.acquire(store.local_path, store.url)
+    conditional = store.conditional_writes and _honours_conditions(store)
     return _Lease(store, conditional).acquire()
 
 
 _conditions_honoured: dict[tuple[str, str], bool] = {}
 
 
-def _honours_conditions(store: Any) -> bool:
+def _honours_conditions(store: Store) -> bool:
     """Whether the server refuses an ``If-None-Match: *`` PUT of an existing object (checked once per
     endpoint and bucket, on a probe object that is removed again). Servers that ignore the header would
     make every lease creation succeed."""
-    key = (str(getattr(store, "endpoint", "")), str(getattr(store, "bucket", store.url)))
+    key = store.server()
     if key not in _conditions_honoured:
         probe = f"{LOCK_NAME}.probe-{secrets.token_hex(4)}"
         try:
@@ -448,65 +436,3 @@ def _honours_conditions(store: Any) -> bool:
                         "best effort there (see ckptbench.checkpoint.lock)", store.url)
         _conditions_honoured[key] = honoured
     return _conditions_honoured[key]
-
-
-# -- async saves at interpreter exit ------------------------------------------------------------
-
-_in_flight: dict[Future, SaveLock] = {}
-_in_flight_lock = threading.Lock()
-
-
-def _forget(future: Future) -> None:
-    with _in_flight_lock:
-        _in_flight.pop(future, None)
-
-
-def _finish_saves_in_flight() -> None:
-    """At exit (also after an uncaught KeyboardInterrupt or SystemExit): finish async persists.
-
-    A second Ctrl-C (or SystemExit, from a signal handler) while waiting abandons them: their locks
-    are released first, so no commit can follow, and the process ends at once, by SIGINT (Ctrl-C) or
-    with the SystemExit's code, skipping the rest of the interpreter's shutdown. Finalizing under a
-    persist thread that is inside the engine would abort the process (its C++ frames unwound by the
-    thread's forced exit)."""
-    # A second Ctrl-C is recorded by the handler and acted on here, never raised inside the wait (see
-    # ckptbench.interrupts); a third one changes nothing: the abandon is under way. One that comes
-    # after every save finished is dropped: the process is exiting anyway.
-    with contextlib.suppress(KeyboardInterrupt, SystemExit), interrupts.Deferred() as signals:
-        with _in_flight_lock:
-            pending = list(_in_flight.items())
-        for future, lock in pending:
-            if future.done():
-                continue
-            log.warning("ckptbench: finishing the async save to %s before exit (Ctrl-C again to abandon it)",
-                        lock.url)
-            while not future.done() and signals.interrupt is None:
-                time.sleep(interrupts.POLL_S)
-            if signals.interrupt is not None:
-                _abandon(pending, signals.interrupt)
-            if future.exception() is not None:
-                log.warning("ckptbench: the async save to %s failed: %s", lock.url, future.exception())
-
-
-def _abandon(pending: list[tuple[Future, SaveLock]], interrupt: BaseException) -> NoReturn:
-    for future, lock in pending:
-        if not future.done() and not lock.release():
-            log.warning("ckptbench: abandoned the async save to %s: nothing was committed (the previous checkpoint "
-                        "stays; the next save removes the partial files)", lock.url)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    if isinstance(interrupt, KeyboardInterrupt):
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    code = interrupt.code if isinstance(interrupt, SystemExit) else 130
-    os._exit(code if isinstance(code, int) else 1)
-
-
-# Registered with threading's exit hooks, not atexit's: those run first, last registered first, so
-# this one runs before concurrent.futures' (imported above), after which a persist could no longer
-# queue work on a thread pool (S3 part uploads). atexit where that private hook is missing.
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_finish_saves_in_flight)
-else:  # pragma: no cover - CPython before 3.9
-    atexit.register(_finish_saves_in_flight)

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any
 
-from ckptbench.errors import CkptbenchError, InsufficientSpaceError, UsageError
+from ckptbench.errors import CorruptCheckpointError, InsufficientSpaceError, NotACheckpointError, UsageError
 from ckptbench.storage.store import Store
 from ckptbench.units import format_size
 
@@ -25,16 +25,6 @@ FORMAT = "ckptbench.checkpoint/1"
 #: Under a distributed launch shards carry the rank too: ``shard-<save id>-r<rank>-<index>.bin``.
 OWNED_FILE = re.compile(r"^(shard-[0-9a-f]{8}(-r\d{5})?-\d{5}\.bin|\.manifest\.json\.tmp-[0-9a-f]{8}"
                         r"|\.ckptbench-direct-probe-\d+-\d+)$")
-
-
-class NotACheckpointError(CkptbenchError):
-    """The path holds no committed checkpoint (no manifest, or one that cannot be read)."""
-
-    exit_code = 2
-
-
-class CorruptCheckpointError(CkptbenchError):
-    """A committed checkpoint whose data does not match its manifest (checksum or size)."""
 
 
 def commit(store: Store, manifest: dict[str, Any]) -> None:

@@ -96,7 +96,8 @@ class SavePlan:
     @functools.cached_property
     def manifest_skeleton(self) -> Any:
         """``skeleton`` as the manifest stores it: with each OrderedDict's ``_metadata`` (module versions)
-        encoded, which planning only takes a list of (10,000 modules: ~15 ms less in an async stall)."""
+        encoded, which planning only takes a list of: the encoding, one entry per module, stays out of an
+        async save's stall."""
         for node, items in self.later:
             metadata = _encode_metadata(items)
             if metadata is not None:
@@ -394,7 +395,7 @@ def _tuple_class(kind: type) -> dict[str, Any]:
 
 _DTYPE_NAMES: dict[Any, str] = {}
 #: A tensor entry before placement: (index, key, dtype, shape, nbytes, alias_of). Plain tuples while
-#: flattening: each TensorEntry is built once, placed (a frozen dataclass costs ~1.6 us to build).
+#: flattening: each TensorEntry is built once, placed (a frozen dataclass is slow to build).
 _Row = tuple[int, str, str, tuple[int, ...], int, "int | None"]
 
 
@@ -488,7 +489,7 @@ def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:
 def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:
     """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
     # Planning creates a few objects per tensor; with many tensors alive a collection pass in the
-    # middle (seen here: 50 -> 130 ms for 11k tensors) would land in an async save's stall.
+    # middle would more than double the planning time, and it lands in an async save's stall.
     with _gc_paused():
         plan, f = _plan(state_dict, shard_size, shard_prefix)
         return plan, f.tensors
@@ -505,8 +506,8 @@ class PlanCache:
     """The last :func:`plan_save` of a checkpointer, for the next save of a state_dict laid out the same
     way, as a training loop saves the same model and optimizer again and again.
 
-    Planning visits every tensor and builds a few objects for each (~5 us per tensor: 50-90 ms of an
-    async save's stall for 11k tensors). The next save walks the state_dict more lightly
+    Planning visits every tensor and builds a few objects for each, all of it in an async save's
+    stall. The next save walks the state_dict more lightly
     (:class:`_Relayout`): it makes the skeleton anew, as plain values change from save to save, and a
     record of what the layout depends on: each container's type and length, each key, each plain
     value's place, and of each tensor its address, shape, strides, dtype, device, conjugate and
@@ -593,6 +594,6 @@ def layout(entries: list[_Row], skeleton: Any, shard_size: int, shard_prefix: st
         placements[:, 0] = index
         placements[:, 1] = bases[where[:, 0]] + where[:, 1]
         placements[:, 2] = [entries[i][4] for i in index.tolist()]
-        # Column-major: staging reads whole columns (offsets, sizes), contiguous so, 2-4x faster to scan.
+        # Column-major: staging reads whole columns (offsets, sizes), faster to scan when contiguous.
         placements = np.asfortranarray(placements[np.argsort(placements[:, 1], kind="stable")])
     return SavePlan(tuple(shards), skeleton, max(arena, BIG_ALIGN), placements, (entries, placed), later)

@@ -1,6 +1,6 @@
 """Staging: copy every tensor of a plan into one page-aligned host arena, reused across saves.
 
-The arena is allocated and touched once (fresh memory costs ~1 GB/s on small VMs) and grows only when
+The arena is allocated and touched once (the first touch of fresh memory is far slower than a copy) and grows only when
 a plan needs more. Contiguous CPU tensors are copied by the engine on N threads without the GIL;
 anything else (non-contiguous views, GPU tensors) goes through ``Tensor.copy_`` into a typed view of
 the arena, GPU copies on a side stream into the arena registered with CUDA (cudaHostRegister) so the
@@ -27,14 +27,10 @@ import numpy as np
 from ckptbench import knobs, native
 from ckptbench.checkpoint import gather
 from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, SavePlan, Sources
-from ckptbench.errors import CkptbenchError, UsageError
+from ckptbench.errors import InsufficientMemoryError, SnapshotError, UsageError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-class InsufficientMemoryError(UsageError):
-    """Not enough host memory for the staging arena."""
 
 
 def available_memory_bytes() -> int | None:
@@ -170,10 +166,6 @@ def _same_width_int(nbytes: int) -> Any:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[nbytes]
 
 
-class SnapshotError(CkptbenchError):
-    """The tensors changed under a copy-on-write staging in a way it cannot keep up with (freed, moved)."""
-
-
 def cow_unavailable() -> str:
     """Why host tensors cannot be staged copy-on-write here ('' when they can): the knob, or the engine's probe."""
     if not knobs.STAGE_COW:
@@ -222,7 +214,8 @@ class CopyBehind:
 
 
 def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow: bool = False) -> CopyBehind | None:
-    """Copy each stored tensor into its place in the arena; returns when every byte is there.
+    """Copy each stored tensor into its place in the arena; returns when every byte is there (with
+    ``cow``: every byte but those a returned CopyBehind is still copying, see below).
 
     ``tensors`` are ``plan_save``'s sources (a plain list works too, at the cost of visiting each
     tensor again). Contiguous CPU tensors: one engine call on ``threads`` threads; contiguous CUDA
@@ -256,7 +249,7 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
                     threads: int, zero_after: np.ndarray | None = None, key: tuple | None = None,
                     cow: bool = False) -> native.Snapshot | None:
     """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
-    (rows sorted by offset, non-empty, not overlapping); returns when every byte is there. The arena
+    (rows sorted by offset, non-empty, not overlapping). The arena
     must already be large enough. ``zero_after[k]``: zero that many bytes after copy k (the padding
     of shard files, up to the next copy). ``key``: the arrays these come from, under which the arena
     keeps a staging of one device's tensors straight into it for the next time (:meth:`Arena.repeat_for`).
@@ -552,7 +545,7 @@ class Direct:
         """Queue it for ``sources`` (the tensors, by position) into ``flat``; returns without waiting."""
         cuda = self.device.type == "cuda"
         stream = gather.CurrentStream.of(self.device) if cuda else None
-        # The copy engine's stream only where it copies something (each stream joined costs the host ~50 us).
+        # The copy engine's stream only where it copies something (joining a stream costs the host time).
         copy_stream = side_stream(self.device, COPY_STREAM) if cuda and self.big else None
         queued = gather.Queued((stream, copy_stream), [])
         try:

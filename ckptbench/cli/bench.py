@@ -14,9 +14,7 @@ import click
 from ckptbench import knobs, units
 from ckptbench.cli import params
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
-from ckptbench.cli.render import SECRET_OPTIONS as SECRET_OPTIONS  # re-exported: it lived here
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
-from ckptbench.cli.render import redacted_argv as redacted_argv  # re-exported: it lived here
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
@@ -26,7 +24,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SIZE = "1GiB"
 DEFAULT_FILES = 8
 DEFAULT_MODEL = "llama3-8b"
-#: Writers ``--writers`` accepts (bench.workloads.WRITERS; spelled out so --help needs no import).
+#: Writers ``--writers`` accepts (bench.writers.WRITERS; spelled out so --help needs no import).
 WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
 #: Options of the filesystem workload only, by parameter name -> flag.
 FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",

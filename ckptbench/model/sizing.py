@@ -1,6 +1,6 @@
 """Checkpoint size from a parameter count and a training recipe, and how it splits across ranks.
 
-Bytes per parameter (DESIGN.md, "The model"):
+Bytes per parameter (docs/ARCHITECTURE.md, "The model"):
 
 =====================  =======================================================
 weights                bf16 2, fp16 2, fp32 4, fp8 1 (the dtype they train in)

@@ -1,1 +1,2 @@
-"""Reports: plots (PNG) and, later, console tables, JSON/CSV export and HTML/Markdown reports."""
+"""Reports from result documents: PNG plots, and one self-contained HTML (or Markdown) report of them
+(``ckptbench report``). Console tables are the commands' own (``cli/``)."""

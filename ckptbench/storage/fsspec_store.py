@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptbench.errors import MissingDependencyError, StorageIOError, TargetError
 from ckptbench.interrupts import Workers
-from ckptbench.storage.store import WriteReport
+from ckptbench.storage.store import Store, WriteReport
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def _quiet_half_built(cls: type) -> Iterator[None]:
         sys.unraisablehook = previous
 
 
-class FsspecStore:
+class FsspecStore(Store):
     """A location ``PROTOCOL://path`` on an fsspec filesystem; objects are ``path/NAME``."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:

@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 SCRATCH_PREFIX = "ckptbench-scratch-"
 
 
-def _remove_everything(store: Any) -> int:
+def _remove_everything(store: Store) -> int:
     """Delete every object under ``store``'s location (sub-prefixes too where the store can list them)."""
-    names = store.list_recursive() if hasattr(store, "list_recursive") else store.list()
+    names = store.list_recursive()
     if names:
         store.remove(names)
     return len(names)
@@ -49,16 +49,7 @@ class ObjectTarget:
 
     def describe(self) -> dict[str, Any]:
         """The environment's ``target`` block: where, and which endpoint and credential *source* (never secrets)."""
-        info: dict[str, Any] = {"url": self.url, "filesystem": self.scheme}
-        for attr in ("endpoint", "endpoint_source", "credential_source"):
-            value = getattr(self.store, attr, None)
-            if value is not None:
-                info[attr] = value
-        options = getattr(self.store, "options", None)
-        if options is not None and hasattr(options, "part_size"):
-            info["part_size_bytes"] = options.part_size
-            info["max_concurrency"] = options.max_concurrency
-        return info
+        return {"url": self.url, "filesystem": self.scheme, **self.store.describe()}
 
     def open(self, subpath: str, **options: Any) -> Store:
         """A Store for ``URL/subpath`` with extra storage options (e.g. part_size, max_concurrency)."""
@@ -105,7 +96,7 @@ class ObjectScratch:
         try:
             store = self.store()
             removed = _remove_everything(store)
-            aborted = store.abort_incomplete_uploads() if hasattr(store, "abort_incomplete_uploads") else 0
+            aborted = store.abort_incomplete_uploads()
         except Exception as exc:  # noqa: BLE001 - cleanup must not hide the run's own error
             log.warning("could not clean the scratch prefix %s: %s", self.url, exc)
             return

@@ -42,7 +42,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.interrupts import Workers
-from ckptbench.storage.store import WriteReport
+from ckptbench.storage.store import Store, WriteReport
 from ckptbench.units import format_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -347,8 +347,10 @@ def _note_put_attempt(caught_exception: BaseException | None = None, **_: Any) -
         _put_attempts.unanswered = True
 
 
-class S3Store:
+class S3Store(Store):
     """``s3://bucket/prefix``: objects named ``prefix/NAME``. See the module docstring for semantics."""
+
+    conditional_writes = True
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
@@ -369,6 +371,15 @@ class S3Store:
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r}, credentials from {self.credential_source})"
+
+    def server(self) -> str:
+        return f"{self.endpoint}/{self.bucket}"
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"endpoint": self.endpoint, "endpoint_source": self.endpoint_source,
+                                "credential_source": self.credential_source}
+        info = {key: value for key, value in info.items() if value is not None}
+        return {**info, "part_size_bytes": self.options.part_size, "max_concurrency": self.options.max_concurrency}
 
     # -- names --------------------------------------------------------------------------------
 

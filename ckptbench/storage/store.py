@@ -15,10 +15,20 @@ Contract, in the order the writer calls it:
 Readers use ``get``, ``size`` and ``read_files`` (fill caller buffers, in parallel); ``list`` names
 the objects directly under the location. Names are flat (no ``/``).
 
-Optional, for the save lock of object stores (``checkpoint/lock.py``): ``put_if(name, data, etag=)``
-(a conditional write: only if absent, or only over that version; the new ETag or None) and
-``get_tagged(name)`` (bytes and ETag). ``S3Store`` has them; other object stores get a best-effort
-lease; local paths use flock.
+Optional capabilities are declared on :class:`Store` with defaults that say what a store without
+them does; callers ask them instead of probing for methods:
+
+- ``local_path``: the directory of a store on a mounted filesystem (the save lock uses flock
+  there; None: object stores, which get a lease object instead).
+- ``writes_follow_copy``: ``write_files(..., after=snapshot)`` writes each block once a copy-on-write
+  staging has copied its bytes (the engine waits for them); False: the caller finishes the copy first.
+- ``conditional_writes``: ``put_if(name, data, etag=)`` (only if absent, or only over that version;
+  the new ETag or None) and ``get_tagged(name)`` (bytes and ETag) exist, for the save lease
+  (``checkpoint/lock.py``). ``S3Store`` has them; other object stores get a best-effort lease.
+- ``server()``: where requests go (endpoint and bucket); what a server honours is probed once per server.
+- ``list_recursive()``: names under sub-prefixes too (default: ``list()``).
+- ``abort_incomplete_uploads(owned)``: abort multipart uploads left open (default: none to abort).
+- ``describe()``: where requests go and how credentials were found, never secrets (default: nothing).
 """
 
 from __future__ import annotations
@@ -28,9 +38,10 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 from ckptbench import native
 
@@ -46,21 +57,81 @@ class WriteReport:
     fallback_reason: str | None = None
 
 
-class Store(Protocol):
+class Store:
+    """The base of every checkpoint store: the primitives, which each backend implements (see the
+    module docstring for the order the writer calls them in), and the optional capabilities, whose
+    defaults here say what a store without them does."""
+
     url: str
 
-    def prepare(self) -> None: ...
+    # -- primitives ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        raise NotImplementedError
+
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                    direct: bool) -> WriteReport: ...
+                    direct: bool) -> WriteReport:
+        raise NotImplementedError
+
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                   direct: bool) -> None: ...
-    def put_atomic(self, name: str, data: bytes) -> None: ...
-    def get(self, name: str) -> bytes: ...
-    def size(self, name: str) -> int | None: ...
-    def list(self) -> list[str]: ...
-    def remove(self, names: list[str]) -> None: ...
-    def free_bytes(self) -> int | None: ...
-    def is_dir_like(self) -> bool: ...
+                   direct: bool) -> None:
+        raise NotImplementedError
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def get(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def size(self, name: str) -> int | None:
+        raise NotImplementedError
+
+    def list(self) -> list[str]:
+        raise NotImplementedError
+
+    def remove(self, names: list[str]) -> None:
+        raise NotImplementedError
+
+    def free_bytes(self) -> int | None:
+        raise NotImplementedError
+
+    def is_dir_like(self) -> bool:
+        raise NotImplementedError
+
+    # -- optional capabilities ----------------------------------------------------------------
+
+    #: The directory of a store on a mounted filesystem; None for object stores.
+    local_path: Path | None = None
+    #: Whether ``write_files`` takes ``after=`` (a copy-on-write staging it follows block by block).
+    writes_follow_copy: bool = False
+    #: Whether ``put_if`` and ``get_tagged`` (conditional writes) are implemented.
+    conditional_writes: bool = False
+
+    def put_if(self, name: str, data: bytes, *, etag: str | None = None) -> str | None:
+        """Write ``name`` only if it is absent (``etag`` None) or still that version: the new ETag, or
+        None when the condition failed."""
+        raise NotImplementedError
+
+    def get_tagged(self, name: str) -> tuple[bytes, str]:
+        """The bytes of ``name`` and their ETag."""
+        raise NotImplementedError
+
+    def server(self) -> str:
+        """Where requests go: stores with the same server honour the same request conditions."""
+        return self.url
+
+    def list_recursive(self) -> list[str]:
+        """Every name under the location, those under sub-prefixes too (as paths relative to it)."""
+        return self.list()
+
+    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None) -> int:
+        """Abort the multipart uploads left open under the location (of the names ``owned`` accepts);
+        how many. Stores without multipart uploads have none."""
+        return 0
+
+    def describe(self) -> dict[str, Any]:
+        """Where requests go and where credentials came from, for result files (never secrets)."""
+        return {}
 
 
 def fsync_directory(path: Path) -> None:
@@ -75,12 +146,15 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-class LocalStore:
+class LocalStore(Store):
     """A directory on a local or mounted filesystem, written and read by the native engine."""
+
+    writes_follow_copy = True
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.url = str(self.path)
+        self.local_path = self.path
 
     def is_dir_like(self) -> bool:
         return not self.path.exists() or self.path.is_dir()

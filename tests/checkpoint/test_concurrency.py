@@ -131,7 +131,7 @@ def test_a_second_process_fails_fast_naming_the_holder_and_writes_nothing(tmp_pa
             capture_output=True, text=True, timeout=120)
         assert child.returncode == 1
         last = child.stderr.strip().splitlines()[-1]
-        assert last.startswith("ckptbench.checkpoint.lock.CheckpointLockedError: ")
+        assert last.startswith("ckptbench.errors.CheckpointLockedError: ")
         assert f"{path} is being saved by pid {holder.pid} on host {socket.gethostname()}" in last
         assert sorted(p.name for p in path.iterdir()) == sorted([*before, LOCK_NAME])  # no shard written
     finally:

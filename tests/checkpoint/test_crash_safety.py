@@ -1,4 +1,4 @@
-"""Guarantee 1 (crash safety) and the library part of guarantee 4 (signals during an async save).
+"""The README guarantees of crash safety and, for the library, of signals during an async save.
 
 - SIGKILL at many seeded random moments of sync and async saves, the very first save included:
   afterwards ``load`` returns a whole version, bit-exact and never older than the last one the
@@ -255,14 +255,14 @@ SIGNALLED = textwrap.dedent("""
     if how == "sigterm-exit":  # an application that turns SIGTERM into a normal exit
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if how == "sigint-slow-log":  # the next Ctrl-C lands right after the "finishing" line, before any wait
-        from ckptbench.checkpoint import lock
-        warning = lock.log.warning
+        from ckptbench.checkpoint import at_exit
+        warning = at_exit.log.warning
 
         def slow_warning(*args, **kwargs):
             warning(*args, **kwargs)
             time.sleep(1.0)
 
-        lock.log.warning = slow_warning
+        at_exit.log.warning = slow_warning
     if pause_s:
         original = LocalStore.write_files
 

@@ -1,4 +1,4 @@
-"""Disk full (issue 8, guarantee 3, the command line): ``bench`` on a tiny tmpfs that fills up in the
+"""Disk full (a README guarantee; the command line): ``bench`` on a tiny tmpfs that fills up in the
 middle of the run stops with one line saying so (and what the run needed), exit 2, no traceback,
 and its scratch directory removed, for the filesystem sweep and the checkpoint workload's writers.
 
@@ -119,13 +119,13 @@ def test_an_io_error_on_a_disk_with_room_is_one_line_too_and_not_called_a_full_d
 
 
 def test_a_competitor_writer_that_fails_is_one_line_naming_it(cli, tmp_path: Path, monkeypatch):
-    from ckptbench.bench import workloads
+    from ckptbench.bench import writers
 
     def failing(self, state_dict, directory):
         raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
                            "data/3: file write failed\nmore C++ context")
 
-    monkeypatch.setattr(workloads.TorchWriter, "_save", failing)
+    monkeypatch.setattr(writers.TorchWriter, "_save", failing)
     result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
                  "--warmup", "0", "--writers", "ckptbench,torch")
     assert result.exit_code == 1 and "Traceback" not in result.stderr

@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from ckptbench import knobs
-from ckptbench.bench.workloads import build_state_dict, make_writer, plan_workload
+from ckptbench.bench.workloads import build_state_dict, plan_workload
+from ckptbench.bench.writers import make_writer
 from ckptbench.checkpoint import gather
 from ckptbench.checkpoint.plan import PlanCache, plan_save
 from ckptbench.checkpoint.stage import Arena, stage

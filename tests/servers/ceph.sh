@@ -6,7 +6,7 @@
 #   tests/servers/ceph.sh stop DIR
 #
 # Needs Debian's radosgw ceph-mon ceph-osd ceph-common (+ ceph-mds ceph-fuse for CephFS), root.
-# Facts behind the settings: shared/notes/storage-servers.md. Ports: CEPH_MON_PORT (3300),
+# Facts behind the settings: docs/TEST-SERVERS.md. Ports: CEPH_MON_PORT (3300),
 # CEPH_RGW_PORT (7480). Address: CEPH_BIND_ADDR (127.0.0.1; another one, e.g. inside a network namespace:
 # tests/servers/netns.sh). Everything lives under DIR; stop kills the daemons by their pid files.
 set -euo pipefail

@@ -12,7 +12,7 @@
 # created inside the client namespace and its peer moved straight into the server namespace.
 #
 # Rate: tc units (500mbit, 1gbit, 10gbit); "none" leaves the link unshaped. tbf on both veth ends,
-# burst max(512 KiB, 4 ms at the rate), latency 20 ms (shared/notes/storage-servers.md).
+# burst max(512 KiB, 4 ms at the rate), latency 20 ms (docs/TEST-SERVERS.md).
 # Delay: this kernel has no netem, so a userspace TCP proxy in the client namespace listens on
 # NETNS_CLIENT_ADDR:PORT and forwards to NETNS_SERVER_ADDR:PORT, holding every chunk N ms in each
 # direction (a request/response round trip gains 2N ms). It delays data, not packets: the TCP

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ckptbench.bench.objects import ObjectBenchSpec
-from ckptbench.cli.bench import redacted_argv, storage_options_from
+from ckptbench.cli.bench import storage_options_from
+from ckptbench.cli.render import redacted_argv
 from ckptbench.errors import UsageError
 
 MiB = 2**20

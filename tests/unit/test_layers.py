@@ -1,9 +1,11 @@
-"""The import rules of DESIGN.md, checked on the source: layers import downward only."""
+"""The layers of docs/ARCHITECTURE.md, checked on the source: layers import downward only, torch only where
+the document allows it. The rules are read from the document, so it cannot drift from what is enforced."""
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,23 +13,28 @@ from pathlib import Path
 import ckptbench
 
 PACKAGE_DIR = Path(ckptbench.__file__).parent
-LEAVES = {"errors", "units", "knobs", "interrupts"}
-# Which internal top-level parts each part may import (besides leaves and itself).
-ALLOWED = {
-    "config": set(),
-    "native": set(),
-    "model": {"config"},
-    "storage": {"config", "native"},
-    "checkpoint": {"config", "native", "storage", "model"},
-    "bench": {"config", "native", "storage", "model", "checkpoint"},
-    "recommend": {"config", "model", "bench"},
-    "report": {"config", "model", "bench", "recommend"},
-    "integrations": {"config", "native", "storage", "checkpoint"},
-    "cli": {"*"},
-    "__main__": {"cli"},
-    "__init__": {"*"},
-}
-TORCH_ALLOWED = ("checkpoint", "integrations", "bench/workloads.py")
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
+
+
+def _names(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def _rules() -> tuple[set[str], dict[str, set[str]], tuple[str, ...]]:
+    """(leaves, which parts each part may import, where torch may be imported), as the document states them."""
+    text = ARCHITECTURE.read_text()
+    leaves = re.search(r"^Leaves \(.*?\): (.*)$", text, re.MULTILINE)
+    torch = re.search(r"^torch is imported, lazily \(inside functions\), only in: (.*)$", text, re.MULTILINE)
+    assert leaves and torch, "docs/ARCHITECTURE.md lost its 'Leaves (...):' or 'torch is imported ...' line"
+    allowed: dict[str, set[str]] = {}
+    for row in re.findall(r"^\| `([^`|]+)` \| ([^|]*) \|", text, re.MULTILINE):
+        part, imports = row
+        allowed[part] = set(_names(imports))
+    assert allowed, "docs/ARCHITECTURE.md lost its table of layers"
+    return set(_names(leaves.group(1))), allowed, tuple(_names(torch.group(1)))
+
+
+LEAVES, ALLOWED, TORCH_ALLOWED = _rules()
 
 
 def _modules() -> list[Path]:
@@ -97,3 +104,30 @@ def test_the_cli_runs_where_nothing_else_imported_importlib_util_first():
                           env={"PYTHONPATH": ":".join(paths), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"young_interval_s"' in proc.stdout
+
+
+def test_every_part_of_the_package_is_placed_in_the_document():
+    parts = {_part(path) for path in _modules()}
+    unplaced = sorted(parts - set(ALLOWED) - LEAVES)
+    assert not unplaced, f"add these to the table of layers in docs/ARCHITECTURE.md: {unplaced}"
+
+
+def test_every_test_the_document_names_exists():
+    repo = ARCHITECTURE.parents[1]
+    named = set(re.findall(r"`(tests/[^`\s]+\.py)`", ARCHITECTURE.read_text()))
+    assert len(named) > 10
+    missing = sorted(name for name in named if not (repo / name).is_file())
+    assert not missing, f"docs/ARCHITECTURE.md names tests that do not exist: {missing}"
+
+
+def test_nothing_in_the_repo_points_outside_it():
+    repo = ARCHITECTURE.parents[1]
+    outside = re.compile(r"\.\./shared|shared/notes|shared/DESIGN|\bDESIGN\.md")
+    found = []
+    for top in ("README.md", "ckptbench", "csrc", "docs", "tests", "configs", ".ci", "pyproject.toml"):
+        for path in [repo / top] if (repo / top).is_file() else sorted((repo / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".png", ".so"):
+                text = path.read_text(errors="replace")
+                found += [f"{path.relative_to(repo)}: {m.group(0)}" for m in outside.finditer(text)]
+    found = [f for f in found if not f.startswith("tests/unit/test_layers.py")]
+    assert not found, "point at docs/ instead:\n" + "\n".join(found)

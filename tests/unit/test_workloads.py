@@ -10,14 +10,8 @@ import pytest
 
 from ckptbench.bench.checkpoint import CacheDropper, CheckpointBenchSpec, PeakRss
 from ckptbench.bench.records_ckpt import CheckpointBenchReport, Goal, MemoryResult, Timings, WriterResult
-from ckptbench.bench.workloads import (
-    WRITERS,
-    build_state_dict,
-    compose,
-    fault_in,
-    plan_workload,
-    verify_state_dict,
-)
+from ckptbench.bench.workloads import build_state_dict, compose, plan_workload
+from ckptbench.bench.writers import WRITERS, fault_in, verify_state_dict
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.model.presets import load_model, preset_names
 
