@@ -126,7 +126,7 @@ def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:
              if opts[key] is not None]
     if given:
         raise UsageError(f"--from and {given[0]} both give the checkpoint's cost", hint="give one of them")
-    from ckptbench.recommend import check_schema
+    from ckptbench.decide.advice import check_schema
 
     where = str(opts["from_result"])
     doc = read_result(opts["from_result"])

@@ -48,7 +48,7 @@ def from_result_option(what: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def measured_from(path: Path) -> Any:
-    """The checkpoint rates a result file measured (``recommend.MeasuredRates``), its schema checked."""
-    from ckptbench.recommend import rates_from_result
+    """The checkpoint rates a result file measured (``decide.advice.MeasuredRates``), its schema checked."""
+    from ckptbench.decide.advice import rates_from_result
 
     return rates_from_result(str(path), read_result(path))

@@ -124,8 +124,8 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
           --aggregate-bandwidth 2TB/s --gpu-hour-usd 2.5 --json
       ckptbench --config configs/runs/llama3-70b-512gpu.toml preflight
     """
+    from ckptbench.decide.verdict import Job
     from ckptbench.model import presets
-    from ckptbench.recommend import Job
     from ckptbench.storage import resolve_target, scheme_of
 
     target = target if target is not None else tempfile.gettempdir()
@@ -189,7 +189,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
 @dataclass(frozen=True)
 class PreflightReport:
     target: str
-    verdict: Any  # recommend.Verdict
+    verdict: Any  # decide.verdict.Verdict
     bench: dict[str, Any]  # the embedded checkpoint-bench document
     created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
@@ -318,7 +318,7 @@ def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, r
 def evaluate_launch(job: Any, storage: Any, bench: dict[str, Any], shape: str) -> PreflightReport:
     """The verdict on a distributed measurement (``ckptbench.bench.distributed/1``) of ``shape``."""
     from ckptbench import knobs, native
-    from ckptbench.recommend import evaluate, measurements_from_launch
+    from ckptbench.decide.verdict import evaluate, measurements_from_launch
     from ckptbench.storage.local import LocalDirectory
 
     local = isinstance(storage, LocalDirectory)
@@ -349,7 +349,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
     from ckptbench.bench.checkpoint import run_checkpoint_bench
-    from ckptbench.recommend import Measurements, evaluate, interference_fraction, measurements_from_launch
+    from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction, measurements_from_launch
     from ckptbench.storage.local import LocalDirectory
 
     report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)

@@ -51,7 +51,7 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
       ckptbench recommend SWEEP.json PREFLIGHT.json --ckpt-size 140GB --mtbf 6h
       ckptbench recommend --target /mnt/nvme --ckpt-size 140GB --failures llama3 --gpus 1024
     """
-    from ckptbench import recommend as rec
+    from ckptbench.decide import advice as rec
 
     documents = [(str(path), read_result(path)) for path in results]
     for where, doc in documents:  # every file checked before any work
@@ -110,9 +110,9 @@ def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any
     """The interval for ``ckpt_size`` bytes in the mode recommended: async (the measured staging and persist
     rates, the assumed interference) when ``advice`` says async and a result measured it, else sync at the
     best measured durable write rate. A round value inside the optimum's plateau."""
+    from ckptbench.decide.advice import Advice, async_rates, write_rates
     from ckptbench.model import interval as model
     from ckptbench.model.interference import ASSUMED
-    from ckptbench.recommend import Advice, async_rates, write_rates
 
     rates = write_rates(documents)
     if not rates:

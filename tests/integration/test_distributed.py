@@ -699,9 +699,9 @@ def test_preflight_launch_that_does_not_fit_the_job_is_refused(tmp_path: Path, a
 
 def test_preflight_shape_from_the_launch():
     from ckptbench.cli.preflight import check_launch
+    from ckptbench.decide.verdict import Job
     from ckptbench.model.failures import FailureModel
     from ckptbench.model.sizing import Parallelism, TrainingRecipe, checkpoint_size
-    from ckptbench.recommend import Job
 
     job = Job(size=checkpoint_size(1e9, TrainingRecipe(), Parallelism(dp=16)), model_name="1B", ranks=16,
               ranks_per_node=8, failures=FailureModel(86400.0))

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
+from ckptbench.decide.verdict import BORDERLINE, FAIL, PASS, WARN, Job, Measurements, evaluate, interference_fraction
 from ckptbench.errors import UsageError
 from ckptbench.model.failures import FailureModel
 from ckptbench.model.interference import ASSUMED
 from ckptbench.model.sizing import Parallelism, TrainingRecipe, checkpoint_size
-from ckptbench.recommend import BORDERLINE, FAIL, PASS, WARN, Job, Measurements, evaluate, interference_fraction
 
 GB = 1e9
 
