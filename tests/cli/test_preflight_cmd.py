@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptbench.decide.verdict import EXIT_CODES
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--measure-size", "24MiB", "--repeat", "1"]
 
@@ -53,7 +55,7 @@ def test_run_config_feeds_the_job(cli, tmp_path: Path):
     result = cli("--config", str(REPO / "configs/runs/llama3-70b-512gpu.toml"), "preflight", str(tmp_path), *TINY,
                  "--json")
     doc = json.loads(result.stdout)
-    assert result.exit_code == (1 if doc["verdict"] == "FAIL" else 0)  # this small host may lack the memory
+    assert result.exit_code == EXIT_CODES[doc["verdict"]]  # this small host may lack the memory
     job = doc["job"]
     assert (job["model"], job["ranks"], job["nodes"], job["checkpoint"]["parallelism"]["sharding"]) == (
         "llama3-70b", 512, 64, "zero1")
