@@ -558,7 +558,7 @@ def _local_loss(text: str, failure_preset: str | None) -> tuple[float, str]:
     try:
         return parse_fraction(text, allow_zero=True), "given (--local-loss)"
     except ValueError as exc:
-        raise UsageError(f"--local-loss: {exc}", hint="a fraction (0.3, 30%) or a failure preset (llama3)") from None
+        raise UsageError(f"--local-loss: {exc}, or a failure preset (llama3)") from None
 
 
 def _two_level(
