@@ -599,8 +599,17 @@ def _two_level(
                      f"loses a node within the local restart ({format_duration(restart_s)}): local loss "
                      f"{q:.3g} becomes {q_peer:.3g}; the replica's cost must be in the local stall and persist")
         q, q_source = q_peer, f"{q_source}, with a peer replica"
+    notes.append("two levels: the top-level single-level fields describe the local checkpoint with every failure "
+                 "restarting locally; two_level holds the answer with local losses")
+    if opts["plot_path"] is not None:
+        notes.append("--plot draws the single-level curve of the local checkpoint only, not the two-level schedule")
     two = twolevel.TwoLevelCost(cost, drain_s, drain_f, restart_s, remote_restart, q)
     analysis = twolevel.analyse(two, failures.mtbf_s, opts["every_s"], opts.get("remote_every"))
+    if analysis.every is not None and analysis.interval_s <= two.min_interval_s(analysis.every) * (1 + 1e-9) and (
+            two.min_interval_s(analysis.every) > cost.min_interval_s):
+        notes.append(f"the drain bound binds: a drain of {format_duration(drain_s)} every {analysis.every} local "
+                     f"checkpoint(s) must end before the next starts, so the interval is at least "
+                     f"{format_duration(analysis.interval_s)}; a faster remote tier lifts it")
     local = {"name": "local", "interval_s": analysis.interval_s, "every": 1}
     remote_level = {"name": "remote", "interval_s": None if analysis.every is None else analysis.every *
                     analysis.interval_s, "every": analysis.every}
