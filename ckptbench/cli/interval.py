@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,9 @@ from ckptbench.model import sizing
 from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_DAY, FailureModel
 from ckptbench.model.interference import ASSUMED
 from ckptbench.units import format_duration, format_rate, format_size
+
+if TYPE_CHECKING:
+    from ckptbench.model.twolevel import TwoLevelAnalysis, TwoLevelCost
 
 log = logging.getLogger(__name__)
 
@@ -536,7 +539,7 @@ _TWO_LEVEL = (("--remote-ckpt-time", "remote_ckpt_time_s"), ("--remote-restart",
               ("--local-loss", "local_loss"), ("--remote-every", "remote_every"), ("--peer-replica", "peer_replica"))
 
 
-def _local_loss(text: str, failure_preset: str | None) -> tuple[float, str]:
+def _local_loss(text: str | None, failure_preset: str | None) -> tuple[float, str]:
     """``q`` and its source from ``--local-loss`` (a fraction, or a failure preset that gives one) or the preset."""
     from ckptbench.model import presets
     from ckptbench.units import parse_fraction
@@ -624,15 +627,19 @@ def _two_level(
         "waste_fraction": analysis.single_level_waste_fraction if analysis.schedule == "remote-only"
         else analysis.waste_fraction,
         "single_level_waste_fraction": analysis.single_level_waste_fraction,
-        "two_level_schedule": {"levels": [local, remote_level], "waste_fraction": analysis.waste_fraction,
-                      "interval_plateau_s": list(analysis.interval_plateau_s),
-                      "recommended_interval_s": analysis.recommended_interval_s,
-                      "every_tied": list(analysis.every_tied) if analysis.every_tied else None,
-                      "first_order_overhead": analysis.first_order_overhead},
-        "remote_only_schedule": {"levels": remote_only, "waste_fraction": analysis.single_level_waste_fraction,
-                         "recommended_interval_s": analysis.single_level_recommended_interval_s,
-                         "stall_s": two.remote_only().stall_s, "persist_s": two.remote_only().persist_s,
-                         "restart_s": remote_restart},
+        "two_level_schedule": {
+            "levels": [local, remote_level], "waste_fraction": analysis.waste_fraction,
+            "interval_plateau_s": list(analysis.interval_plateau_s),
+            "recommended_interval_s": analysis.recommended_interval_s,
+            "every_tied": list(analysis.every_tied) if analysis.every_tied else None,
+            "first_order_overhead": analysis.first_order_overhead,
+        },
+        "remote_only_schedule": {
+            "levels": remote_only, "waste_fraction": analysis.single_level_waste_fraction,
+            "recommended_interval_s": analysis.single_level_recommended_interval_s,
+            "stall_s": two.remote_only().stall_s, "persist_s": two.remote_only().persist_s,
+            "restart_s": remote_restart,
+        },
         "benoit": None if analysis.benoit is None else dataclasses.asdict(analysis.benoit),
         "local_loss": q,
         "local_loss_source": q_source,
@@ -649,7 +656,9 @@ def _two_level(
     return out
 
 
-def _simulate_two_level(opts: dict[str, Any], two: Any, failures: FailureModel, analysis: Any) -> dict[str, Any] | None:
+def _simulate_two_level(
+    opts: dict[str, Any], two: TwoLevelCost, failures: FailureModel, analysis: TwoLevelAnalysis,
+) -> dict[str, Any] | None:
     """Monte Carlo runs of the best two-level schedule next to the exact model (``None`` when local-only)."""
     from ckptbench.model.simulate_twolevel import TwoLevelSimulationConfig, simulate
 
@@ -930,15 +939,16 @@ def takeaway_two_level(two: dict[str, Any]) -> str:
     plateau = (f"local every {format_duration(best['recommended_interval_s'])} (anything from {format_duration(low)} "
                f"to {format_duration(high)} is within {model.PLATEAU_TOLERANCE:.1%} of the optimum)")
     if two["schedule"] == "local-only":
-        return (f"No failure loses the local copy, so checkpoint {plateau}; the remote tier never serves a restart "
-                f"and wastes nothing: about {pct(best['waste_fraction'])} of wall time is lost.")
+        return (f"No failure loses the local copy, so checkpoint {plateau}: about {pct(best['waste_fraction'])} of wall "
+                "time is lost; the remote tier never serves a restart, so drain to it only as often as durability "
+                "beyond the job needs.")
     tied = best["every_tied"]
     ties = f" (every {tied[0]} to {tied[1]} are tied)" if tied and tied[0] != tied[1] else ""
     if two["schedule"] == "remote-only":
         return (f"Two levels do not pay here: checkpointing straight to the remote tier every "
                 f"{format_duration(remote_only['recommended_interval_s'])} wastes {pct(remote_only['waste_fraction'])}"
                 f" of wall time, and the best two-level schedule ({format_duration(local['interval_s'])} local, every "
-                f"{remote['every']}-th remote) {pct(best['waste_fraction'])}.")
+                f"{_ordinal(remote['every'])} remote) {pct(best['waste_fraction'])}.")
     saved = remote_only["waste_fraction"] - best["waste_fraction"]
     return (f"Checkpoint {plateau} and drain every {_ordinal(remote['every'])} to the remote tier{ties}: about "
             f"{pct(best['waste_fraction'])} of wall time is lost, against {pct(remote_only['waste_fraction'])} "

@@ -141,3 +141,13 @@ def test_remote_options_without_what_they_need_are_one_line_exit_2(args: tuple[s
     result = run(*args)
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(("loss", "sentence"), [
+    ("100%", "Two levels do not pay here"),
+    ("0", "No failure loses the local copy"),
+])
+def test_human_takeaway_names_the_degenerate_schedules(loss: str, sentence: str) -> None:
+    result = run(*TWO_LEVEL, "--local-loss", loss)
+    assert result.exit_code == 0, result.stderr
+    assert sentence in " ".join(result.stdout.split())
