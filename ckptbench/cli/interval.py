@@ -43,6 +43,8 @@ UNITS: dict[str, str] = {
     "wasted_fraction_of_plan": "wasted hours / planned hours",
     "interference": "fraction of training throughput lost while persisting",
     "failures_per_day, faults_per_day": "failures of the whole job per day",
+    "local_loss": "fraction of failures that lose the failed node's local (level-1) copy",
+    "every": "local checkpoints per checkpoint of that level (1 = each one)",
 }
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

@@ -90,6 +90,18 @@ def test_benoit_first_order_waste_is_within_one_point_of_the_simulation(name: st
 
 
 @pytest.mark.parametrize("name", list(CASES))
+def test_exact_model_agrees_with_simulation_at_the_benoit_schedule(name: str) -> None:
+    cost, mtbf = CASES[name]
+    benoit = twolevel.benoit_optimum(cost, mtbf)
+    config, result = _simulate(cost, mtbf, benoit.interval_s, benoit.every, seed=6)
+    z = result.z_score()
+    message = (f"{name}: Benoit tau {benoit.interval_s:.0f} s, every {benoit.every}: exact "
+               f"{benoit.waste_fraction_exact:.5f}, simulated {result.waste_fraction:.5f}, z = {z:+.2f}")
+    assert abs(z) < 3, message
+    assert result.mean_wall_s == pytest.approx(config.expected_wall_s(), rel=0.01), message
+
+
+@pytest.mark.parametrize("name", list(CASES))
 def test_benoit_schedule_is_nearly_as_good_as_the_numeric_optimum(name: str) -> None:
     cost, mtbf = CASES[name]
     _, every, waste = twolevel.optimise(cost, mtbf)
