@@ -679,7 +679,8 @@ def _simulate_two_level(
         "waste_fraction": result.waste_fraction, "stderr_waste_fraction": result.stderr_waste_fraction,
         "mean_wall_s": result.mean_wall_s, "stderr_wall_s": result.stderr_wall_s,
         "model_waste_fraction": 1.0 - config.simulated_work_s / expected,
-        "z_score": result.z_score() if result.stderr_wall_s > 0 else None,
+        # against the exponential model: meaningful only for exponential failures
+        "z_score": result.z_score() if result.stderr_wall_s > 0 and shape == 1.0 else None,
         "failures_per_run": float(result.failures.mean()),
         "remote_restarts_per_run": float(result.remote_restarts.mean()),
     }

@@ -151,3 +151,11 @@ def test_human_takeaway_names_the_degenerate_schedules(loss: str, sentence: str)
     result = run(*TWO_LEVEL, "--local-loss", loss)
     assert result.exit_code == 0, result.stderr
     assert sentence in " ".join(result.stdout.split())
+
+
+def test_weibull_simulation_has_no_z_score_against_the_exponential_model() -> None:
+    sim = run_json(*TWO_LEVEL, "--local-loss", "30%", "--simulate", "300", "--work", "5d",
+                   "--weibull-shape", "0.7")["two_level"]["simulation"]
+    assert sim["weibull_shape"] == 0.7
+    assert sim["z_score"] is None
+    assert 0 < sim["waste_fraction"] < 1
