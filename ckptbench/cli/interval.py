@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,9 @@ from ckptbench.model import sizing
 from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_DAY, FailureModel
 from ckptbench.model.interference import ASSUMED
 from ckptbench.units import format_duration, format_rate, format_size
+
+if TYPE_CHECKING:
+    from ckptbench.model.twolevel import TwoLevelAnalysis, TwoLevelCost
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ UNITS: dict[str, str] = {
     "wasted_fraction_of_plan": "wasted hours / planned hours",
     "interference": "fraction of training throughput lost while persisting",
     "failures_per_day, faults_per_day": "failures of the whole job per day",
+    "local_loss": "fraction of failures that lose the failed node's local (level-1) copy",
+    "every": "local checkpoints per checkpoint of that level (1 = each one)",
 }
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -83,6 +88,32 @@ Reported:
 The Monte Carlo simulator (ckptbench.model.simulate) reproduces the exact model within sampling
 error; the first-order forms are off by terms of order (tau + C + R)/M. Real failures are burstier
 than exponential (Weibull shape < 1); the simulator accepts Weibull shapes, the formulas do not.
+
+Two levels (--remote-ckpt-time D, --local-loss q, --restart R1, --remote-restart R2):
+  schedule           a local checkpoint every tau (cost c1 = s + fP, as above); every k-th, once
+                     durable locally, is drained to the remote tier in the background in D (training
+                     cost c2 = f2 D, f2 = the interference; the remote copy lags by (1 - f2) D). A drain
+                     must end before the next starts: k (tau + c1) + c2 >= D.
+  failures           rate 1/M; a share q loses the failed node's local copy and restarts from the
+                     newest remote copy (R2), the rest from the newest local one (R1).
+  exact model        a group of k segments of tau + c1 (the last + c2); a local failure costs
+                     r1 = R1 + (1-f)P and its segment again, a loss failure r2 = R2 + (1-f)P + (1-f2)D
+                     and the whole group again; restarts can fail. With L the Laplace transform of the
+                     group's time under local failures alone, at q/M:
+                     E[group] = (1/L - 1) (M/q + M (e^(r2/M) - 1)),  waste = 1 - k tau / E[group],
+                     minimised numerically over tau and the integer k.
+  first order        Benoit et al. (2017): H = (c1 + c2/k)/tau + (1-q)/M (tau/2 + r1) + q/M (k tau/2 + r2),
+                     optimum tau = sqrt(2 c1 M/(1-q)), k tau = sqrt(2 c2 M/q), overhead
+                     sqrt(2 c1 (1-q)/M) + sqrt(2 c2 q/M) + restarts: the k-level sum of sqrt(2 lambda_l C_l).
+  single level       the best remote-only schedule: stall s, persist D (sync: D blocking), restart R2.
+                     With q = 1 it wins (a local tier only costs); with q = 0 the answer is local-only.
+  ties               intervals within 0.1 percentage point of the minimum waste form the plateau; values
+                     of k whose best waste is that close are reported as tied. A two-level schedule is
+                     recommended only when it beats remote-only by more than that.
+  --peer-replica     each local copy also in a peer's memory (Gemini): a loss failure loses it only if
+                     the peer also loses a node within R1; node losses independent and even over N nodes:
+                     q' = q (1 - e^(-q R1 / (M N))).
+  --local-loss llama3  283 of Llama 3's 419 unexpected interruptions took a node out (configs/failures).
 """
 
 
@@ -266,6 +297,7 @@ OPTION_KEYS: dict[str, str] = {
     "gpu_mtbf": "gpu_mtbf_s", "node_mtbf": "node_mtbf_s", "failures": "failure_preset", "restart": "restart_s",
     "every": "every_s", "plot": "plot_path", "simulate": "simulate_runs", "work": "work_s", "json": "as_json",
     "detect": "detect_s", "replace": "replace_s", "resume": "resume_s", "ckpt_interval": "ckpt_interval_s",
+    "remote_ckpt_time": "remote_ckpt_time_s", "remote_restart": "remote_restart_s",
 }
 
 
@@ -323,6 +355,17 @@ _SERVING: dict[str, tuple[str, ...]] = {
               help="Cost of one failure before training resumes (detect, replace, reload): 10m  [default: 0].")
 @click.option("--every", type=params.BOUNDED_DURATION, default=None,
               help="Evaluate this interval (training time between checkpoints): 30m.")
+@click.option("--remote-ckpt-time", type=params.BOUNDED_DURATION, default=None,
+              help="Two levels: time to drain one local checkpoint to the remote tier, in the background: 10m.")
+@click.option("--remote-restart", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
+              help="Two levels: restart from the remote tier  [default: --restart + --remote-ckpt-time].")
+@click.option("--local-loss", metavar="FRACTION|PRESET", default=None,
+              help="Two levels: share of failures that lose the node's local copy: 30%, or a failure preset "
+                   "that gives it (llama3)  [default: the --failures preset's].")
+@click.option("--remote-every", type=params.POSITIVE_INT, default=None,
+              help="Two levels: with --every, evaluate a remote copy every this many local checkpoints.")
+@click.option("--peer-replica", is_flag=True, default=False,
+              help="Two levels, what-if: each local copy also in a peer node's memory (needs --nodes).")
 @click.option("--plot", type=params.OUTPUT_FILE, default=None,
               help="Write a PNG of waste versus interval, optimum and --every marked.")
 @click.option("--simulate", type=params.POSITIVE_INT, default=None,
@@ -343,6 +386,8 @@ def interval(**opts: Any) -> None:
     Failure rate, one of (optional: without it only the checkpoint overhead is computed):
       --mtbf 3h | --gpus 16384 --gpu-mtbf 50000h | --failures llama3 | --faults-per-day 2
     Async checkpoints: --stall 1s --persist 60s [--interference 5%]
+    Two levels (local every interval, every k-th also drained to remote):
+      --remote-ckpt-time 10m --local-loss 30% [--remote-restart 20m] [--peer-replica --nodes 64]
 
     \b
     Example: ckptbench interval --size 140GB --bandwidth 1GB/s --mtbf 3h --restart 10m --every 1h
@@ -404,10 +449,11 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
             "give the checkpoint cost: --ckpt-time 140s, --size 140GB --bandwidth 1GB/s, "
             "or --params 70B --bandwidth 1GB/s",
         )
+    peer_nodes = opts["nodes"] if opts.get("peer_replica") and opts["node_mtbf_s"] is None else None
     failures = resolve_failures(
         mtbf_s=opts["mtbf_s"], gpu_mtbf_s=opts["gpu_mtbf_s"], node_mtbf_s=opts["node_mtbf_s"],
         faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
-        gpus=opts["gpus"], nodes=opts["nodes"], count_given=True,
+        gpus=opts["gpus"], nodes=None if peer_nodes is not None else opts["nodes"], count_given=True,
     )
     restart_s = opts["restart_s"] or 0.0
     every_s = opts["every_s"]
@@ -483,10 +529,161 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
                 f"shorter than (1 - f) P = {format_duration(cost.min_interval_s)}, which costs "
                 f"{pct(analysis.constraint_cost_fraction, 2)} of wall time; a shorter persist (faster storage) lifts it",
             )
+    doc["two_level"] = _two_level(opts, cost, failures, restart_s, notes)
     doc["notes"] = notes
     doc["assumptions"] = [line.strip() for line in EXPLAIN.splitlines() if line.strip()]
     doc["units"] = UNITS
     return doc
+
+
+#: The two-level options (code names) and their flags: any of them asks for the two-level answer.
+_TWO_LEVEL = (("--remote-ckpt-time", "remote_ckpt_time_s"), ("--remote-restart", "remote_restart_s"),
+              ("--local-loss", "local_loss"), ("--remote-every", "remote_every"), ("--peer-replica", "peer_replica"))
+
+
+def _local_loss(text: str | None, failure_preset: str | None) -> tuple[float, str]:
+    """``q`` and its source from ``--local-loss`` (a fraction, or a failure preset that gives one) or the preset."""
+    from ckptbench.model import presets
+    from ckptbench.units import parse_fraction
+
+    if text is None:
+        if failure_preset is not None:
+            preset = presets.load_failures(failure_preset)
+            if preset.local_loss is not None:
+                return preset.local_loss, f"preset {failure_preset} (--failures): {preset.local_loss:.1%} of failures"
+        raise UsageError("two levels need --local-loss: the share of failures that lose the node's local copy "
+                         "(30%, or a failure preset that gives it: llama3)")
+    if text in presets.preset_names("failures"):
+        preset = presets.load_failures(text)
+        if preset.local_loss is None:
+            with_share = [n for n in presets.preset_names("failures") if presets.load_failures(n).local_loss is not None]
+            raise UsageError(f"--local-loss {text}: that failure preset does not give the share of failures that "
+                             f"lose a node", hint=f"give a fraction (30%) or one of: {', '.join(with_share) or 'none'}")
+        return preset.local_loss, f"preset {text}: {preset.local_loss:.1%} of failures take a node out"
+    try:
+        return parse_fraction(text, allow_zero=True), "given (--local-loss)"
+    except ValueError as exc:
+        raise UsageError(f"--local-loss: {exc}, or a failure preset (llama3)") from None
+
+
+def _two_level(
+    opts: dict[str, Any], cost: model.CheckpointCost, failures: FailureModel | None, restart_s: float,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """The two-level answer (``None`` without ``--remote-ckpt-time``); notes on its assumptions go to ``notes``."""
+    from ckptbench.model import twolevel
+
+    given = [flag for flag, key in _TWO_LEVEL if _set(opts.get(key))]
+    if opts.get("remote_ckpt_time_s") is None:
+        if given:
+            raise UsageError(f"{given[0]} applies only to two levels: add --remote-ckpt-time (the drain of one "
+                             "local checkpoint to the remote tier)")
+        return None
+    if failures is None:
+        raise UsageError("two levels need a failure rate (--mtbf, --gpus with --gpu-mtbf, --failures)")
+    if opts.get("remote_every") is not None and opts["every_s"] is None:
+        raise UsageError("--remote-every applies with --every (the local interval it evaluates)")
+    q, q_source = _local_loss(opts.get("local_loss"), opts["failure_preset"])
+    drain_s = opts["remote_ckpt_time_s"]
+    drain_f = cost.interference if cost.is_async else ASSUMED.point
+    if not cost.is_async:
+        notes.append(f"the drain to the remote tier runs in the background at an assumed interference of "
+                     f"{drain_f:.0%} ({ASSUMED.source})")
+    remote_restart = opts.get("remote_restart_s")
+    if remote_restart is None:
+        remote_restart = restart_s + drain_s
+        notes.append(f"no --remote-restart given: assumed --restart + --remote-ckpt-time = "
+                     f"{format_duration(remote_restart)} (reading the checkpoint back at the drain's rate)")
+    peer: dict[str, Any] | None = None
+    if opts.get("peer_replica"):
+        if opts["nodes"] is None:
+            raise UsageError("--peer-replica needs --nodes (the node count over which node losses spread)")
+        q_peer = twolevel.peer_replica_loss(q, failures.mtbf_s, opts["nodes"], restart_s)
+        peer = {"nodes": opts["nodes"], "local_loss_without_replica": q, "window_s": restart_s}
+        notes.append(f"--peer-replica: a failure loses the checkpoint only if the peer holding its replica also "
+                     f"loses a node within the local restart ({format_duration(restart_s)}): local loss "
+                     f"{q:.3g} becomes {q_peer:.3g}; the replica's cost must be in the local stall and persist")
+        q, q_source = q_peer, f"{q_source}, with a peer replica"
+    notes.append("two levels: the top-level single-level fields describe the local checkpoint with every failure "
+                 "restarting locally; two_level holds the answer with local losses")
+    if opts["plot_path"] is not None:
+        notes.append("--plot draws the single-level curve of the local checkpoint only, not the two-level schedule")
+    two = twolevel.TwoLevelCost(cost, drain_s, drain_f, restart_s, remote_restart, q)
+    analysis = twolevel.analyse(two, failures.mtbf_s, opts["every_s"], opts.get("remote_every"))
+    if analysis.every is not None and analysis.interval_s <= two.min_interval_s(analysis.every) * (1 + 1e-9) and (
+            two.min_interval_s(analysis.every) > cost.min_interval_s):
+        notes.append(f"the drain bound binds: a drain of {format_duration(drain_s)} every {analysis.every} local "
+                     f"checkpoint(s) must end before the next starts, so the interval is at least "
+                     f"{format_duration(analysis.interval_s)}; a faster remote tier lifts it")
+    local = {"name": "local", "interval_s": analysis.interval_s, "every": 1}
+    remote_level = {"name": "remote", "interval_s": None if analysis.every is None else analysis.every *
+                    analysis.interval_s, "every": analysis.every}
+    remote_only = [{"name": "remote", "interval_s": analysis.single_level_interval_s, "every": 1}]
+    levels = remote_only if analysis.schedule == "remote-only" else [local, remote_level]
+    if analysis.schedule == "local-only":
+        notes.append("no failure loses the local copy (--local-loss 0): restarts never read the remote tier, so "
+                     "its period is free (drain as often as durability beyond the job needs)")
+    out: dict[str, Any] = {
+        "schedule": analysis.schedule,
+        "levels": levels,
+        "waste_fraction": analysis.single_level_waste_fraction if analysis.schedule == "remote-only"
+        else analysis.waste_fraction,
+        "single_level_waste_fraction": analysis.single_level_waste_fraction,
+        "two_level_schedule": {
+            "levels": [local, remote_level], "waste_fraction": analysis.waste_fraction,
+            "interval_plateau_s": list(analysis.interval_plateau_s),
+            "recommended_interval_s": analysis.recommended_interval_s,
+            "every_tied": list(analysis.every_tied) if analysis.every_tied else None,
+            "first_order_overhead": analysis.first_order_overhead,
+        },
+        "remote_only_schedule": {
+            "levels": remote_only, "waste_fraction": analysis.single_level_waste_fraction,
+            "recommended_interval_s": analysis.single_level_recommended_interval_s,
+            "stall_s": two.remote_only().stall_s, "persist_s": two.remote_only().persist_s,
+            "restart_s": remote_restart,
+        },
+        "benoit": None if analysis.benoit is None else dataclasses.asdict(analysis.benoit),
+        "local_loss": q,
+        "local_loss_source": q_source,
+        "peer_replica": peer,
+        "remote_ckpt_s": drain_s,
+        "drain_interference": drain_f,
+        "local_restart_s": restart_s,
+        "remote_restart_s": remote_restart,
+        "at_interval": analysis.at_interval,
+        "simulation": None,
+    }
+    if opts["simulate_runs"] is not None:
+        out["simulation"] = _simulate_two_level(opts, two, failures, analysis)
+    return out
+
+
+def _simulate_two_level(
+    opts: dict[str, Any], two: TwoLevelCost, failures: FailureModel, analysis: TwoLevelAnalysis,
+) -> dict[str, Any] | None:
+    """Monte Carlo runs of the best two-level schedule next to the exact model (``None`` when local-only)."""
+    from ckptbench.model.simulate_twolevel import TwoLevelSimulationConfig, simulate
+
+    if analysis.every is None:
+        return None
+    work_s = opts["work_s"] or 30 * SECONDS_PER_DAY
+    shape = opts["weibull_shape"] if opts["weibull_shape"] is not None else failures.weibull_shape
+    seed = opts["seed"] if opts["seed"] is not None else 0
+    config = TwoLevelSimulationConfig(work_s, analysis.interval_s, analysis.every, two, failures.mtbf_s,
+                                      weibull_shape=shape, runs=opts["simulate_runs"], seed=seed)
+    result = simulate(config)
+    expected = config.expected_wall_s()
+    return {
+        "runs": config.runs, "seed": seed, "work_s": config.simulated_work_s, "weibull_shape": shape,
+        "interval_s": config.interval_s, "every": config.every,
+        "waste_fraction": result.waste_fraction, "stderr_waste_fraction": result.stderr_waste_fraction,
+        "mean_wall_s": result.mean_wall_s, "stderr_wall_s": result.stderr_wall_s,
+        "model_waste_fraction": 1.0 - config.simulated_work_s / expected,
+        # against the exponential model: meaningful only for exponential failures
+        "z_score": result.z_score() if result.stderr_wall_s > 0 and shape == 1.0 else None,
+        "failures_per_run": float(result.failures.mean()),
+        "remote_restarts_per_run": float(result.remote_restarts.mean()),
+    }
 
 
 def _simulate(
@@ -620,7 +817,9 @@ def _print_human(doc: dict[str, Any]) -> None:
     console.print(inputs)
     console.print()
 
-    if doc["mtbf_s"] is not None:
+    if doc["two_level"] is not None:
+        _print_two_level(console, doc)
+    elif doc["mtbf_s"] is not None:
         table = Table(title="Checkpoint interval (compute time between checkpoints)")
         table.add_column("method")
         table.add_column("interval", justify="right")
@@ -674,7 +873,89 @@ def _print_human(doc: dict[str, Any]) -> None:
     for note in doc["notes"]:
         console.print(f"[dim]note: {note}[/dim]")
     console.print()
-    console.print(takeaway(doc))
+    console.print(takeaway_two_level(doc["two_level"]) if doc["two_level"] is not None else takeaway(doc))
+
+
+def _print_two_level(console: Any, doc: dict[str, Any]) -> None:
+    """The inputs the two levels add, the single-level versus two-level table and the Monte Carlo check."""
+    from rich.table import Table
+
+    two = doc["two_level"]
+    inputs = Table(title="Two levels", show_header=False, box=None, pad_edge=False)
+    inputs.add_column(style="bold")
+    inputs.add_column()
+    inputs.add_row("remote drain", f"{format_duration(two['remote_ckpt_s'])} per checkpoint, in the background "
+                                   f"(interference {pct(two['drain_interference'])})")
+    inputs.add_row("restarts", f"local {format_duration(two['local_restart_s'])}, remote "
+                               f"{format_duration(two['remote_restart_s'])}")
+    inputs.add_row("local loss", f"{pct(two['local_loss'], 2)} of failures restart from remote ({two['local_loss_source']})")
+    console.print(inputs)
+    console.print()
+    table = Table(title="Single level versus two levels (exact model)")
+    table.add_column("schedule")
+    table.add_column("local every", justify="right")
+    table.add_column("remote every", justify="right")
+    table.add_column("waste of wall time", justify="right")
+    remote_only = two["remote_only_schedule"]
+    table.add_row("remote only (single level)", "-", format_duration(remote_only["levels"][0]["interval_s"]),
+                  pct(remote_only["waste_fraction"], 2))
+    best = two["two_level_schedule"]
+    local, remote = best["levels"]
+    label = "two levels (optimum)"
+    if two["schedule"] == "two-level":
+        label = f"[bold]{label}[/bold]"
+    remote_text = "-" if remote["every"] is None else (
+        f"{format_duration(remote['interval_s'])} ({remote['every']} local)")
+    table.add_row(label, format_duration(local["interval_s"]), remote_text, pct(best["waste_fraction"], 2))
+    benoit = two["benoit"]
+    if benoit is not None:
+        table.add_row("first order (Benoit et al.)", format_duration(benoit["interval_s"]),
+                      f"{format_duration(benoit['every'] * benoit['interval_s'])} ({benoit['every']} local)",
+                      f"{pct(benoit['waste_fraction_first_order'], 2)} (exact {pct(benoit['waste_fraction_exact'], 2)})")
+    if two["at_interval"] is not None:
+        at = two["at_interval"]
+        every = "-" if at["every"] is None else f"{format_duration(at['every'] * at['interval_s'])} ({at['every']} local)"
+        table.add_row("yours (--every)", format_duration(at["interval_s"]), every, pct(at["waste_fraction"], 2))
+    console.print(table)
+    sim = two["simulation"]
+    if sim is not None:
+        kind = "exponential" if sim["weibull_shape"] == 1 else f"Weibull k={sim['weibull_shape']:g}"
+        console.print(f"Monte Carlo check of the two-level optimum: {sim['runs']:,} runs of "
+                      f"{format_duration(sim['work_s'])} of compute, {kind} failures, seed {sim['seed']}: simulated "
+                      f"waste {pct(sim['waste_fraction'], 2)} ± {100 * sim['stderr_waste_fraction']:.2f}, model "
+                      f"(exponential) {pct(sim['model_waste_fraction'], 2)}")
+
+
+def _ordinal(n: int) -> str:
+    if n == 1:
+        return "one"
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def takeaway_two_level(two: dict[str, Any]) -> str:
+    """One sentence for two levels: what to run, and what it saves over remote-only checkpoints."""
+    best = two["two_level_schedule"]
+    remote_only = two["remote_only_schedule"]
+    low, high = best["interval_plateau_s"]
+    local, remote = best["levels"]
+    plateau = (f"local every {format_duration(best['recommended_interval_s'])} (anything from {format_duration(low)} "
+               f"to {format_duration(high)} is within {model.PLATEAU_TOLERANCE:.1%} of the optimum)")
+    if two["schedule"] == "local-only":
+        return (f"No failure loses the local copy, so checkpoint {plateau}: about {pct(best['waste_fraction'])} of wall "
+                "time is lost; the remote tier never serves a restart, so drain to it only as often as durability "
+                "beyond the job needs.")
+    tied = best["every_tied"]
+    ties = f" (every {tied[0]} to {tied[1]} are tied)" if tied and tied[0] != tied[1] else ""
+    if two["schedule"] == "remote-only":
+        return (f"Two levels do not pay here: checkpointing straight to the remote tier every "
+                f"{format_duration(remote_only['recommended_interval_s'])} wastes {pct(remote_only['waste_fraction'])}"
+                f" of wall time, and the best two-level schedule ({format_duration(local['interval_s'])} local, every "
+                f"{_ordinal(remote['every'])} remote) {pct(best['waste_fraction'])}.")
+    saved = remote_only["waste_fraction"] - best["waste_fraction"]
+    return (f"Checkpoint {plateau} and drain every {_ordinal(remote['every'])} to the remote tier{ties}: about "
+            f"{pct(best['waste_fraction'])} of wall time is lost, against {pct(remote_only['waste_fraction'])} "
+            f"checkpointing straight to the remote tier ({100 * saved:.1f} points saved).")
 
 
 def takeaway(doc: dict[str, Any]) -> str:

@@ -110,6 +110,9 @@ class FailurePreset:
 
     ``gpu_mtbf_hours`` (per GPU: needs a GPU count), ``faults_per_day`` (whole cluster, not scaled),
     or ``interruptions`` + ``days`` + ``gpus`` (a published run: scaled when a GPU count is given).
+    ``local_loss``, where the source breaks its failures down, is the share of them that take a node
+    out of the job and with it the node's local (level-1) checkpoint copy (two-level checkpointing:
+    :mod:`ckptbench.model.twolevel`).
     """
 
     name: str
@@ -120,6 +123,7 @@ class FailurePreset:
     days: float | None = None
     gpus: int | None = None
     weibull_shape: float = 1.0
+    local_loss: float | None = None
 
     def __post_init__(self) -> None:
         run = (self.interruptions, self.days, self.gpus)
@@ -132,6 +136,8 @@ class FailurePreset:
         if kinds[2] and any(v is None for v in run):
             raise UsageError(f"failure preset {self.name!r} needs all of interruptions, days and gpus")
         check_weibull_shape(f"failure preset {self.name!r}: weibull_shape", self.weibull_shape)
+        if self.local_loss is not None:
+            _checks.fraction(f"failure preset {self.name!r}: local_loss", self.local_loss, allow_zero=True)
 
     @property
     def scales_with_gpus(self) -> bool:
