@@ -117,7 +117,10 @@ def test_a_tensor_freed_under_the_copy_fails_the_save_and_keeps_the_last_checkpo
     with Checkpointer(threads=1) as ckpt:
         ckpt.save({"big": big}, path)
         handle = ckpt.save({"big": big}, path, async_=True, overwrite=True)
-        big.resize_(2 * big.numel())  # a new storage; the old memory is freed at once
+        # The old memory freed at once, before the copy behind the caller can finish (resizing the tensor
+        # instead would first copy the old bytes, long enough for the copy to finish first on a busy host).
+        big.untyped_storage().resize_(0)
+        big.resize_(2 * big.numel())  # a new storage for the next save
         with pytest.raises(SnapshotError, match="changed under the save's copy-on-write staging.*nothing was written"):
             handle.result()
         assert torch.equal(ckptbench.load(path)["big"], torch.ones(64 * MiB, dtype=torch.int32))
