@@ -368,11 +368,15 @@ def optimum_plateau(
     unimodal in the interval, so the set is one range; ``low`` never undercuts the one-in-flight bound)."""
     optimum = analyse(cost, mtbf_s, restart_s)
     limit = optimum.waste_fraction + tolerance
+    return plateau_around(lambda tau: _waste(tau, cost, mtbf_s, restart_s) <= limit, optimum.optimal_interval_s,
+                          cost.min_interval_s, mtbf_s)
 
-    def within(tau: float) -> bool:
-        return _waste(tau, cost, mtbf_s, restart_s) <= limit
 
-    def edge(inside: float, outside: float) -> float:  # bisection in log space to 1e-6 relative
+def plateau_around(within: Callable[[float], bool], optimum_s: float, bound_s: float,
+                   mtbf_s: float) -> tuple[float, float]:
+    """The range of intervals around ``optimum_s`` where ``within`` holds (a unimodal waste under a limit),
+    found by bisection in log space to 1e-6 relative; it starts no lower than ``bound_s``."""
+    def edge(inside: float, outside: float) -> float:
         for _ in range(200):
             if abs(math.log(outside / inside)) < 1e-6:
                 break
@@ -380,13 +384,11 @@ def optimum_plateau(
             inside, outside = (middle, outside) if within(middle) else (inside, middle)
         return inside
 
-    tau = optimum.optimal_interval_s
-    low = cost.min_interval_s if within(cost.min_interval_s) and cost.min_interval_s > 0 else edge(
-        tau, max(tau * 1e-9, cost.min_interval_s))
-    far = tau * 2.0
+    low = bound_s if bound_s > 0 and within(bound_s) else edge(optimum_s, max(optimum_s * 1e-9, bound_s))
+    far = optimum_s * 2.0
     while within(far) and far < mtbf_s * MAX_EXPONENT / 2:
         far *= 2.0
-    return max(low, cost.min_interval_s), edge(tau, far)
+    return max(low, bound_s), edge(optimum_s, far)
 
 
 def round_interval_s(low_s: float, high_s: float, near_s: float) -> float:

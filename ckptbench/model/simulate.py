@@ -141,8 +141,23 @@ class SimulationConfig:
         )
 
 
+class WallTimes:
+    """The wall-time summary every simulation result shares (``wall_s``: one simulated run's wall time each)."""
+
+    wall_s: np.ndarray
+
+    @property
+    def mean_wall_s(self) -> float:
+        return float(self.wall_s.mean())
+
+    @property
+    def stderr_wall_s(self) -> float:
+        """Standard error of :attr:`mean_wall_s` (NaN for a single run, which has no spread)."""
+        return float(self.wall_s.std(ddof=1) / math.sqrt(self.wall_s.size)) if self.wall_s.size > 1 else math.nan
+
+
 @dataclass(frozen=True, eq=False)
-class SimulationResult:
+class SimulationResult(WallTimes):
     """Per-run outcomes (numpy arrays, seconds) and their means.
 
     ``wall_s = work + checkpoint_s + lost_s + restart_s`` for every run.
@@ -154,15 +169,6 @@ class SimulationResult:
     lost_s: np.ndarray = field(repr=False)
     restart_s: np.ndarray = field(repr=False)
     failures: np.ndarray = field(repr=False)
-
-    @property
-    def mean_wall_s(self) -> float:
-        return float(self.wall_s.mean())
-
-    @property
-    def stderr_wall_s(self) -> float:
-        """Standard error of :attr:`mean_wall_s` (NaN for a single run, which has no spread)."""
-        return float(self.wall_s.std(ddof=1) / math.sqrt(self.wall_s.size)) if self.wall_s.size > 1 else math.nan
 
     @property
     def goodput(self) -> float:

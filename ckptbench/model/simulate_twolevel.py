@@ -30,7 +30,7 @@ import numpy as np
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks, twolevel
 from ckptbench.model.failures import check_weibull_shape
-from ckptbench.model.simulate import MAX_SIMULATED_FAILURES, STEP_COST_RUNS
+from ckptbench.model.simulate import MAX_SIMULATED_FAILURES, STEP_COST_RUNS, WallTimes
 from ckptbench.units import format_duration
 
 
@@ -83,22 +83,13 @@ class TwoLevelSimulationConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class TwoLevelSimulationResult:
+class TwoLevelSimulationResult(WallTimes):
     """Per-run wall times and failure counts (numpy arrays) and their summaries."""
 
     config: TwoLevelSimulationConfig
     wall_s: np.ndarray = field(repr=False)
     failures: np.ndarray = field(repr=False)
     remote_restarts: np.ndarray = field(repr=False)
-
-    @property
-    def mean_wall_s(self) -> float:
-        return float(self.wall_s.mean())
-
-    @property
-    def stderr_wall_s(self) -> float:
-        """Standard error of :attr:`mean_wall_s` (NaN for a single run)."""
-        return float(self.wall_s.std(ddof=1) / math.sqrt(self.wall_s.size)) if self.wall_s.size > 1 else math.nan
 
     @property
     def waste_fraction(self) -> float:

@@ -421,24 +421,7 @@ def _plateau(tau: float, k: int, waste: float, cost: TwoLevelCost, mtbf_s: float
              ) -> tuple[float, float]:
     """Intervals at remote period ``k`` whose waste is within ``tolerance`` of ``waste`` (unimodal: one range)."""
     limit = waste + tolerance
-    bound = cost.min_interval_s(k)
-
-    def within(t: float) -> bool:
-        return _waste(t, k, cost, mtbf_s) <= limit
-
-    def edge(inside: float, outside: float) -> float:
-        for _ in range(200):
-            if abs(math.log(outside / inside)) < 1e-6:
-                break
-            middle = math.sqrt(inside * outside)
-            inside, outside = (middle, outside) if within(middle) else (inside, middle)
-        return inside
-
-    low = bound if bound > 0 and within(bound) else edge(tau, max(tau * 1e-9, bound))
-    far = tau * 2.0
-    while within(far) and far < mtbf_s * single.MAX_EXPONENT / 2:
-        far *= 2.0
-    return max(low, bound), edge(tau, far)
+    return single.plateau_around(lambda t: _waste(t, k, cost, mtbf_s) <= limit, tau, cost.min_interval_s(k), mtbf_s)
 
 
 def _tied_every(k: int, waste: float, cost: TwoLevelCost, mtbf_s: float, tolerance: float) -> tuple[int, int]:
