@@ -571,8 +571,9 @@ class Checkpointer:
 
         Shards are read with the engine (O_DIRECT) into one aligned buffer, a group of ``threads``
         shards at a time; ``verify`` checks the CRC-32C of each group while the next one is read.
-        Without ``into``, the tensors are views into a fresh buffer (no copies on CPU; a helper
-        thread faults it in ahead of the reads), or copies on ``device``. With ``into`` (a
+        Without ``into``, every tensor has a storage of its own, as after ``torch.load``: on CPU each
+        is a view of exactly its bytes in a fresh buffer (no copies; a helper thread faults it in ahead
+        of the reads; the buffer is freed with the last of them), on ``device`` a copy. With ``into`` (a
         state_dict of the same structure, e.g. the live model's), every tensor is copied into the
         matching preallocated tensor, on whatever device it lives (parameters included), every
         plain value that differs (a step counter) is put into its dict or list, the read buffer is
@@ -724,10 +725,7 @@ class Checkpointer:
                 self._read_verified(store, buffer, files, checks, shards)
             else:
                 store.read_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
-        flat = torch.frombuffer(buffer, dtype=torch.uint8) if total else None
-        if to_device and flat is not None:
-            # One host-to-device copy of everything; the tensors are views into it on the device.
-            flat = flat[:total].to(device, non_blocking=True)
+        flat = torch.frombuffer(buffer, dtype=torch.uint8) if total and into is not None else None
         tensors: list[Any] = []
         for e in entries:
             dtype, shape = dtype_of(e["dtype"]), tuple(e["shape"])
@@ -735,9 +733,16 @@ class Checkpointer:
                 tensors.append(tensors[e["alias_of"]])
                 continue
             if e["nbytes"] == 0:
-                t = torch.empty(shape, dtype=dtype, device=device if to_device else "cpu")
+                tensors.append(torch.empty(shape, dtype=dtype, device=device if to_device else "cpu"))
+                continue
+            offset = offsets[e["shard"]] + e["offset"]
+            if flat is not None:  # into=: views into the reused read buffer, copied out below
+                t = typed_view(flat, offset, e["nbytes"], dtype, shape)
+            elif to_device:  # its own device memory, copied out of the pinned read buffer
+                t = torch.empty(shape, dtype=dtype, device=device)
+                copy_values(t, _own_storage_view(buffer, offset, e["nbytes"], dtype, shape), non_blocking=True)
             else:
-                t = typed_view(flat, offsets[e["shard"]] + e["offset"], e["nbytes"], dtype, shape)
+                t = _own_storage_view(buffer, offset, e["nbytes"], dtype, shape)
             tensors.append(t)
         loaded = rebuild(part["skeleton"], tensors)
         if to_device:
@@ -794,6 +799,18 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _own_storage_view(buffer: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A (shape, dtype) tensor over ``buffer[offset : offset + nbytes]`` with a storage of its own.
+
+    As after ``torch.load``, a loaded tensor's storage starts at its first byte and ends at its last:
+    ``torch.set_rng_state`` accepts it, ``torch.save``/pickle write only its bytes, and no two loaded
+    tensors share one (their storages all keep ``buffer`` alive, which is freed with the last of them,
+    as the tensors of ``torch.load(mmap=True)`` keep their file's mapping)."""
+    import torch
+
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
 
 
 class _Check(NamedTuple):
