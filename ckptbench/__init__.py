@@ -21,6 +21,7 @@ from ckptbench.errors import (
     OutcomeUnknownError,
     RankFailedError,
     SnapshotError,
+    StepNotFoundError,
     StorageIOError,
     TargetError,
     UsageError,
@@ -29,7 +30,7 @@ from ckptbench.errors import (
 __version__ = "0.1.0"
 
 #: Names imported from ckptbench.checkpoint on first use (it imports torch).
-_LAZY = ("save", "load", "Checkpointer", "SaveResult", "SaveHandle")
+_LAZY = ("save", "load", "Checkpointer", "SaveResult", "SaveHandle", "CheckpointManager")
 
 __all__ = [
     *_LAZY,
@@ -48,6 +49,7 @@ __all__ = [
     "OutcomeUnknownError",
     "RankFailedError",
     "SnapshotError",
+    "StepNotFoundError",
     "StorageIOError",
     "TargetError",
     "UsageError",

@@ -8,7 +8,8 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   ├── InsufficientSpaceError
     │   ├── InsufficientMemoryError
     │   ├── MissingDependencyError
-    │   └── CheckpointExistsError
+    │   ├── CheckpointExistsError
+    │   └── StepNotFoundError           a CheckpointManager step that is not committed
     ├── StorageIOError                  an I/O operation failed at run time
     │   ├── OutcomeUnknownError
     │   └── CommitOutcomeUnknown
@@ -78,6 +79,11 @@ class CheckpointExistsError(UsageError):
     def at(cls, url: str) -> CheckpointExistsError:
         return cls(f"{url} already holds a checkpoint",
                    hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
+
+
+class StepNotFoundError(UsageError):
+    """A ``CheckpointManager`` was asked for a step that is not committed under its root; the message
+    lists the steps that are."""
 
 
 class StorageIOError(CkptbenchError):

@@ -4,5 +4,6 @@
 """
 
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, load, save
+from ckptbench.checkpoint.manager import CheckpointManager
 
-__all__ = ["Checkpointer", "SaveHandle", "SaveResult", "load", "save"]
+__all__ = ["CheckpointManager", "Checkpointer", "SaveHandle", "SaveResult", "load", "save"]
