@@ -86,6 +86,11 @@ class StepNotFoundError(UsageError):
     lists the steps that are."""
 
 
+class PickleNotAllowedError(UsageError):
+    """A checkpoint holds pickled entries and the load was not given ``allow_pickle=True``; the message
+    names them. Unpickling runs code the checkpoint names: only for checkpoints one trusts."""
+
+
 class StorageIOError(CkptbenchError):
     """An I/O operation failed at run time (after validation passed)."""
 

@@ -29,11 +29,13 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ckptbench import __version__, interrupts, knobs, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
-from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild
+from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild, refuse_pickled
 from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, copy_values, dtype_of, stage, typed_view
 from ckptbench.errors import (
     CheckpointExistsError,
@@ -189,7 +191,7 @@ class Checkpointer:
 
     def save(self, state_dict: Any, path: str | os.PathLike, *, async_: bool = False,
              overwrite: bool = False, storage_options: dict | None = None,
-             distributed: bool | None = None) -> SaveResult | SaveHandle:
+             distributed: bool | None = None, allow_pickle: bool = False) -> SaveResult | SaveHandle:
         """Save ``state_dict`` to the directory ``path`` (created if missing).
 
         Sync: returns the SaveResult once the checkpoint is durable. Async: returns a SaveHandle
@@ -217,14 +219,15 @@ class Checkpointer:
         world = _world_for(distributed)
         store = open_store(path, storage_options)
         if world is not None:
-            return self._save_distributed(world, state_dict, path, store, async_, overwrite, t0)
+            return self._save_distributed(world, state_dict, path, store, async_, overwrite, t0, allow_pickle)
         if not store.is_dir_like():
             raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
         if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
             raise CheckpointExistsError.at(store.url)
         save_id = secrets.token_hex(4)
         planning = time.perf_counter()
-        plan, tensors = self._plans.plan(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}")
+        plan, tensors = self._plans.plan(state_dict, self.shard_size, shard_prefix=f"shard-{save_id}",
+                                         allow_pickle=allow_pickle)
         plan_s = time.perf_counter() - planning
         store.prepare()
         # Held from before the first shard write until the stale files are removed (async: released
@@ -262,7 +265,8 @@ class Checkpointer:
         return SaveHandle(future)
 
     def _save_distributed(self, world: World, state_dict: Any, path: str | os.PathLike, store: Store,
-                          async_: bool, overwrite: bool, t0: float) -> SaveResult | SaveHandle:
+                          async_: bool, overwrite: bool, t0: float,
+                          allow_pickle: bool = False) -> SaveResult | SaveHandle:
         """One rank's part of a distributed save: agree, plan + stage, then persist (see there).
 
         Rank 0 takes the save lock (``checkpoint/lock.py``) before any rank writes and holds it until
@@ -301,7 +305,8 @@ class Checkpointer:
         try:
             started = time.perf_counter()
             plan, tensors = self._plans.plan(state_dict, self.shard_size,
-                                             shard_prefix=f"shard-{save_id}-r{world.rank:05d}")
+                                             shard_prefix=f"shard-{save_id}-r{world.rank:05d}",
+                                             allow_pickle=allow_pickle)
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
@@ -565,7 +570,7 @@ class Checkpointer:
 
     def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
              into: dict | None = None, storage_options: dict | None = None,
-             distributed: bool | None = None, rank: int | None = None) -> dict:
+             distributed: bool | None = None, rank: int | None = None, allow_pickle: bool = False) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
         and parameters come back as the types they were saved as (see :func:`plan.rebuild`).
 
@@ -591,10 +596,11 @@ class Checkpointer:
         store = open_store(path, storage_options)
         world = _world_for(distributed) if rank is None else None
         if world is None:
-            return self._load_latest(store, rank, device, verify, into)
-        return self._load_distributed(world, store, device, verify, into)
+            return self._load_latest(store, rank, device, verify, into, allow_pickle)
+        return self._load_distributed(world, store, device, verify, into, allow_pickle)
 
-    def _load_latest(self, store: Store, rank: int | None, device: Any, verify: bool, into: dict | None) -> dict:
+    def _load_latest(self, store: Store, rank: int | None, device: Any, verify: bool, into: dict | None,
+                     allow_pickle: bool = False) -> dict:
         """Load what the manifest names; when a save with ``overwrite=True`` commits a new checkpoint
         meanwhile (and removes the shards being read), load the new one instead. A failure with the
         manifest unchanged is the checkpoint's own (a missing shard is damage, said as such)."""
@@ -602,7 +608,7 @@ class Checkpointer:
         for attempt in range(1, LOAD_ATTEMPTS + 1):
             part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
             try:
-                return self._timed_load(store, manifest, part, device, verify, into)
+                return self._timed_load(store, manifest, part, device, verify, into, False, allow_pickle)
             except _MAYBE_REPLACED as exc:
                 latest = _current_manifest(store) or manifest  # gone altogether: report what went wrong
                 if latest == manifest:
@@ -616,7 +622,8 @@ class Checkpointer:
                 manifest = latest
         raise AssertionError("unreachable")
 
-    def _load_distributed(self, world: World, store: Store, device: Any, verify: bool, into: dict | None) -> dict:
+    def _load_distributed(self, world: World, store: Store, device: Any, verify: bool, into: dict | None,
+                          allow_pickle: bool = False) -> dict:
         """This rank's part of a load under a launch, of the same committed checkpoint as every other rank.
 
         1. rank 0 reads the manifest and hands it round (node-local storage works too)
@@ -641,7 +648,7 @@ class Checkpointer:
                 part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
                                     world_size=world.world_size)
                 # With into=, each rank reads its part and checks that it fits, but copies nothing yet.
-                loaded = self._timed_load(store, manifest, part, device, verify, into, defer=into is not None)
+                loaded = self._timed_load(store, manifest, part, device, verify, into, into is not None, allow_pickle)
             except Exception as exc:
                 failure, error = (f"{type(exc).__name__}: {exc}", isinstance(exc, _MAYBE_REPLACED)), exc
             failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
@@ -672,11 +679,11 @@ class Checkpointer:
         raise AssertionError("unreachable")
 
     def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                    into: dict | None, defer: bool = False) -> Any:
+                    into: dict | None, defer: bool = False, allow_pickle: bool = False) -> Any:
         """``_load_part``, its time kept in ``last_load_s`` (reads and rebuild, no coordination; with
         ``defer``, the copy into ``into`` is timed into it when it is made)."""
         start = time.perf_counter()
-        loaded = self._load_part(store, manifest, part, device, verify, into, defer)
+        loaded = self._load_part(store, manifest, part, device, verify, into, defer, allow_pickle)
         self.last_load_s = time.perf_counter() - start
         if not defer:
             return loaded
@@ -689,12 +696,14 @@ class Checkpointer:
         return copy
 
     def _load_part(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                   into: dict | None, defer: bool = False) -> Any:
+                   into: dict | None, defer: bool = False, allow_pickle: bool = False) -> Any:
         """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`. With ``into`` and
         ``defer``: check that the part fits ``into`` and return the copy into it, to be called (before
         the next load reuses the read buffer) instead of made."""
         import torch
 
+        if not allow_pickle:
+            refuse_pickled(part["skeleton"])  # before anything is read
         shards = part["shards"]  # checked by mf.check_part: well formed, every tensor inside its shard
         for s in shards:  # before the read buffer is sized by what the manifest claims
             size = store.size(s["name"])
@@ -744,7 +753,7 @@ class Checkpointer:
             else:
                 t = _own_storage_view(buffer, offset, e["nbytes"], dtype, shape)
             tensors.append(t)
-        loaded = rebuild(part["skeleton"], tensors)
+        loaded = rebuild(part["skeleton"], tensors, allow_pickle)
         if to_device:
             _synchronize(device)  # the read buffer is reused by the next load
         if into is None:
@@ -896,6 +905,7 @@ def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
     import torch
 
     copies: list[tuple[Any, Any, str]] = []
+    arrays: list[tuple[np.ndarray, np.ndarray]] = []  # numpy arrays copied in place
     updates: list[tuple[Any, Any, Any]] = []  # (container, key or index, value)
 
     def where(path: str) -> str:
@@ -923,6 +933,14 @@ def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
                                                                  ("not in the checkpoint", extra)) if keys) + ")")
             for key in s:
                 visit(d[key], s[key], f"{path}.{key}" if path else str(key), d, key)
+        elif isinstance(s, np.ndarray):
+            if isinstance(d, np.ndarray) and d.shape == s.shape and d.dtype == s.dtype and d.flags.writeable:
+                arrays.append((d, s))  # in place, as tensors are
+            elif isinstance(parent, tuple):
+                raise UsageError(f"{where(path)}: the checkpoint holds a {s.dtype} array of shape {s.shape}, into= "
+                                 f"holds {type(d).__name__} inside a tuple, which cannot be updated")
+            else:
+                updates.append((parent, slot, s))
         elif isinstance(s, (list, tuple)):
             if not isinstance(d, (list, tuple)) or len(d) != len(s):
                 raise UsageError(f"{where(path)}: a sequence of {len(s)} items does not fit into= here")
@@ -932,7 +950,7 @@ def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
             if isinstance(d, (torch.Tensor, dict, list, tuple)):
                 raise UsageError(f"{where(path)}: the checkpoint holds a {type(s).__name__}, "
                                  f"into= holds {type(d).__name__}")
-            if type(d) is type(s) and (d == s or d != d and s != s):  # equal (NaN equals NaN here)
+            if type(d) is type(s) and bool(d == s or d != d and s != s):  # equal (NaN equals NaN here)
                 return
             if isinstance(parent, tuple):
                 raise UsageError(f"{where(path)}: the checkpoint holds {s!r}, into= holds {d!r} inside a tuple, "
@@ -949,6 +967,8 @@ def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
                 except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
                     raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
                                      "before it in into= were loaded") from exc
+        for d, s in arrays:
+            np.copyto(d, s)
         for container, slot, value in updates:
             container[slot] = value
         _synchronize_all(dst)
@@ -1130,7 +1150,7 @@ def _default_checkpointer() -> Checkpointer:
 def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, threads: int | None = None,
          shard_size: int | None = None, direct: bool | None = None, checksum: bool = True,
          overwrite: bool = False, storage_options: dict | None = None,
-         distributed: bool | None = None) -> SaveResult | SaveHandle:
+         distributed: bool | None = None, allow_pickle: bool = False) -> SaveResult | SaveHandle:
     """Save ``state_dict`` to the directory ``path``; see :meth:`Checkpointer.save`.
 
     With default settings a process-wide Checkpointer is reused, so its staging arena survives
@@ -1138,14 +1158,17 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
     """
     if threads is None and shard_size is None and direct is None and checksum:
         return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
-                                            storage_options=storage_options, distributed=distributed)
+                                            storage_options=storage_options, distributed=distributed,
+                                            allow_pickle=allow_pickle)
     ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
     return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options,
-                     distributed=distributed)
+                     distributed=distributed, allow_pickle=allow_pickle)
 
 
 def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None,
-         storage_options: dict | None = None, distributed: bool | None = None, rank: int | None = None) -> dict:
+         storage_options: dict | None = None, distributed: bool | None = None, rank: int | None = None,
+         allow_pickle: bool = False) -> dict:
     """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
     return _default_checkpointer().load(path, device=device, verify=verify, into=into,
-                                        storage_options=storage_options, distributed=distributed, rank=rank)
+                                        storage_options=storage_options, distributed=distributed, rank=rank,
+                                        allow_pickle=allow_pickle)

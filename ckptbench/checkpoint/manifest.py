@@ -193,6 +193,9 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
         problem = "nested too deeply"
     if problem:
         raise malformed(f"skeleton: {problem}")
+    problem = _byte_leaf_problems(part["skeleton"], tensors)
+    if problem:
+        raise corrupt(problem)
 
 
 _TENSOR_FIELDS = frozenset({"dtype", "shape", "nbytes", "shard", "offset", "alias_of", "crc32c"})
@@ -210,7 +213,8 @@ def _clip(value: Any) -> str:
 
 
 #: The node kinds of a skeleton, each with the optional keys it may carry besides its tag.
-_NODE_EXTRAS = {"__tensor__": {"__parameter__", "__requires_grad__"}, "__dict__": {"__ordered__", "__metadata__"},
+_NODE_EXTRAS = {"__tensor__": {"__parameter__", "__requires_grad__", "__numpy__", "__bytes__", "__pickle__"},
+               "__dict__": {"__ordered__", "__metadata__"},
                 "__list__": set(), "__tuple__": {"__class__", "__fields__"}, "__value__": set()}
 
 
@@ -260,7 +264,59 @@ def _extras_problem(node: dict) -> str | None:
     problem = _tuple_class_problem(node)
     if problem is not None:
         return problem
+    if "__pickle__" in node and node["__pickle__"] is not True:
+        return f"__pickle__ is {_clip(node['__pickle__'])}, not true"
+    if "__bytes__" in node and node["__bytes__"] not in ("bytes", "bytearray"):
+        return f"__bytes__ is {_clip(node['__bytes__'])}, not 'bytes' or 'bytearray'"
+    if sum(kind in node for kind in ("__numpy__", "__bytes__", "__pickle__")) > 1:
+        return "a tensor node is at most one of a numpy array, bytes or a pickle"
+    if "__numpy__" in node:
+        return _numpy_problem(node["__numpy__"])
     return None
+
+
+def _numpy_problem(spec: Any) -> str | None:
+    """What is wrong with a numpy node's ``{"dtype", "shape", "scalar"}``, or None. Only the dtypes a
+    save writes: no Python objects (their bytes would be pointers) and no fields."""
+    import numpy as np
+
+    if not (isinstance(spec, dict) and set(spec) == {"dtype", "shape", "scalar"} and isinstance(spec["dtype"], str)
+            and type(spec["scalar"]) is bool and type(spec["shape"]) is list
+            and all(type(n) is int and n >= 0 for n in spec["shape"])):
+        return f"__numpy__ {_clip(spec)} is not {{'dtype': <str>, 'shape': [<int >= 0>, ...], 'scalar': <bool>}}"
+    try:
+        dtype = np.dtype(spec["dtype"])
+    except (TypeError, ValueError, SyntaxError):
+        return f"__numpy__ dtype {_clip(spec['dtype'])} is not a numpy dtype"
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.str != spec["dtype"]:
+        return f"__numpy__ dtype {_clip(spec['dtype'])} is not one a save writes"
+    if spec["scalar"] and spec["shape"]:
+        return f"__numpy__ {_clip(spec)} is a scalar with a shape"
+    return None
+
+
+def _byte_leaf_problems(node: Any, tensors: list[dict], where: str = "") -> str | None:
+    """Tensors that hold a numpy array, bytes or a pickle must be flat uint8 of exactly their bytes."""
+    if not isinstance(node, dict):
+        return None
+    if "__tensor__" in node:
+        spec = node.get("__numpy__")
+        if spec is None and not ("__bytes__" in node or "__pickle__" in node):
+            return None
+        entry = tensors[node["__tensor__"]]
+        if entry["dtype"] != "uint8" or len(entry["shape"]) != 1:
+            return f"tensor {entry['key']!r} holds bytes but is {entry['dtype']} of shape {entry['shape']}"
+        if spec is not None:
+            import numpy as np
+
+            needed = math.prod(spec["shape"]) * np.dtype(spec["dtype"]).itemsize
+            if needed != entry["nbytes"]:
+                return (f"tensor {entry['key']!r} has {entry['nbytes']} bytes, but a numpy array of shape "
+                        f"{spec['shape']} and dtype {spec['dtype']} needs {needed}")
+        return None
+    children = (node.get("__list__") or node.get("__tuple__") or
+                [child for _, child in node.get("__dict__") or ()])
+    return next((p for p in (_byte_leaf_problems(c, tensors) for c in children) if p), None)
 
 
 def _metadata_ok(metadata: Any) -> bool:
@@ -304,5 +360,30 @@ def _value_ok(value: Any, *, hashable: bool) -> bool:
             except (TypeError, ValueError):
                 return False
             return True
+        if "__bytes__" in value:
+            return set(value) == {"__bytes__"} and isinstance(value["__bytes__"], str) and _base64_ok(value["__bytes__"])
+        for kind in ("__set__", "__frozenset__"):
+            if kind in value:
+                items = value[kind]
+                return (set(value) == {kind} and (kind == "__frozenset__" or not hashable) and isinstance(items, list)
+                        and all(_value_ok(v, hashable=True) for v in items))
+        if "__path__" in value:
+            return (set(value) == {"__path__", "__flavour__", "__pure__"} and isinstance(value["__path__"], str)
+                    and value["__flavour__"] in ("posix", "windows") and type(value["__pure__"]) is bool)
+        if "__enum__" in value:
+            return (set(value) <= {"__enum__", "__member__", "__raw__"} and isinstance(value["__enum__"], str)
+                    and ":" in value["__enum__"] and isinstance(value.get("__member__"), str)
+                    and ("__raw__" not in value or _value_ok(value["__raw__"], hashable=False)))
         return not hashable
     return False
+
+
+def _base64_ok(text: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True

@@ -10,14 +10,20 @@ strides) are stored once and loaded as one tensor.
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
+import enum
 import functools
 import gc
 import heapq
+import logging
 import math
+import pathlib
+import pickle
 import sys
 import types
+import warnings
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -26,7 +32,9 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ckptbench import knobs
-from ckptbench.errors import UsageError
+from ckptbench.errors import PickleNotAllowedError, UsageError
+
+log = logging.getLogger(__name__)
 
 BIG_TENSOR_BYTES = 64 * 1024
 BIG_ALIGN = 4096
@@ -217,19 +225,28 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _encode_key(key: Any, path: str) -> Any:
-    """Dict keys: str stays str; int/float/bool/None/tuple are tagged so they come back as they were."""
-    if isinstance(key, str):
+    """Dict keys: str stays str; other hashable values (int, float, bool, None, tuple, bytes,
+    frozenset, Enum, path) are tagged so they come back as they were."""
+    if type(key) is str:
         return key
-    if isinstance(key, bool) or key is None or isinstance(key, (int, float)):
+    try:
         return {"__key__": _encode_value(key, path)}
-    if isinstance(key, tuple):
-        return {"__key__": _encode_value(key, path)}
-    raise UsageError(f"{path}: dict key {key!r} of type {type(key).__name__} cannot be saved",
-                     hint="use str, int, float, bool, None or tuple keys")
+    except UsageError:
+        raise UsageError(f"{path}: dict key {key!r} of type {type(key).__name__} cannot be saved",
+                         hint="use str, int, float, bool, None, bytes, tuple, frozenset, Enum or path keys") from None
+
+
+#: What a refused value's error suggests.
+_VALUES_HINT = ("state_dict leaves must be tensors, numpy arrays or plain Python values (numbers, str, bytes, bool, "
+                "None, lists, tuples, dicts, sets, pathlib paths, Enum members); pass allow_pickle=True, at save "
+                "and again at load, to pickle anything else")
 
 
 def _encode_value(value: Any, path: str) -> Any:
-    """A plain Python value as JSON: tuples and non-finite floats are tagged."""
+    """A plain Python value as JSON: tuples, non-finite floats, bytes, sets, paths and Enum members are
+    tagged (``{"__tuple__": ...}``, ``{"__float__": "nan"}``, ``{"__bytes__": base64}``, ...)."""
+    if isinstance(value, enum.Enum):  # before int and str: an IntEnum or StrEnum member is one too
+        return _encode_enum(value, path)
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -240,13 +257,30 @@ def _encode_value(value: Any, path: str) -> Any:
         items = [_encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
         # A namedtuple or torch.Size (dict keys: a tuple value is visited as a container) keeps its class.
         return items if isinstance(value, list) else _sequence_node(value, items)
-    raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved",
-                     hint="state_dict leaves must be tensors or plain Python values (numbers, str, bool, None, "
-                          "lists, tuples, dicts)")
+    if isinstance(value, bytes):
+        return {"__bytes__": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, (set, frozenset)):
+        items = [_encode_value(v, f"{path}{{{i}}}") for i, v in enumerate(value)]
+        return {"__frozenset__" if isinstance(value, frozenset) else "__set__": items}
+    if isinstance(value, pathlib.PurePath):
+        return {"__path__": str(value), "__flavour__": "windows" if isinstance(value, pathlib.PureWindowsPath)
+                else "posix", "__pure__": not isinstance(value, pathlib.Path)}
+    raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved", hint=_VALUES_HINT)
+
+
+def _encode_enum(member: enum.Enum, path: str) -> dict[str, Any]:
+    """An Enum member by its class's import path and its name (as namedtuples are recorded), and its
+    value where that is a plain value (what comes back when the class is not imported at load)."""
+    kind = type(member)
+    node: dict[str, Any] = {"__enum__": f"{kind.__module__}:{kind.__qualname__}", "__member__": str(member.name)}
+    with contextlib.suppress(UsageError):
+        node["__raw__"] = _encode_value(member.value, f"{path}.value")
+    return node
 
 
 class _Flattener:
-    def __init__(self) -> None:
+    def __init__(self, allow_pickle: bool = False) -> None:
+        self.allow_pickle = allow_pickle
         self.tensors = Sources()
         self.entries: list[_Row] = []
         self.later: list[tuple[dict, list]] = []
@@ -267,8 +301,47 @@ class _Flattener:
         if isinstance(value, (list, tuple)):
             self.record.append((type(value), len(value)))
             return _sequence_node(value, [self.visit(v, f"{path}[{i}]") for i, v in enumerate(value)])
+        if isinstance(value, (np.ndarray, np.generic)):
+            return self._numpy(value, path or "<root>")
+        if isinstance(value, (bytes, bytearray)):
+            return self._bytes(value, path)
         self.record.append(None)  # a plain value's place: [0, t] and [t, 0] key t differently
-        return {"__value__": _encode_value(value, path or "<root>")}
+        try:
+            return {"__value__": _encode_value(value, path or "<root>")}
+        except UsageError:
+            if not self.allow_pickle:
+                raise
+        self.record.pop()
+        return self._pickled(value, path or "<root>")
+
+    def _numpy(self, value: Any, path: str) -> dict:
+        """A numpy array (or scalar) as a tensor of its bytes, with its dtype and shape beside it."""
+        array = np.asarray(value)
+        dtype = array.dtype
+        if dtype.hasobject or dtype.fields is not None:
+            if self.allow_pickle:
+                return self._pickled(value, path)
+            raise UsageError(f"{path}: a numpy array of dtype {dtype} holds Python objects or fields and cannot be "
+                             "saved as bytes", hint="pass allow_pickle=True, at save and again at load, to pickle it")
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
+        node = _tensor_node(self._tensor(_torch_of(raw), path), None)
+        node["__numpy__"] = {"dtype": dtype.str, "shape": list(array.shape), "scalar": isinstance(value, np.generic)}
+        return node
+
+    def _bytes(self, value: bytes | bytearray, path: str) -> dict:
+        data = bytes(value) if isinstance(value, bytearray) else value  # a bytearray may be resized meanwhile
+        node = _tensor_node(self._tensor(_torch_of(np.frombuffer(data, np.uint8)), path), None)
+        node["__bytes__"] = type(value).__name__
+        return node
+
+    def _pickled(self, value: Any, path: str) -> dict:
+        try:
+            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - whatever the object's __reduce__ raises
+            raise UsageError(f"{path}: value of type {type(value).__name__} cannot be pickled: {exc}") from exc
+        node = _tensor_node(self._tensor(_torch_of(np.frombuffer(data, np.uint8)), path), None)
+        node["__pickle__"] = True
+        return node
 
     def _key(self, key: Any, path: str) -> Any:
         self.record.append(key if type(key) is str else (type(key), repr(key)))  # repr: 2.0 is not 2
@@ -338,8 +411,17 @@ def _tensor_record(t: Any) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t.is_conj(), t.is_neg())
 
 
+def _torch_of(array: np.ndarray) -> Any:
+    """A uint8 tensor over ``array``'s memory (read-only memory too: saving only reads it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        return _torch().from_numpy(array)
+
+
 def _tensor_node(index: int, t: Any) -> dict:
     node: dict[str, Any] = {"__tensor__": index}
+    if t is None:
+        return node
     if t.requires_grad:
         node["__requires_grad__"] = True
     if type(t) is not _torch().Tensor and isinstance(t, _torch().nn.Parameter):
@@ -399,28 +481,40 @@ _DTYPE_NAMES: dict[Any, str] = {}
 _Row = tuple[int, str, str, tuple[int, ...], int, "int | None"]
 
 
-def flatten(state_dict: Any) -> _Flattener:
+def flatten(state_dict: Any, allow_pickle: bool = False) -> _Flattener:
     """``state_dict`` walked: its ``skeleton``, ``entries`` without placement, ``tensors`` in entry
-    order, and the ``_metadata`` to encode ``later``."""
+    order, and the ``_metadata`` to encode ``later``. ``allow_pickle``: values of no other kind are
+    pickled (else refused, naming the key)."""
     if not isinstance(state_dict, dict):
         raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__}")
-    f = _Flattener()
+    f = _Flattener(allow_pickle)
     f.skeleton = f.visit(state_dict, "")
     return f
 
 
-def rebuild(skeleton: Any, tensors: list[Any]) -> Any:
+def rebuild(skeleton: Any, tensors: list[Any], allow_pickle: bool = False) -> Any:
     """Invert :func:`flatten`: the state_dict of ``skeleton`` with ``tensors`` (in entry order) put back.
 
     Types come back as they were saved: OrderedDict (with its ``_metadata``), nn.Parameter and
-    ``requires_grad``, ``torch.Size``, namedtuples (when their class is imported, see
-    :func:`_as_saved_class`). Other dict subclasses come back as dicts and other tuple subclasses as
-    tuples. One saved object comes back as one object (tied parameters stay tied).
+    ``requires_grad``, ``torch.Size``, namedtuples and Enum members (when their class is imported, see
+    :func:`_as_saved_class`), numpy arrays and scalars, bytes, sets, pathlib paths. Other dict
+    subclasses come back as dicts and other tuple subclasses as tuples. One saved object comes back as
+    one object (tied parameters stay tied). Pickled entries are unpickled only with ``allow_pickle``
+    (else PickleNotAllowedError naming them, see :func:`pickled_paths`).
     """
     made: dict[tuple[int, bool, bool], Any] = {}
 
     def tensor(node: dict) -> Any:
         t = tensors[node["__tensor__"]]
+        if "__numpy__" in node:
+            return _numpy_of(t, node["__numpy__"])
+        if "__bytes__" in node:
+            data = t.cpu().numpy().tobytes()
+            return bytearray(data) if node["__bytes__"] == "bytearray" else data
+        if "__pickle__" in node:
+            if not allow_pickle:
+                refuse_pickled(skeleton)
+            return pickle.loads(t.cpu().numpy().tobytes())
         parameter, grad = node.get("__parameter__", False), node.get("__requires_grad__", False)
         grad = grad and (t.is_floating_point() or t.is_complex())
         if not (parameter or grad):
@@ -461,7 +555,93 @@ def _decode_value(node: Any) -> Any:
             return _as_saved_class(node["__class__"], node.get("__fields__"), items) if "__class__" in node else items
         if "__float__" in node:
             return float(node["__float__"])
+        if "__bytes__" in node:
+            return base64.b64decode(node["__bytes__"], validate=True)
+        if "__set__" in node:
+            return {_decode_value(v) for v in node["__set__"]}
+        if "__frozenset__" in node:
+            return frozenset(_decode_value(v) for v in node["__frozenset__"])
+        if "__path__" in node:
+            return _as_path(node["__path__"], node["__flavour__"], node["__pure__"])
+        if "__enum__" in node:
+            return _as_enum(node)
     return node
+
+
+def _numpy_of(t: Any, spec: dict) -> Any:
+    """The numpy array (or scalar) saved as ``t``'s bytes (checked against ``spec`` by the manifest's checks)."""
+    dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+    raw = t.cpu().numpy()
+    array = raw.view(dtype).reshape(shape) if raw.size else np.empty(shape, dtype)
+    return array[()] if spec.get("scalar") else array
+
+
+def _as_path(text: str, flavour: str, pure: bool) -> pathlib.PurePath:
+    """A path as saved: pure paths as their flavour; concrete ones as ``pathlib.Path`` where the flavour is
+    this system's, else as the pure path of theirs (a Windows path loaded on Linux)."""
+    native = "windows" if sys.platform == "win32" else "posix"
+    if not pure and flavour == native:
+        return pathlib.Path(text)
+    return pathlib.PureWindowsPath(text) if flavour == "windows" else pathlib.PurePosixPath(text)
+
+
+def _as_enum(node: dict) -> Any:
+    """The Enum member saved as ``node``, when its class is imported (looked up, never imported); else its
+    value (logged), as a namedtuple whose class is not imported comes back as a plain tuple."""
+    kind = _imported_class(node["__enum__"])
+    if issubclass(type(kind), enum.EnumMeta):
+        member = kind.__members__.get(node["__member__"])
+        if member is None and "__raw__" in node:
+            with contextlib.suppress(ValueError, TypeError):
+                member = kind(_decode_value(node["__raw__"]))
+        if member is not None:
+            return member
+    log.warning("the Enum %s (member %s) is not imported or has no such member: loaded as its value",
+                node["__enum__"], node["__member__"])
+    return _decode_value(node["__raw__"]) if "__raw__" in node else node["__member__"]
+
+
+def _imported_class(name: str) -> Any:
+    """The class named ``module:qualname`` if its module is imported, else None; looked up down modules and
+    classes through their ``__dict__`` (no ``__getattr__`` hook or property runs, nothing is imported)."""
+    module, _, qualname = name.partition(":")
+    kind: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        kind = kind.__dict__.get(part) if issubclass(type(kind), (types.ModuleType, type)) else None
+    return kind if issubclass(type(kind), type) else None
+
+
+def pickled_paths(skeleton: Any) -> list[str]:
+    """The keys (``a.b[0]``) of the pickled entries of ``skeleton``, in order."""
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if "__tensor__" in node:
+            if node.get("__pickle__"):
+                found.append(path or "<root>")
+        elif "__dict__" in node:
+            for key, child in node["__dict__"]:
+                name = key if isinstance(key, str) else repr(_decode_value(key["__key__"]))
+                walk(child, f"{path}.{name}" if path else name)
+        else:
+            for i, child in enumerate(node.get("__list__") or node.get("__tuple__") or ()):
+                walk(child, f"{path}[{i}]")
+
+    walk(skeleton, "")
+    return found
+
+
+def refuse_pickled(skeleton: Any) -> None:
+    """PickleNotAllowedError naming the pickled entries of ``skeleton``, if it has any."""
+    pickled = pickled_paths(skeleton)
+    if pickled:
+        shown = ", ".join(pickled[:5]) + (f" and {len(pickled) - 5} more" if len(pickled) > 5 else "")
+        raise PickleNotAllowedError(
+            f"the checkpoint holds {len(pickled)} pickled entr{'y' if len(pickled) == 1 else 'ies'} ({shown}); "
+            "unpickling runs whatever code the checkpoint names",
+            hint="pass allow_pickle=True only for a checkpoint from a source you trust")
 
 
 def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:
@@ -473,12 +653,8 @@ def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:
         return _torch().Size(items) if ok else items
     if fields is None:
         return items
-    module, _, qualname = name.partition(":")
-    kind: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        # Down modules and classes only, through their __dict__: no __getattr__ hook or property runs.
-        kind = kind.__dict__.get(part) if issubclass(type(kind), (types.ModuleType, type)) else None
-    if not (issubclass(type(kind), type) and issubclass(kind, tuple) and getattr(kind, "_fields", None) == tuple(fields)):
+    kind = _imported_class(name)
+    if not (kind is not None and issubclass(kind, tuple) and getattr(kind, "_fields", None) == tuple(fields)):
         return items
     try:
         return kind._make(items)
@@ -486,19 +662,21 @@ def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:
         return items
 
 
-def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:
+def plan_save(state_dict: Any, shard_size: int, shard_prefix: str = "shard",
+              allow_pickle: bool = False) -> tuple[SavePlan, Sources]:
     """Flatten and lay out ``state_dict``; returns the plan and the tensors in entry order."""
     # Planning creates a few objects per tensor; with many tensors alive a collection pass in the
     # middle would more than double the planning time, and it lands in an async save's stall.
     with _gc_paused():
-        plan, f = _plan(state_dict, shard_size, shard_prefix)
+        plan, f = _plan(state_dict, shard_size, shard_prefix, allow_pickle)
         return plan, f.tensors
 
 
-def _plan(state_dict: Any, shard_size: int, shard_prefix: str) -> tuple[SavePlan, _Flattener]:
+def _plan(state_dict: Any, shard_size: int, shard_prefix: str,
+          allow_pickle: bool = False) -> tuple[SavePlan, _Flattener]:
     if shard_size <= 0:
         raise UsageError(f"shard_size {shard_size} must be positive")
-    f = flatten(state_dict)
+    f = flatten(state_dict, allow_pickle)
     return layout(f.entries, f.skeleton, shard_size, shard_prefix, later=tuple(f.later)), f
 
 
@@ -521,16 +699,17 @@ class PlanCache:
         self._last: tuple[int, list, SavePlan, array, array] | None = None
         self.reused = False  #: whether the last :meth:`plan` reused the plan before it
 
-    def plan(self, state_dict: Any, shard_size: int, shard_prefix: str = "shard") -> tuple[SavePlan, Sources]:
+    def plan(self, state_dict: Any, shard_size: int, shard_prefix: str = "shard",
+             allow_pickle: bool = False) -> tuple[SavePlan, Sources]:
         """:func:`plan_save`'s result for ``state_dict``, reusing the last plan where it holds."""
         self.reused = False
         if not knobs.PLAN_REUSE:
             self._last = None
-            return plan_save(state_dict, shard_size, shard_prefix)
+            return plan_save(state_dict, shard_size, shard_prefix, allow_pickle)
         with _gc_paused():
             last = self._last
             if last is not None and last[0] == shard_size and isinstance(state_dict, dict):
-                walk = _Relayout()
+                walk = _Relayout(allow_pickle)
                 try:
                     skeleton = walk.visit(state_dict, "")
                 except Exception:  # noqa: BLE001 - planning below says what is wrong, with the key
@@ -540,7 +719,7 @@ class PlanCache:
                     return (last[2].relaid(shard_prefix, skeleton, tuple(walk.later)),
                             Sources.of_columns(walk.tensors, last[3], last[4]))
             self._last = None
-            plan, f = _plan(state_dict, shard_size, shard_prefix)
+            plan, f = _plan(state_dict, shard_size, shard_prefix, allow_pickle)
             # The arrays themselves, never changed once planned: every save of this layout shares them,
             # and staging knows them again (``Arena.repeat_for``).
             self._last = (shard_size, f.record, plan, f.tensors.addresses, f.tensors.routes)
