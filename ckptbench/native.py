@@ -16,6 +16,21 @@ from typing import Any, TypeVar
 from ckptbench import interrupts, knobs
 from ckptbench.interrupts import Deferred, QuietThread
 
+
+def _not_built(exc: ImportError) -> str:
+    """Why ``ckptbench._native`` did not import, and the fix: a source tree imported before (or instead
+    of) the installed package, an install without the engine, or an engine that does not load."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent
+    if not (isinstance(exc, ModuleNotFoundError) and exc.name == "ckptbench._native"):
+        return f"ckptbench's native engine in {package} does not load ({exc}); reinstall ckptbench"
+    root = package.parent
+    if (root / "pyproject.toml").is_file() and (root / "csrc").is_dir():
+        return (f"ckptbench's native engine is not built in this source tree ({root}); run `pip install -e .` "
+                "there (needs a C++17 compiler), or run from outside the source tree to use an installed ckptbench")
+    return f"ckptbench's native engine is missing from {package}; reinstall ckptbench (`pip install .` in its source tree)"
+
 try:
     from ckptbench import _native
     from ckptbench._native import (
@@ -35,10 +50,8 @@ try:
         probe_direct,
         snapshot_unavailable,
     )
-except ImportError as exc:  # pragma: no cover - only on a broken install
-    raise ImportError(
-        "ckptbench's native engine is not built; reinstall with `pip install .` (needs a C++17 compiler)"
-    ) from exc
+except ImportError as exc:  # pragma: no cover - only on a broken install or from an unbuilt source tree
+    raise ImportError(_not_built(exc)) from exc
 
 __all__ = [
     "AlignedBuffer",

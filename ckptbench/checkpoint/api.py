@@ -69,8 +69,19 @@ def _current_manifest(store: Store) -> dict | None:
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save did. ``stall_s``: time the caller was blocked (plan + stage, plus any wait for a
-    previous save); ``persist_s``: staging end -> durable commit; ``gbps``: bytes / (stall + persist)."""
+    """What a save did, returned by a sync save and by ``SaveHandle.result()``.
+
+    Attributes:
+        path: where the checkpoint is (URL or directory).
+        bytes: tensor bytes this process wrote; files: shards + manifest; tensors: how many.
+        stall_s: seconds the caller was blocked (plan + stage, plus any wait for a previous save).
+        persist_s: seconds from staging's end to the durable commit.
+        threads, shard_size, block_size, direct, checksum: the settings used; ``direct`` says whether
+            O_DIRECT was used (``direct_fallback_reason`` says why not, where it was asked for).
+        sync: how durability was reached ("fdatasync", or the object store's completed uploads).
+        total_s, gbps (properties): stall + persist, and bytes / that in GB/s (1e9 bytes/s).
+        to_dict(): every field plus total_s and gbps, JSON-ready.
+    """
 
     path: str
     bytes: int
@@ -119,15 +130,31 @@ class SaveResult:
 
 class SaveHandle:
     """An asynchronous save in flight, returned by ``save(..., async_=True)`` once the caller may change
-    its tensors; ``result()`` blocks until the checkpoint is durable."""
+    its tensors; ``result()`` blocks until the checkpoint is durable (committed) and returns its SaveResult."""
 
     def __init__(self, future: Future) -> None:
         self._future = future
 
     def done(self) -> bool:
+        """Whether the save has finished (committed or failed); never blocks.
+
+        Returns:
+            bool
+        """
         return self._future.done()
 
     def result(self, timeout: float | None = None) -> SaveResult:
+        """Wait for the save to be durable.
+
+        Args:
+            timeout: seconds to wait at most (None: as long as it takes).
+
+        Returns:
+            SaveResult: what the save did.
+
+        Raises:
+            The save's own error (nothing was committed then), or TimeoutError.
+        """
         return interrupts.result_of(self._future, timeout)
 
 
@@ -158,8 +185,29 @@ def _out_of_space(store: Store, needed_bytes: int, exc: OSError) -> Insufficient
 class Checkpointer:
     """Saves and loads checkpoints, keeping its staging arena between saves.
 
-    At most one save is in flight: a save started while the previous one persists first waits for
-    it, and that wait counts as stall. ``close()`` frees the arena.
+    Make one per training job and save through it every time: the host memory that staging copies
+    the tensors into (one page-aligned arena, sized to the checkpoint) is allocated by the first
+    save and reused by the next ones. At most one save is in flight: a save started while the
+    previous one persists first waits for it, and that wait counts as stall. ``close()`` (or the
+    ``with`` block's end) waits for it and frees the arena.
+
+    Args:
+        threads: writer/reader threads of the engine, also its CRC-32C threads (default: the CPU count,
+            2..8; ``CKPTBENCH_SAVE_THREADS``).
+        shard_size: target bytes per shard file (default 256 MiB; ``CKPTBENCH_SAVE_SHARD_BYTES``).
+            Tensors are balanced over about total / shard_size shards; a tensor is never split.
+        block_size: bytes per I/O request (default 4 MiB; ``CKPTBENCH_SAVE_BLOCK_BYTES``).
+        direct: O_DIRECT writes and reads where the filesystem allows (default True); elsewhere the
+            engine falls back to buffered I/O + fdatasync and the SaveResult says why.
+        checksum: CRC-32C of every tensor in the manifest, verified by ``load`` (default True).
+
+    Example::
+
+        with ckptbench.Checkpointer() as ckpt:
+            for step in range(steps):
+                ...
+                handle = ckpt.save(state, f"/ckpt/step-{step}", async_=True)  # returns after staging
+            state = ckpt.load("/ckpt/step-99")
     """
 
     def __init__(
@@ -197,6 +245,23 @@ class Checkpointer:
         Sync: returns the SaveResult once the checkpoint is durable. Async: returns a SaveHandle
         after staging; the caller may then modify its tensors. Raises CheckpointExistsError when
         ``path`` holds a checkpoint and ``overwrite`` is False (nothing is written then).
+
+        Args:
+            state_dict: a dict of tensors (any device, nn.Parameter included), numpy arrays and
+                plain values (numbers, str, bytes, None, lists, tuples incl. namedtuples, dicts incl.
+                OrderedDict, sets, pathlib paths, Enum members), nested; tied tensors are stored once.
+            path: a directory, or a URL (``s3://bucket/prefix``, any fsspec protocol).
+            async_: return after staging with a SaveHandle; persist on a background thread.
+            overwrite: replace a checkpoint already at ``path`` (it stays loadable until the new
+                one commits).
+            storage_options: for object storage (endpoint_url, key, secret, ...).
+            distributed: None detects a torchrun/srun launch, False saves from this process alone,
+                True requires a launch.
+            allow_pickle: pickle values of any other type (loading them then needs
+                ``allow_pickle=True`` too); without it they are refused, naming the key.
+
+        Returns:
+            SaveResult (sync) or SaveHandle (async).
 
         Under a torch.distributed launch (torchrun, srun; ``distributed=None`` detects it, False
         opts out) every rank calls ``save`` with its own state_dict and the same ``path``: each
@@ -574,6 +639,21 @@ class Checkpointer:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
         and parameters come back as the types they were saved as (see :func:`plan.rebuild`).
 
+        Args:
+            path: the checkpoint directory or URL.
+            device: where the tensors go ("cpu", "cuda", "cuda:1", a torch.device).
+            verify: check every tensor's CRC-32C (CorruptCheckpointError names a mismatch).
+            into: a state_dict of the same structure to load into, in place (see below).
+            storage_options: for object storage.
+            distributed: as for :meth:`save`.
+            rank: in one process, load the part rank ``rank`` of a distributed save wrote.
+            allow_pickle: unpickle entries a save with ``allow_pickle=True`` pickled. Without it a
+                checkpoint holding any is refused (PickleNotAllowedError names them) before anything
+                is read: unpickling runs code the checkpoint names; allow it only for a trusted one.
+
+        Returns:
+            dict: the state_dict (``into`` itself when given).
+
         Shards are read with the engine (O_DIRECT) into one aligned buffer, a group of ``threads``
         shards at a time; ``verify`` checks the CRC-32C of each group while the next one is read.
         Without ``into``, every tensor has a storage of its own, as after ``torch.load``: on CPU each
@@ -797,7 +877,8 @@ class Checkpointer:
                 hint="the checkpoint is damaged; restore from another one")
 
     def close(self) -> None:
-        """Wait for a save in flight, then free the staging arena."""
+        """Wait for a save in flight, then free the staging arena and the read buffer (a later save
+        allocates them again)."""
         self._wait_in_flight()
         self._arena.close()
         self._plans.clear()
@@ -1151,10 +1232,14 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
          shard_size: int | None = None, direct: bool | None = None, checksum: bool = True,
          overwrite: bool = False, storage_options: dict | None = None,
          distributed: bool | None = None, allow_pickle: bool = False) -> SaveResult | SaveHandle:
-    """Save ``state_dict`` to the directory ``path``; see :meth:`Checkpointer.save`.
+    """Save ``state_dict`` to the directory ``path``; see :meth:`Checkpointer.save` for the arguments.
 
     With default settings a process-wide Checkpointer is reused, so its staging arena survives
-    between calls (allocate once, save many). Custom settings use a one-off Checkpointer.
+    between calls (allocate once, save many). Custom settings (``threads``, ``shard_size``,
+    ``direct``, ``checksum``, see :class:`Checkpointer`) use a one-off Checkpointer.
+
+    Returns:
+        SaveResult (sync: once durable) or SaveHandle (``async_=True``: once staged).
     """
     if threads is None and shard_size is None and direct is None and checksum:
         return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
@@ -1168,7 +1253,12 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
 def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None,
          storage_options: dict | None = None, distributed: bool | None = None, rank: int | None = None,
          allow_pickle: bool = False) -> dict:
-    """Load the checkpoint at ``path``; see :meth:`Checkpointer.load`."""
+    """Load the checkpoint at ``path``; see :meth:`Checkpointer.load` for the arguments.
+
+    Returns:
+        dict: the state_dict, each tensor with a storage of its own as after ``torch.load``
+        (``into`` itself when given).
+    """
     return _default_checkpointer().load(path, device=device, verify=verify, into=into,
                                         storage_options=storage_options, distributed=distributed, rank=rank,
                                         allow_pickle=allow_pickle)

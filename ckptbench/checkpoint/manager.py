@@ -155,6 +155,8 @@ class CheckpointManager:
         threads, shard_size, block_size, direct, checksum: the settings of the manager's
             :class:`Checkpointer` (its defaults where None).
         distributed: None detects a torch.distributed launch, False opts out, True requires one.
+        allow_pickle: pickle values of other types at save and unpickle them at load (only for
+            steps this job wrote or others it trusts; see :meth:`Checkpointer.load`).
 
     Example::
 
@@ -172,11 +174,12 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, *, keep_last: int | None = None,
                  storage_options: dict | None = None, threads: int | None = None, shard_size: int | None = None,
                  block_size: int | None = None, direct: bool | None = None, checksum: bool = True,
-                 distributed: bool | None = None) -> None:
+                 distributed: bool | None = None, allow_pickle: bool = False) -> None:
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise UsageError(f"keep_last must be a positive integer or None (keep every step), got {keep_last!r}")
         self.keep_last = keep_last
         self.distributed = distributed
+        self.allow_pickle = allow_pickle
         self._tier = _Tier(root, storage_options)
         self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
                                           direct=direct, checksum=checksum)
@@ -236,7 +239,8 @@ class CheckpointManager:
         self.wait()
         url = self._tier.step_url(step)
         handle = self._checkpointer.save(state_dict, url, async_=async_, overwrite=overwrite,
-                                         storage_options=self._tier.storage_options, distributed=self.distributed)
+                                         storage_options=self._tier.storage_options, distributed=self.distributed,
+                                         allow_pickle=self.allow_pickle)
         if not async_:
             self._after_commit(step)
             return handle
@@ -330,7 +334,8 @@ class CheckpointManager:
                 raise StepNotFoundError(f"step {step} is not a committed checkpoint under {self.root}; "
                                         f"{_describe_steps(self.steps())}")
         return self._checkpointer.load(self._tier.step_url(step), device=device, verify=verify, into=into,
-                                       storage_options=self._tier.storage_options, distributed=self.distributed)
+                                       storage_options=self._tier.storage_options, distributed=self.distributed,
+                                       allow_pickle=self.allow_pickle)
 
     def delete(self, step: int) -> None:
         """Remove the committed ``step`` (its manifest first, so it is never half listed).
