@@ -93,3 +93,7 @@ DIST_HEARTBEAT_S = _env_float("DIST_HEARTBEAT_S", 0.5)
 DIST_DEAD_AFTER_S = _env_float("DIST_DEAD_AFTER_S", 5.0)
 #: Save lock on object stores: a lease not renewed for this long is taken over (checkpoint/lock.py).
 LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
+#: The DCP Writer's staging memory, shared by every Writer of a process (``integrations.dcp``): idle
+#: arenas kept for the next save, at most this many, each freed after this many seconds unused.
+DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)
+DCP_ARENA_IDLE_S = _env_float("DCP_ARENA_IDLE_S", 300.0)

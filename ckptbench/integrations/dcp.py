@@ -94,7 +94,8 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
     from torch.futures import Future
 
-__all__ = ["RAW_EXTENSION", "RawTensorExtension", "Reader", "SaveStats", "Writer", "extension_registry"]
+__all__ = ["RAW_EXTENSION", "RawTensorExtension", "Reader", "SaveStats", "Writer", "extension_registry",
+           "release_staging_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +316,117 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
     return copy.deepcopy(obj)
 
 
+class _ArenaPool:
+    """Idle staging arenas shared by every Writer of this process, so a new ``Writer(path)`` per save
+    reuses the memory the last save staged into instead of allocating and faulting in a fresh arena
+    (about 1 GB/s) each time.
+
+    A Writer takes an arena for a save (``take``: the smallest idle one that fits, else the biggest,
+    grown) and gives it back when the save's use of it has ended (``give``). At most
+    ``knobs.DCP_IDLE_ARENAS`` stay idle (the biggest); each is freed after ``knobs.DCP_ARENA_IDLE_S``
+    seconds unused, or at once by :func:`release_staging_memory` (and ``Writer.close``).
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[tuple[Arena, float]] = []  # (arena, time it was given back)
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def take(self, nbytes: int) -> Arena:
+        with self._lock:
+            fitting = [entry for entry in self._idle if entry[0].nbytes >= nbytes]
+            chosen = (min(fitting, key=lambda e: e[0].nbytes) if fitting
+                      else max(self._idle, key=lambda e: e[0].nbytes, default=None))
+            if chosen is not None:
+                self._idle.remove(chosen)
+            spares = [] if fitting else [arena for arena, _ in self._idle]
+            if spares:  # a bigger arena is needed: the smaller idle ones are no use, free them first
+                self._idle = []
+        for arena in spares:
+            arena.close()
+        arena = chosen[0] if chosen is not None else Arena()
+        try:
+            arena.ensure(nbytes)
+        except BaseException:
+            self.give(arena)
+            raise
+        return arena
+
+    def give(self, arena: Arena) -> None:
+        if arena.buffer is None:
+            return
+        with self._lock:
+            self._idle.append((arena, time.monotonic()))
+            self._idle.sort(key=lambda e: e[0].nbytes, reverse=True)
+            surplus = self._idle[knobs.DCP_IDLE_ARENAS:]
+            del self._idle[knobs.DCP_IDLE_ARENAS:]
+            self._arm()
+        for spare, _ in surplus:
+            spare.close()
+
+    def _arm(self) -> None:
+        """Start the timer that frees arenas idle too long (called with the lock held)."""
+        if self._timer is None and self._idle:
+            self._timer = threading.Timer(knobs.DCP_ARENA_IDLE_S, self._expire)
+            self._timer.daemon = True
+            self._timer.name = "ckptbench-dcp-arena-idle"
+            self._timer.start()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._timer = None
+            expired = [arena for arena, since in self._idle if now - since >= knobs.DCP_ARENA_IDLE_S]
+            self._idle = [entry for entry in self._idle if entry[0] not in expired]
+            if self._idle:
+                oldest = min(since for _, since in self._idle)
+                self._timer = threading.Timer(max(0.0, oldest + knobs.DCP_ARENA_IDLE_S - now), self._expire)
+                self._timer.daemon = True
+                self._timer.start()
+        for arena in expired:
+            arena.close()
+        if expired:
+            log.debug("freed %d idle DCP staging arena(s)", len(expired))
+
+    def clear(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        for arena, _ in idle:
+            arena.close()
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(arena.nbytes for arena, _ in self._idle)
+
+
+_POOL = _ArenaPool()
+
+
+@dataclass
+class _WriterMemory:
+    """A Writer's staging memory (see ``_Writer._adopt_memory``)."""
+
+    arena: Arena
+    stagings: list[_Staging]
+
+    def bequeath(self) -> None:
+        """The writer is gone: its arenas no save needs any more go to the pool, for the next Writer.
+        One still in use (a failed save's staged tensors still referenced) is freed with its tensors."""
+        _POOL.give(self.arena)
+        for staging in self.stagings:
+            if not staging.in_use:
+                _POOL.give(staging.arena)
+
+
+def release_staging_memory() -> None:
+    """Free the idle staging memory the DCP Writers of this process keep for their next saves."""
+    _POOL.clear()
+
+
 class _Staging:
     """A staging arena and what may still read it.
 
@@ -324,8 +436,8 @@ class _Staging:
     whether any staged tensor is left. The arena may be staged over once it is not :attr:`in_use`.
     """
 
-    def __init__(self) -> None:
-        self.arena = Arena()
+    def __init__(self, arena: Arena | None = None) -> None:
+        self.arena = arena if arena is not None else Arena()
         self.pending = False
         self._windows: list[weakref.ref[memoryview]] = []
 
@@ -490,6 +602,23 @@ class _Writer:
 
     ``dcp.async_save(sd, storage_writer=writer)`` first calls :meth:`stage` on the caller's thread.
 
+    A drop-in for torch's ``FileSystemWriter``: it takes the same arguments, positional or keyword,
+    in the same order (``path, single_file_per_rank, sync_files, thread_count, per_thread_copy_ahead,
+    cache_staged_state_dict, overwrite, _extensions, serialization_format``), and its own after them
+    (keyword only). What each of torch's does here:
+
+    - ``thread_count``: the engine's threads (the same as ``threads``; default ``knobs.SAVE_THREADS``
+      where FileSystemWriter's is 1).
+    - ``single_file_per_rank=True``: FileSystemWriter's default, which writes one file per thread;
+      so do we (``files_per_rank``). False (a file per tensor) is refused with the reason.
+    - ``sync_files``: every file is fdatasynced and the directory fsynced either way; False gives
+      no weaker guarantee here, and no speed (the engine's O_DIRECT writes need the sync anyway).
+    - ``per_thread_copy_ahead``: accepted and unused (staging copies everything ahead of the write).
+    - ``cache_staged_state_dict``: accepted; the staging memory is always reused (see below).
+    - ``overwrite``: as torch's: False raises, with torch's message, before anything is written.
+    - ``_extensions``: stream transforms (compression) are refused unless empty.
+    - ``serialization_format``: TORCH_SAVE means ``serialization="torch_save"``; SAFETENSORS is refused.
+
     Args:
         path: checkpoint directory (created if missing, parents included).
         threads: engine threads for copying and writing (default ``knobs.SAVE_THREADS``).
@@ -503,10 +632,13 @@ class _Writer:
         overwrite: replace a checkpoint already at ``path`` (the old one stays loadable until the new
             ``.metadata`` commits); False raises CheckpointExistsError before anything is written.
 
-    The staging memory (the size of this rank's checkpoint) is kept between saves: reuse one Writer
-    (pass ``checkpoint_id=`` to each save) and call :meth:`close` to free it. A second arena is
-    allocated only while the first is still in use (see :meth:`stage`). One save at a time per
-    Writer, as with FileSystemWriter: wait for an async save's future before the next save with it.
+    The staging memory (the size of this rank's checkpoint) is shared by every Writer of the process:
+    a save takes an idle arena that fits from a process-wide pool and gives it back when it ends, so
+    a new ``Writer(path)`` per save is as fast as one Writer kept (pass ``checkpoint_id=`` to each
+    save). Idle arenas are freed after ``CKPTBENCH_DCP_ARENA_IDLE_S`` (300 s), by :meth:`close`, or by
+    :func:`release_staging_memory`. A second arena is taken only while the first is still in use
+    (see :meth:`stage`). One save at a time per Writer, as with FileSystemWriter: wait for an async
+    save's future before the next save with it.
     """
 
     _synchronize_after_execute: bool = False  # stage() returns only when its copy is complete
@@ -514,17 +646,41 @@ class _Writer:
     def __init__(
         self,
         path: str | os.PathLike,
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int | None = None,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
+        serialization_format: Any = None,
         *,
         threads: int | None = None,
         files_per_rank: int | None = None,
         block_size: int | None = None,
         direct: bool = True,
         checksum: bool = True,
-        serialization: Literal["raw", "torch_save"] = "raw",
-        overwrite: bool = True,
+        serialization: Literal["raw", "torch_save"] | None = None,
     ) -> None:
         super().__init__()
         self.path = Path(path)
+        threads = _same_setting("thread_count", thread_count, "threads", threads)
+        serialization = _same_setting("serialization_format", _serialization_of(serialization_format),
+                                      "serialization", serialization) or "raw"
+        if not single_file_per_rank:
+            raise UsageError("single_file_per_rank=False (a file per tensor) is not supported by ckptbench's Writer",
+                             hint="leave it True (a file per thread, as FileSystemWriter does) or set files_per_rank=")
+        if _extensions:
+            raise UsageError(f"_extensions ({', '.join(type(e).__name__ for e in _extensions)}) are not supported by "
+                             "ckptbench's Writer: it stores tensors as their bytes, with no stream transforms",
+                             hint="use torch's FileSystemWriter for compressed checkpoints")
+        if isinstance(per_thread_copy_ahead, bool) or not isinstance(per_thread_copy_ahead, int) \
+                or per_thread_copy_ahead < 0:
+            raise UsageError(f"per_thread_copy_ahead must be an int >= 0, got {per_thread_copy_ahead!r}")
+        self.sync_files = True  # always: see the class docstring
+        if not sync_files:
+            log.info("sync_files=False: ckptbench's Writer makes every file durable all the same")
+        self.cache_staged_state_dict = cache_staged_state_dict
         self.threads = threads if threads is not None else knobs.SAVE_THREADS
         self.files_per_rank = files_per_rank if files_per_rank is not None else self.threads
         self.block_size = block_size if block_size is not None else knobs.SAVE_BLOCK_BYTES
@@ -542,22 +698,36 @@ class _Writer:
         self._rank: int | None = None
         self._use_collectives = True
         self._tag = secrets.token_hex(4)
-        self._arena = Arena()
-        self._stagings: list[_Staging] = []  # those in use by saves in flight, and at most one idle
+        self._adopt_memory()
         self._write_lock = threading.Lock()  # one write_data at a time uses the arena
         self._stage_lock = threading.Lock()  # guards the staging arenas and their state
 
     # The arenas and locks stay in this process (DCP's process-based async executor pickles the writer).
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for transient in ("_arena", "_stagings", "_write_lock", "_stage_lock"):
+        for transient in ("_memory", "_write_lock", "_stage_lock"):
             state.pop(transient)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._arena, self._stagings = Arena(), []
+        self._adopt_memory()
         self._write_lock, self._stage_lock = threading.Lock(), threading.Lock()
+
+    def _adopt_memory(self) -> None:
+        """This writer's staging memory: a copy arena and the staging arenas (those in use by saves in
+        flight, and at most one idle). Both are taken from the process's pool when first needed and
+        given back to it when the writer is garbage-collected (or at :meth:`close`, freed)."""
+        self._memory = _WriterMemory(Arena(), [])
+        weakref.finalize(self, self._memory.bequeath)
+
+    @property
+    def _arena(self) -> Arena:
+        return self._memory.arena
+
+    @property
+    def _stagings(self) -> list[_Staging]:
+        return self._memory.stagings
 
     @property
     def _store(self) -> Store:
@@ -591,8 +761,9 @@ class _Writer:
                               hint="save to a writable directory") from exc
         if any(store.size(name) is not None for name in (METADATA_NAME, f"__0{METADATA_NAME}")):
             if not self.overwrite:
-                raise CheckpointExistsError(f"{self.path} already holds a DCP checkpoint",
-                                            hint="pass overwrite=True to replace it")
+                # torch's FileSystemWriter's words, so code matching them works with either writer
+                raise _ExistsError(f"Checkpoint already exists and self.overwrite={self.overwrite}.",
+                                   hint=f"{self.path} holds one; pass overwrite=True to replace it")
             log.info("replacing the checkpoint in %s (it stays loadable until the new one commits)", self.path)
         if self._rank is not None and not self._use_collectives:
             plan = dataclasses.replace(plan, storage_data=_RankPrefix(f"__{self._rank}_"))
@@ -626,9 +797,7 @@ class _Writer:
 
     def _write(self, plan: SavePlan, planner: SavePlanner, used: list[_Staging]) -> list[WriteResult]:
         """write_data's work; appends to ``used`` each staging arena it reads (pending until it ends)."""
-        from torch.distributed.checkpoint import filesystem as _fs
         from torch.distributed.checkpoint.planner import WriteItemType
-        from torch.distributed.checkpoint.storage import WriteResult
 
         t0 = time.perf_counter()
         store = self._store
@@ -679,21 +848,34 @@ class _Writer:
             raise InsufficientSpaceError(
                 f"{self.path} has {format_size(free)} free but this rank's checkpoint needs {format_size(total)}",
                 hint="free space or save elsewhere")
-        if copy_bytes:
-            self._arena.ensure(copy_bytes)
+        if copy_bytes and self._arena.nbytes < copy_bytes:
+            _POOL.give(self._arena)
+            self._memory.arena = _POOL.take(copy_bytes)
+        return self._copy_and_write(self._arena if copy_bytes else None, plan, items, placed, tensors, blobs, files,
+                                    copy_files, staging, store, prefix, total, staged_bytes, t0)
+
+    def _copy_and_write(self, arena: Arena | None, plan: SavePlan, items: list[WriteItem], placed: list[_Placed],
+                        tensors: dict[int, torch.Tensor], blobs: dict[int, memoryview], files: list[_File],
+                        copy_files: list[_File], staging: _Staging | None, store: Store, prefix: str, total: int,
+                        staged_bytes: int, t0: float) -> list[WriteResult]:
+        """Copy what is not staged in place into ``arena``, write every file, describe the results."""
+        from torch.distributed.checkpoint import filesystem as _fs
+        from torch.distributed.checkpoint.storage import WriteResult
+
+        if arena is not None:
             # Each item with its padding (up to the next item of its file), which is zeroed.
             copies = [(p, int(pad)) for f in copy_files
                       for p, pad in zip(f.items, padding_after([p.offset for p in f.items], [p.nbytes for p in f.items],
                                                                f.end), strict=True)]
-            _copy_into(self._arena, [(tensors[p.index], p.offset, pad) for p, pad in copies if p.index in tensors],
+            _copy_into(arena, [(tensors[p.index], p.offset, pad) for p, pad in copies if p.index in tensors],
                        self.threads)
-            arena_view = memoryview(self._arena.buffer)
+            arena_view = memoryview(arena.buffer)
             for p, pad in copies:
                 if p.index in blobs:
                     end = p.offset + p.nbytes
                     arena_view[p.offset:end] = blobs[p.index]
                     arena_view[end:end + pad] = bytes(pad)
-        buffers = [self._arena.buffer if copy_bytes else None, staging.arena.buffer if staging is not None else None]
+        buffers = [arena.buffer if arena is not None else None, staging.arena.buffer if staging is not None else None]
         names = [f"{prefix}{n}.{self._tag}.distcp" for n in range(len(files))]
         writes = [(name, memoryview(buffers[f.source])[f.start:f.end])
                   for name, f in zip(names, files, strict=True) if f.end > f.start]
@@ -831,7 +1013,7 @@ class _Writer:
             offsets.append(cursor)
             cursor += nbytes
         with self._stage_lock:
-            staging = self._idle_staging()
+            staging = self._idle_staging(max(cursor, _PAGE))
             staging.restage()
             staging.arena.ensure(max(cursor, _PAGE))
             # Files are runs of this arena: the bytes between tensors are padding.
@@ -842,9 +1024,9 @@ class _Writer:
                       for t, offset in zip(sources, offsets, strict=True)]
         return _rebuild(state_dict, iter(staged))
 
-    def _idle_staging(self) -> _Staging:
-        """A staging arena no save needs any more (the biggest), else a new one. Called with
-        ``_stage_lock`` held."""
+    def _idle_staging(self, nbytes: int) -> _Staging:
+        """A staging arena no save needs any more: this writer's (the biggest), else one from the
+        process's pool (sized ``nbytes``). Called with ``_stage_lock`` held."""
         staging = self._keep_one_idle()
         if staging is None and len(self._stagings) >= 2:
             # A failed save's staged tensors outlive it in reference cycles (its exception's traceback
@@ -853,36 +1035,62 @@ class _Writer:
             gc.collect()
             staging = self._keep_one_idle()
         if staging is None:
-            log.info("the %d staging arena(s) of this writer are still in use by saves in flight (an async save "
-                     "not waited for, or a failed one whose error is still referenced); staging into another",
-                     len(self._stagings))
-            staging = _Staging()
+            if self._stagings:
+                log.info("the %d staging arena(s) of this writer are still in use by saves in flight (an async "
+                         "save not waited for, or a failed one whose error is still referenced); staging into "
+                         "another", len(self._stagings))
+            staging = _Staging(_POOL.take(nbytes))
             self._stagings.append(staging)
         return staging
 
     def _keep_one_idle(self) -> _Staging | None:
-        """Close every idle staging arena but the biggest, and return that one (None: none is idle).
-        Memory a staged tensor still points into stays valid: its storage holds the buffer."""
+        """Give every idle staging arena but the biggest back to the pool, and return that one (None:
+        none is idle). Memory a staged tensor still points into stays valid: its storage holds the buffer."""
         idle = [s for s in self._stagings if not s.in_use]
         if not idle:
             return None
         kept = max(idle, key=lambda s: s.arena.nbytes)
         for spare in idle:
             if spare is not kept:
-                spare.arena.close()
                 self._stagings.remove(spare)
+                _POOL.give(spare.arena)
         return kept
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` returns after its copy completes."""
 
     def close(self) -> None:
-        """Free the staging memory (all arenas). The writer stays usable; its next save reallocates."""
+        """Free the staging memory: this writer's arenas and the idle ones of the process's pool. The
+        writer stays usable; its next save reallocates."""
         with self._write_lock, self._stage_lock:
             self._arena.close()
             for staging in self._stagings:
                 staging.arena.close()
-            self._stagings = []
+            self._stagings.clear()
+        _POOL.clear()
+
+
+class _ExistsError(CheckpointExistsError, RuntimeError):
+    """A checkpoint is where ``overwrite=False`` saves; a RuntimeError as well, as FileSystemWriter raises."""
+
+
+def _same_setting(torch_name: str, torch_value: Any, our_name: str, our_value: Any) -> Any:
+    """One setting given under torch's name or ours (or both, alike)."""
+    if torch_value is not None and our_value is not None and torch_value != our_value:
+        raise UsageError(f"{torch_name}={torch_value!r} and {our_name}={our_value!r} disagree; they are one setting",
+                         hint="give one of them")
+    return torch_value if torch_value is not None else our_value
+
+
+def _serialization_of(serialization_format: Any) -> str | None:
+    """FileSystemWriter's ``serialization_format`` (a SerializationFormat or its value) as ours."""
+    if serialization_format is None:
+        return None
+    value = getattr(serialization_format, "value", serialization_format)
+    if value == "torch_save":
+        return "torch_save"
+    raise UsageError(f"serialization_format={serialization_format!r} is not supported by ckptbench's Writer",
+                     hint="use serialization='raw' (tensor bytes, the default) or serialization_format=TORCH_SAVE")
 
 
 def _over(window: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
