@@ -25,6 +25,7 @@ import operator
 import os
 import re
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -108,30 +109,41 @@ class _Tier:
         return found
 
     def remove_step(self, step: int, why: str) -> bool:
-        """Remove what saves created in ``step``'s directory, the manifest first (so a half-removed step
-        is no longer listed); False (logged) when a save is writing there or something else is left."""
-        store = self.step_store(step)
+        """Remove ``step``'s checkpoint (see :func:`remove_checkpoint`)."""
+        return remove_checkpoint(self.step_store(step), why)
+
+
+def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
+    """Remove what saves created in ``store``'s checkpoint directory, the manifest first (so a half-removed
+    checkpoint is no longer one), then its directory where that is a real one and empty. False (logged)
+    when a save is writing there (its lock is held, still after ``wait_s`` seconds of waiting for it)
+    or something else is left in it."""
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
             lock = acquire_save_lock(store)
+            break
         except CheckpointLockedError as exc:
-            log.info("not removing %s (%s): %s", store.url, why, exc)
-            return False
-        with lock:
-            store.remove([mf.MANIFEST_NAME])
-            store.remove([name for name in store.list() if mf.OWNED_FILE.match(name)])
-        left = [name for name in store.list() if name != LOCK_NAME]
-        if left:
-            log.warning("removed the checkpoint files of %s (%s) but left the directory: it holds %s",
-                        store.url, why, ", ".join(sorted(left)[:5]))
-            return False
-        if isinstance(store, LocalStore):
-            try:
-                store.path.rmdir()
-            except OSError as exc:
-                log.warning("could not remove the directory %s: %s", store.path, exc)
+            if time.monotonic() >= deadline:
+                log.info("not removing %s (%s): %s", store.url, why, exc)
                 return False
-        log.info("removed %s (%s)", store.url, why)
-        return True
+            time.sleep(0.05)
+    with lock:
+        store.remove([mf.MANIFEST_NAME])
+        store.remove([name for name in store.list() if mf.OWNED_FILE.match(name)])
+    left = [name for name in store.list() if name != LOCK_NAME]
+    if left:
+        log.warning("removed the checkpoint files of %s (%s) but left the directory: it holds %s",
+                    store.url, why, ", ".join(sorted(left)[:5]))
+        return False
+    if isinstance(store, LocalStore):
+        try:
+            store.path.rmdir()
+        except OSError as exc:
+            log.warning("could not remove the directory %s: %s", store.path, exc)
+            return False
+    log.info("removed %s (%s)", store.url, why)
+    return True
 
 
 class CheckpointManager:

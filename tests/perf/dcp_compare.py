@@ -8,8 +8,12 @@ every round saves into a new directory and removes it afterwards. Before each lo
 of the checkpoint's files is dropped (fdatasync + POSIX_FADV_DONTNEED), so both loads are cold.
 ckptbench's Writer and Reader are reused across rounds (as a training loop would), so their
 one-off allocation of the staging/read buffer is reported apart, from a warm-up save and load.
+``--one-shot`` makes a new ckptbench Writer for every save instead (``Writer(path)`` per save, the
+staging memory then comes from the process's pool). ``--async`` uses ``dcp.async_save`` and reports
+the stall (until async_save returns) and the total (until its future is done) instead of the loads.
 
     python tests/perf/dcp_compare.py --dir /var/tmp --size 1GiB --rounds 3 --threads 4
+    python tests/perf/dcp_compare.py --dir /var/tmp --size 1GiB --rounds 5 --threads 4 --one-shot [--async]
 """
 
 from __future__ import annotations
@@ -59,9 +63,17 @@ def drop_cache(directory: Path) -> None:
             os.close(fd)
 
 
-def timed_round(name: str, writer, make_reader, state: dict, target: dict, directory: Path) -> tuple[float, float]:
-    """(save_s, load_s) of one side; the directory is removed afterwards."""
+def timed_round(name: str, writer, make_reader, state: dict, target: dict, directory: Path,
+                async_: bool = False) -> tuple[float, float]:
+    """(save_s, load_s) of one side, or with ``async_`` (stall_s, save_s); the directory is removed afterwards."""
     t0 = time.perf_counter()
+    if async_:
+        future = dcp.async_save(state, storage_writer=writer, checkpoint_id=directory)
+        stall_s = time.perf_counter() - t0
+        future.result()
+        save_s = time.perf_counter() - t0
+        shutil.rmtree(directory)
+        return stall_s, save_s
     dcp.save(state, storage_writer=writer, checkpoint_id=directory)
     save_s = time.perf_counter() - t0
     drop_cache(directory)
@@ -78,6 +90,8 @@ def main() -> int:
     parser.add_argument("--size", default="1GiB", help="state_dict size (default 1GiB)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4, help="FileSystemWriter thread_count = ckptbench threads")
+    parser.add_argument("--one-shot", action="store_true", help="a new ckptbench Writer for every save")
+    parser.add_argument("--async", dest="async_", action="store_true", help="dcp.async_save: stall and total")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     size = parse_size(args.size)
@@ -97,24 +111,29 @@ def main() -> int:
 
     sides = {
         "torch": (lambda: FileSystemWriter(scratch, thread_count=args.threads, sync_files=True), stock_reader),
-        "ckptbench": (lambda: ours, our_reader),
+        "ckptbench": ((lambda: Writer(scratch, thread_count=args.threads)) if args.one_shot else (lambda: ours),
+                      our_reader),
     }
+    ops = ("stall", "save") if args.async_ else ("save", "load")
     try:
-        warm = timed_round("ckptbench", ours, our_reader, state, target, scratch / "warm-up")
+        warm = timed_round("ckptbench", sides["ckptbench"][0](), our_reader, state, target, scratch / "warm-up",
+                           args.async_)
         print(f"state_dict {format_size(nbytes)} in {len(state['model']) * 2} tensors, threads {args.threads}, "
-              f"dir {args.dir}")
-        print(f"ckptbench warm-up (allocates its buffers): save {warm[0]:.3f} s, load {warm[1]:.3f} s")
-        times: dict[str, dict[str, list[float]]] = {k: {"save": [], "load": []} for k in sides}
+              f"dir {args.dir}, ckptbench writer {'new per save' if args.one_shot else 'reused'}, "
+              f"{'async_save' if args.async_ else 'save'}")
+        print(f"ckptbench warm-up (allocates its buffers): {ops[0]} {warm[0]:.3f} s, {ops[1]} {warm[1]:.3f} s")
+        times: dict[str, dict[str, list[float]]] = {k: {op: [] for op in ops} for k in sides}
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
                 make_writer, make_reader = sides[name]
-                save_s, load_s = timed_round(name, make_writer(), make_reader, state, target, scratch / f"{name}-{r}")
-                times[name]["save"].append(save_s)
-                times[name]["load"].append(load_s)
-                print(f"round {r} {name:9s} save {save_s:7.3f} s ({nbytes / save_s / 1e9:5.2f} GB/s)  "
-                      f"load {load_s:7.3f} s ({nbytes / load_s / 1e9:5.2f} GB/s)", flush=True)
-        for op in ("save", "load"):
+                first, second = timed_round(name, make_writer(), make_reader, state, target, scratch / f"{name}-{r}",
+                                            args.async_)
+                times[name][ops[0]].append(first)
+                times[name][ops[1]].append(second)
+                print(f"round {r} {name:9s} {ops[0]} {first:7.3f} s ({nbytes / first / 1e9:5.2f} GB/s)  "
+                      f"{ops[1]} {second:7.3f} s ({nbytes / second / 1e9:5.2f} GB/s)", flush=True)
+        for op in ops:
             stock, mine = statistics.median(times["torch"][op]), statistics.median(times["ckptbench"][op])
             print(f"{op}: median torch {stock:.3f} s, ckptbench {mine:.3f} s -> ckptbench is {stock / mine:.2f}x "
                   f"as fast (time ratio torch/ckptbench)")
