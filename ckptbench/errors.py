@@ -9,7 +9,9 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   ├── InsufficientMemoryError
     │   ├── MissingDependencyError
     │   ├── CheckpointExistsError
-    │   └── StepNotFoundError           a CheckpointManager step that is not committed
+    │   │   └── DcpCheckpointExistsError    (a RuntimeError too, as torch's FileSystemWriter raises)
+    │   ├── StepNotFoundError           a CheckpointManager step that is not committed
+    │   └── PickleNotAllowedError       a load of pickled entries without allow_pickle=True
     ├── StorageIOError                  an I/O operation failed at run time
     │   ├── OutcomeUnknownError
     │   └── CommitOutcomeUnknown
@@ -79,6 +81,11 @@ class CheckpointExistsError(UsageError):
     def at(cls, url: str) -> CheckpointExistsError:
         return cls(f"{url} already holds a checkpoint",
                    hint="pass overwrite=True to replace it (the old one stays valid until the new one commits)")
+
+
+class DcpCheckpointExistsError(CheckpointExistsError, RuntimeError):
+    """A DCP save with ``overwrite=False`` found a checkpoint there; a RuntimeError too, with torch's
+    words, as torch's ``FileSystemWriter`` raises (``ckptbench.integrations.dcp.Writer``)."""
 
 
 class StepNotFoundError(UsageError):

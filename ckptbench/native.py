@@ -20,16 +20,22 @@ from ckptbench.interrupts import Deferred, QuietThread
 def _not_built(exc: ImportError) -> str:
     """Why ``ckptbench._native`` did not import, and the fix: a source tree imported before (or instead
     of) the installed package, an install without the engine, or an engine that does not load."""
+    import importlib.util
     from pathlib import Path
 
     package = Path(__file__).resolve().parent
-    if not (isinstance(exc, ModuleNotFoundError) and exc.name == "ckptbench._native"):
+    try:
+        found = importlib.util.find_spec("ckptbench._native") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
         return f"ckptbench's native engine in {package} does not load ({exc}); reinstall ckptbench"
     root = package.parent
     if (root / "pyproject.toml").is_file() and (root / "csrc").is_dir():
         return (f"ckptbench's native engine is not built in this source tree ({root}); run `pip install -e .` "
                 "there (needs a C++17 compiler), or run from outside the source tree to use an installed ckptbench")
     return f"ckptbench's native engine is missing from {package}; reinstall ckptbench (`pip install .` in its source tree)"
+
 
 try:
     from ckptbench import _native

@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from ckptbench import interrupts, knobs, native
-from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
 from ckptbench.checkpoint.plan import (
     BIG_ALIGN,
@@ -80,7 +79,14 @@ from ckptbench.checkpoint.plan import (
     padding_after,
 )
 from ckptbench.checkpoint.stage import Arena, copy_into_arena, dtype_of, typed_view
-from ckptbench.errors import InsufficientSpaceError, MissingDependencyError, StorageIOError, TargetError, UsageError
+from ckptbench.errors import (
+    DcpCheckpointExistsError,
+    InsufficientSpaceError,
+    MissingDependencyError,
+    StorageIOError,
+    TargetError,
+    UsageError,
+)
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import Store, open_store
 from ckptbench.units import format_size
@@ -762,7 +768,7 @@ class _Writer:
         if any(store.size(name) is not None for name in (METADATA_NAME, f"__0{METADATA_NAME}")):
             if not self.overwrite:
                 # torch's FileSystemWriter's words, so code matching them works with either writer
-                raise _ExistsError(f"Checkpoint already exists and self.overwrite={self.overwrite}.",
+                raise DcpCheckpointExistsError(f"Checkpoint already exists and self.overwrite={self.overwrite}.",
                                    hint=f"{self.path} holds one; pass overwrite=True to replace it")
             log.info("replacing the checkpoint in %s (it stays loadable until the new one commits)", self.path)
         if self._rank is not None and not self._use_collectives:
@@ -1068,10 +1074,6 @@ class _Writer:
                 staging.arena.close()
             self._stagings.clear()
         _POOL.clear()
-
-
-class _ExistsError(CheckpointExistsError, RuntimeError):
-    """A checkpoint is where ``overwrite=False`` saves; a RuntimeError as well, as FileSystemWriter raises."""
 
 
 def _same_setting(torch_name: str, torch_value: Any, our_name: str, our_value: Any) -> Any:
