@@ -27,14 +27,13 @@ import re
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, _world_for
 from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_save_lock
 from ckptbench.errors import StepNotFoundError, UsageError
-from ckptbench.storage.store import LocalStore, Store, open_store
+from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +74,11 @@ class _Tier:
     def __init__(self, root: str | os.PathLike, storage_options: dict | None) -> None:
         self.storage_options = storage_options
         self.root = open_store(root, storage_options)  # refuses malformed URLs and unknown schemes now
-        self.url = self.root.url.rstrip("/") if not isinstance(self.root, LocalStore) else self.root.url
+        self.url = self.root.url if self.root.local_path is not None else self.root.url.rstrip("/")
 
     def step_url(self, step: int) -> str:
-        if isinstance(self.root, LocalStore):
-            return str(Path(self.root.path) / step_dirname(step))
+        if self.root.local_path is not None:
+            return str(self.root.local_path / step_dirname(step))
         return f"{self.url}/{step_dirname(step)}"
 
     def step_store(self, step: int) -> Store:
@@ -87,10 +86,10 @@ class _Tier:
 
     def listing(self) -> dict[int, bool]:
         """{step: committed} for every step directory under the root."""
-        if isinstance(self.root, LocalStore):
+        if self.root.local_path is not None:
             found: dict[int, bool] = {}
             try:
-                entries = list(os.scandir(self.root.path))
+                entries = list(os.scandir(self.root.local_path))
             except FileNotFoundError:
                 return {}
             except NotADirectoryError:
@@ -136,11 +135,11 @@ def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
         log.warning("removed the checkpoint files of %s (%s) but left the directory: it holds %s",
                     store.url, why, ", ".join(sorted(left)[:5]))
         return False
-    if isinstance(store, LocalStore):
+    if store.local_path is not None:
         try:
-            store.path.rmdir()
+            store.local_path.rmdir()
         except OSError as exc:
-            log.warning("could not remove the directory %s: %s", store.path, exc)
+            log.warning("could not remove the directory %s: %s", store.local_path, exc)
             return False
     log.info("removed %s (%s)", store.url, why)
     return True
