@@ -23,6 +23,7 @@ from ckptbench.errors import (
     SnapshotError,
     StorageIOError,
     TargetError,
+    UnsafeFileError,
     UsageError,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "SnapshotError",
     "StorageIOError",
     "TargetError",
+    "UnsafeFileError",
     "UsageError",
 ]
 
