@@ -156,13 +156,6 @@ def _agreed_url(store: Store) -> str:
     return os.path.realpath(store.url) if store.local_path is not None and safeio.is_fd_path(store.url) else store.url
 
 
-def _remove_created(store: Store) -> None:
-    """After a failed save: the directories it created for the checkpoint go again, where empty."""
-    abandon = getattr(store, "abandon", None)
-    if abandon is not None:
-        abandon()
-
-
 def _require_free(store: Store, nbytes: int) -> None:
     free = store.free_bytes()
     if free is not None and free < nbytes:
@@ -266,7 +259,7 @@ class Checkpointer:
         try:
             lock = acquire_save_lock(store)
         except BaseException:
-            _remove_created(store)
+            store.abandon()  # the directories it created go again, where empty
             raise
         try:
             if store.size(mf.MANIFEST_NAME) is not None and not overwrite:  # committed while we planned
@@ -279,7 +272,7 @@ class Checkpointer:
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
-            _remove_created(store)
+            store.abandon()
             raise
         del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
         stall_s = time.perf_counter() - t0
@@ -288,7 +281,7 @@ class Checkpointer:
                 with lock:
                     return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
             except BaseException:
-                _remove_created(store)
+                store.abandon()
                 raise
         future: Future = Future()
         staged_at = time.perf_counter()
@@ -299,7 +292,7 @@ class Checkpointer:
                     result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                _remove_created(store)
+                store.abandon()
                 future.set_exception(exc)
 
         self._start_persist(run, future, lock, behind)

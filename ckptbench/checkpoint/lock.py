@@ -422,7 +422,7 @@ def _locked(url: str, holder: Holder | None) -> CheckpointLockedError:
 def acquire_save_lock(store: Store) -> SaveLock:
     """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
     if store.local_path is not None:
-        return _FileLock.acquire(store.directory(), store.url)  # type: ignore[attr-defined]
+        return _FileLock.acquire(store.directory(), store.url)
     conditional = store.conditional_writes and _honours_conditions(store)
     return _Lease(store, conditional).acquire()
 

@@ -132,6 +132,15 @@ class Store:
         """Where requests go and where credentials came from, for result files (never secrets)."""
         return {}
 
+    def abandon(self) -> None:
+        """After a save that failed before its commit: remove what ``prepare`` created for it (directories
+        it made that are still empty). Object stores create nothing there."""
+
+    def directory(self) -> Any:
+        """The ``safeio.Directory`` of a store on a mounted filesystem (``local_path`` set), held open:
+        the save lock is taken relative to it."""
+        raise NotImplementedError
+
 
 def fsync_directory(path: Path) -> None:
     """fsync a directory; filesystems that cannot (some FUSE, tmpfs variants) are tolerated."""
