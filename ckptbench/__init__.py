@@ -26,6 +26,7 @@ from ckptbench.errors import (
     StepNotFoundError,
     StorageIOError,
     TargetError,
+    UnsafeFileError,
     UsageError,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "StepNotFoundError",
     "StorageIOError",
     "TargetError",
+    "UnsafeFileError",
     "UsageError",
 ]
 

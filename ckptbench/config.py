@@ -21,6 +21,10 @@ SCHEDULES = ("shared", "per-file")
 MAX_THREADS = 4096
 MAX_RUNS = 10_000
 MAX_BLOCK_BYTES = 2**40
+#: Files per run and configurations per sweep: beyond these a run plans for minutes and grows its
+#: memory before any I/O (a file list of tens of millions), or runs for days.
+MAX_FILES = 100_000
+MAX_CONFIGS = 1_000
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class FsBenchSpec:
             raise UsageError(f"size {self.size_bytes} must be positive")
         if self.files < 1:
             raise UsageError(f"files {self.files} must be at least 1")
+        if self.files > MAX_FILES:
+            raise UsageError(f"{self.files} files per run is more than {MAX_FILES}",
+                             hint="use fewer files or a larger --file-size")
         if self.files > self.size_bytes:
             raise UsageError(
                 f"{self.files} files of {format_size(self.size_bytes)} in all would be empty",
@@ -68,6 +75,10 @@ class FsBenchSpec:
                     f"{knobs.ALIGNMENT_BYTES // 1024} KiB, which O_DIRECT needs",
                     hint="use e.g. 1MiB or 4MiB, or pass --buffered",
                 )
+        configs = len(self.threads) * len(self.block_sizes) * len(self.schedules)
+        if configs > MAX_CONFIGS:
+            raise UsageError(f"the sweep has {configs} configurations (threads x block sizes x schedules), more "
+                             f"than {MAX_CONFIGS}", hint="sweep fewer values")
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if not self.schedules or unknown:
             raise UsageError(f"schedule {unknown[0] if unknown else ''!r} is not one of {', '.join(SCHEDULES)}")

@@ -7,6 +7,7 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   ├── TargetError
     │   ├── InsufficientSpaceError
     │   ├── InsufficientMemoryError
+    │   ├── UnsafeFileError
     │   ├── MissingDependencyError
     │   ├── CheckpointExistsError
     │   │   └── DcpCheckpointExistsError    (a RuntimeError too, as torch's FileSystemWriter raises)
@@ -64,6 +65,11 @@ class TargetError(UsageError):
 
 class InsufficientSpaceError(UsageError):
     """The target has less free space than the run needs."""
+
+
+class UnsafeFileError(UsageError):
+    """A path ckptbench refuses to open: a symlink, FIFO, device or socket where a regular file (or a
+    directory) belongs, or a document larger than any ckptbench writes (``ckptbench/safeio.py``)."""
 
 
 class MissingDependencyError(UsageError):

@@ -190,6 +190,8 @@ def format_size(nbytes: float, *, binary: bool = True, digits: int = 2) -> str:
     base, units = (1024.0, ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]) if binary else (
         1000.0, ["B", "kB", "MB", "GB", "TB", "PB"])
     value, i = float(nbytes), 0
+    if abs(value) > 2.0**70:  # beyond any storage: a count, not thousands of the largest unit
+        return f"{value:.3g} B"
     while abs(value) >= base and i < len(units) - 1:
         value /= base
         i += 1

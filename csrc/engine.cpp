@@ -259,7 +259,8 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
 
     // Timed region: open, transfer, per-file sync, close, directory sync.
     result.start_ns = now_ns();
-    int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT) : O_RDONLY) | O_CLOEXEC;
+    // Writes never follow a symlink planted under a file's name (reads may name /proc/self/fd links).
+    int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT | O_NOFOLLOW) : O_RDONLY) | O_CLOEXEC;
     for (auto &f : files) {
         if (f->wants_direct) f->fd_direct = open_file(f->path, base_flags | O_DIRECT, 0644);
         if (f->wants_buffered || !f->wants_direct) f->fd_buffered = open_file(f->path, base_flags, 0644);
@@ -340,9 +341,15 @@ std::pair<bool, std::string> probe_direct(const std::string &directory) {
     static std::mutex mutex;
     static std::map<std::string, std::pair<bool, std::string>> cache;
     static std::atomic<unsigned> counter{0};
+    // Cached per directory inode, not per name: a name such as /proc/self/fd/N can reach another
+    // directory (on another filesystem) later in the process.
+    struct stat st {};
+    std::string key = ::stat(directory.c_str(), &st) == 0
+                          ? std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)
+                          : directory;
     {
         std::lock_guard<std::mutex> lock(mutex);
-        auto it = cache.find(directory);
+        auto it = cache.find(key);
         if (it != cache.end()) return it->second;
     }
     std::string probe = directory + "/.ckptbench-direct-probe-" + std::to_string(::getpid()) + "-" +
@@ -367,7 +374,7 @@ std::pair<bool, std::string> probe_direct(const std::string &directory) {
         }
     }
     std::lock_guard<std::mutex> lock(mutex);
-    cache[directory] = verdict;
+    cache[key] = verdict;
     return verdict;
 }
 

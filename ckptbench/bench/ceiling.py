@@ -7,6 +7,7 @@ storage: the decision rules call such a rate writer-bound and never present it a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -30,23 +31,24 @@ def writer_ceiling_bps(workload: CheckpointWorkload, *, threads: int | None = No
     None when ``where`` is missing or cannot hold the workload twice over (it is measured in memory)."""
     from ckptbench.bench.workloads import build_state_dict
     from ckptbench.checkpoint.api import Checkpointer
-    from ckptbench.storage.local import scratch_name
+    from ckptbench.errors import TargetError
+    from ckptbench.storage.local import LocalDirectory
 
     try:
         if not where.is_dir() or shutil.disk_usage(where).free < 2 * workload.total_bytes:
             return None
     except OSError:
         return None
-    scratch = where / scratch_name()
-    try:
-        scratch.mkdir(mode=0o700)
-    except OSError as exc:
-        log.info("no writer ceiling: %s: %s", where, exc.strerror)
-        return None
-    state_dict = build_state_dict(workload)
-    ckpt = Checkpointer(threads=threads, direct=False)
     rates = []
-    try:
+    with contextlib.ExitStack() as cleanup:
+        try:  # private, and reached through its descriptor (safeio): /dev/shm is shared by every user
+            scratch = cleanup.enter_context(LocalDirectory(where).scratch())
+        except TargetError as exc:
+            log.info("no writer ceiling: %s", exc)
+            return None
+        state_dict = build_state_dict(workload)
+        ckpt = Checkpointer(threads=threads, direct=False)
+        cleanup.callback(ckpt.close)
         for i in range(repeat + 1):
             location = scratch / f"save-{i}"
             start = time.perf_counter()
@@ -55,9 +57,6 @@ def writer_ceiling_bps(workload: CheckpointWorkload, *, threads: int | None = No
             if i:  # the first save allocates the staging arena: a warm-up
                 rates.append(workload.total_bytes / seconds)
             shutil.rmtree(location, ignore_errors=True)
-    finally:
-        ckpt.close()
-        shutil.rmtree(scratch, ignore_errors=True)
     log.info("writer ceiling into %s: %s", where, ", ".join(f"{r / 1e9:.2f} GB/s" for r in rates))
     return rates
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench import interrupts, knobs, native
+from ckptbench import interrupts, knobs, native, safeio
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
@@ -50,7 +50,7 @@ from ckptbench.bench.writers import (
     verify_state_dict,
 )
 from ckptbench.checkpoint.stage import available_memory_bytes
-from ckptbench.errors import CkptbenchError, StorageIOError, UsageError
+from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local import LocalDirectory
@@ -140,8 +140,8 @@ class CacheDropper:
             self._drop_all()
             return
         for path in directory.rglob("*"):
-            if path.is_file():
-                fd = os.open(path, os.O_RDONLY)
+            if path.is_file() and not path.is_symlink():
+                fd = safeio.open_regular(path)
                 try:
                     os.fdatasync(fd)  # DONTNEED drops clean pages only
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -216,9 +216,10 @@ def required_disk_bytes(workload: CheckpointWorkload) -> int:
     return int(workload.total_bytes * DISK_COPIES * (1 + knobs.FREE_SPACE_MARGIN)) + 64 * 2**20
 
 
-def plan(spec: CheckpointBenchSpec) -> CheckpointWorkload:
-    """The workload ``spec`` asks for (pure: raises UsageError/ConfigError for a bad model or size)."""
-    return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes)
+def plan(spec: CheckpointBenchSpec, *, size_option: str = "--size") -> CheckpointWorkload:
+    """The workload ``spec`` asks for (pure: raises UsageError/ConfigError for a bad model or size,
+    naming ``size_option``)."""
+    return plan_workload(load_model(spec.model), scale=spec.scale, size_bytes=spec.size_bytes, size_option=size_option)
 
 
 class LocalPlaces:
@@ -271,7 +272,8 @@ class ObjectPlaces:
 def _places(target: LocalDirectory | ObjectTarget,
             workload: CheckpointWorkload) -> Iterator[LocalPlaces | ObjectPlaces]:
     if isinstance(target, LocalDirectory):  # a disk that fills up mid-run: one error saying so
-        with target.scratch() as scratch, target.reporting_full_disk(required_disk_bytes(workload)):
+        with target.scratch() as scratch, target.reporting_full_disk(required_disk_bytes(workload),
+                                                                              size_hint=workload.size_hint):
             yield LocalPlaces(scratch)
     else:
         with target.scratch() as object_scratch:
@@ -326,7 +328,7 @@ def run_checkpoint_bench(
         raise UsageError(
             f"the run keeps about {MEMORY_COPIES:g} copies of the {format_size(nbytes)} checkpoint in memory "
             f"({format_size(required_memory_bytes(workload))}) but only {format_size(available)} is available",
-            hint="lower --scale or --size")
+            hint=workload.size_hint)
     check_device(spec.device, nbytes)
     on_objects = isinstance(target, ObjectTarget)
     if on_objects:
@@ -336,7 +338,11 @@ def run_checkpoint_bench(
                              f"{', '.join(OBJECT_WRITERS)} runs", hint="drop it from --writers")
         target.prepare()
     else:
-        target.require_free(required_disk_bytes(workload))
+        try:
+            target.require_free(required_disk_bytes(workload))
+        except InsufficientSpaceError as exc:
+            exc.hint = f"free space, or {workload.size_hint}"  # the option of the command that sized it
+            raise
     writers: list[Writer] = []
     try:
         for name in spec.writers:

@@ -91,6 +91,7 @@ def run_fs_bench(
     I/O call fails or read-back data does not match what was written.
     """
     progress = progress or Progress()
+    target.require_inodes(len(spec.file_sizes()) + (knobs.METADATA_FILES + 2 if spec.metadata else 0) + 2)
     target.require_free(required_bytes(spec))
 
     sizes = spec.file_sizes()

@@ -78,6 +78,13 @@ class CheckpointWorkload:
     requested_bytes: int
     full_bytes: int
     tensors: tuple[TensorSpec, ...]
+    #: The option that sized it, for hints (``--size``; preflight's ``--measure-size``).
+    size_option: str = "--size"
+
+    @property
+    def size_hint(self) -> str:
+        """How to make it smaller, in the options of the command that planned it."""
+        return "lower --scale or --size" if self.size_option == "--size" else f"lower {self.size_option}"
 
     @property
     def total_bytes(self) -> int:
@@ -172,11 +179,12 @@ def _fit(base: ModelShape, heads: int, head_dim: int, target: int, embedding_sha
     return _resize(base, heads, head_dim, vocab, layers)
 
 
-def plan_workload(shape: ModelShape, *, scale: float | None = None, size_bytes: int | None = None) -> CheckpointWorkload:
+def plan_workload(shape: ModelShape, *, scale: float | None = None, size_bytes: int | None = None,
+                  size_option: str = "--size") -> CheckpointWorkload:
     """Scale ``shape`` so its workload holds about ``scale`` x the full workload's bytes (or ``size_bytes``).
 
     Give exactly one of ``scale`` (in (0, 1]) or ``size_bytes`` (at most the full workload's bytes).
-    Pure: no torch, no allocation.
+    ``size_option``: the option that gave the size, named in the hints. Pure: no torch, no allocation.
     """
     if (scale is None) == (size_bytes is None):
         raise UsageError("give a scale or a size, not both and not neither")
@@ -189,9 +197,9 @@ def plan_workload(shape: ModelShape, *, scale: float | None = None, size_bytes: 
     fraction = target / full_bytes
     if fraction > 1:
         raise UsageError(f"{format_size(target)} is more than the full {shape.name} workload "
-                         f"({format_size(full_bytes)})", hint="use a larger model preset or a smaller --size")
+                         f"({format_size(full_bytes)})", hint=f"use a larger model preset or a smaller {size_option}")
     if fraction == 1:
-        return CheckpointWorkload(shape.name, shape, target, full_bytes, tuple(compose(shape)))
+        return CheckpointWorkload(shape.name, shape, target, full_bytes, tuple(compose(shape)), size_option)
 
     group = shape.heads // shape.kv_heads
     heads = max(group, group * round(shape.heads * fraction ** (1 / 3) / group))
@@ -217,8 +225,8 @@ def plan_workload(shape: ModelShape, *, scale: float | None = None, size_bytes: 
                     scaled, miss = other, abs(_bytes(other) / target - 1)
     if _bytes(scaled) > 2 * target:
         raise UsageError(f"{format_size(target)} is below the smallest {shape.name} workload "
-                         f"({format_size(_bytes(scaled))})", hint="use a larger --size or --scale")
-    return CheckpointWorkload(shape.name, scaled, target, full_bytes, tuple(compose(scaled)))
+                         f"({format_size(_bytes(scaled))})", hint=f"use a larger {size_option}" + (" or --scale" if size_option == "--size" else ""))
+    return CheckpointWorkload(shape.name, scaled, target, full_bytes, tuple(compose(scaled)), size_option)
 
 
 def build_state_dict(workload: CheckpointWorkload, seed: int = _SEED) -> dict[str, Any]:

@@ -31,18 +31,29 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ckptbench import __version__, interrupts, knobs, native
+from ckptbench import __version__, interrupts, knobs, native, safeio
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World, current_world
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan, rebuild, refuse_pickled
-from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, copy_values, dtype_of, stage, typed_view
+from ckptbench.checkpoint.stage import (
+    Arena,
+    CopyBehind,
+    SnapshotError,
+    available_memory_bytes,
+    copy_values,
+    dtype_of,
+    stage,
+    typed_view,
+)
 from ckptbench.errors import (
     CheckpointExistsError,
     CommitOutcomeUnknown,
+    InsufficientMemoryError,
     InsufficientSpaceError,
     OutcomeUnknownError,
     StorageIOError,
+    UnsafeFileError,
     UsageError,
 )
 from ckptbench.interrupts import QuietThread, Workers
@@ -156,6 +167,22 @@ class SaveHandle:
             The save's own error (nothing was committed then), or TimeoutError.
         """
         return interrupts.result_of(self._future, timeout)
+
+
+def _require_memory(store: Store, nbytes: int) -> None:
+    """Refuse a load whose read buffer (``nbytes``, what the manifest and the shards' sizes claim) is
+    more than the host has available, before allocating it."""
+    available = available_memory_bytes()
+    if available is not None and nbytes > available:
+        raise InsufficientMemoryError(
+            f"loading {store.url} needs {format_size(nbytes)} of host memory for its shards but only "
+            f"{format_size(available)} is available", hint="free memory, or load on a host with more")
+
+
+def _agreed_url(store: Store) -> str:
+    """The location the ranks compare: a path inside a directory held open by descriptor (a bench's
+    scratch directory, ``/proc/PID/fd/N/...``, different in every process) as the real path it names."""
+    return os.path.realpath(store.url) if store.local_path is not None and safeio.is_fd_path(store.url) else store.url
 
 
 def _require_free(store: Store, nbytes: int) -> None:
@@ -297,7 +324,11 @@ class Checkpointer:
         store.prepare()
         # Held from before the first shard write until the stale files are removed (async: released
         # by the persist thread): a concurrent save to this path fails here, not after losing its shards.
-        lock = acquire_save_lock(store)
+        try:
+            lock = acquire_save_lock(store)
+        except BaseException:
+            store.abandon()  # the directories it created go again, where empty
+            raise
         try:
             if store.size(mf.MANIFEST_NAME) is not None and not overwrite:  # committed while we planned
                 raise CheckpointExistsError(f"{store.url} already holds a checkpoint (a save just committed it)",
@@ -309,12 +340,17 @@ class Checkpointer:
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
+            store.abandon()
             raise
         del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
         stall_s = time.perf_counter() - t0
         if not async_:
-            with lock:
-                return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
+            try:
+                with lock:
+                    return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
+            except BaseException:
+                store.abandon()
+                raise
         future: Future = Future()
         staged_at = time.perf_counter()
 
@@ -324,6 +360,7 @@ class Checkpointer:
                     result = self._persist(plan, store, save_id, stall_s, staged_at, lock, stage_s, behind)
                 future.set_result(result)
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                store.abandon()
                 future.set_exception(exc)
 
         self._start_persist(run, future, lock, behind)
@@ -338,7 +375,7 @@ class Checkpointer:
         its sweep: a concurrent save to the path, distributed or not, fails on every rank at once.
         Every rank reaches the same collectives whatever fails: rank 0's setup errors travel in the
         broadcast, a rank's planning or staging error reaches rank 0 through the gather."""
-        world.agree("the checkpoint path and overwrite", (store.url, overwrite))
+        world.agree("the checkpoint path and overwrite", (_agreed_url(store), overwrite))
         lock = SaveLock(store.url)  # rank 0's real one below; elsewhere it only makes exit wait for a persist
         found: tuple[str, str | None] = ("", None)
         setup_error: BaseException | None = None
@@ -786,7 +823,10 @@ class Checkpointer:
             refuse_pickled(part["skeleton"])  # before anything is read
         shards = part["shards"]  # checked by mf.check_part: well formed, every tensor inside its shard
         for s in shards:  # before the read buffer is sized by what the manifest claims
-            size = store.size(s["name"])
+            try:
+                size = store.size(s["name"])
+            except UnsafeFileError as exc:  # a symlink or special file where a shard belongs: never read
+                raise mf.CorruptCheckpointError(f"shard {s['name']} of {store.url}: {exc}") from None
             if size != s["nbytes"]:
                 raise mf.CorruptCheckpointError(
                     f"shard {s['name']} of {store.url} is {'missing' if size is None else f'{size} bytes'}; "
@@ -803,17 +843,21 @@ class Checkpointer:
             buffer = self._read_buffer.buffer
             faulting: Any = contextlib.nullcontext()  # in memory since its first load
         else:
+            _require_memory(store, total)
             buffer = _fresh_read_buffer(max(total, 4096))
             faulting = _faulting_ahead(buffer)
         entries = part["tensors"]
         with faulting:
             view = memoryview(buffer)
             files = [(s["name"], view[o:o + s["nbytes"]]) for s, o in zip(shards, offsets, strict=True)]
-            if verify and manifest.get("checksum"):
-                checks = _checksum_ranges(entries, offsets, manifest["checksum"]["block_bytes"], store.url)
-                self._read_verified(store, buffer, files, checks, shards)
-            else:
-                store.read_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
+            try:
+                if verify and manifest.get("checksum"):
+                    checks = _checksum_ranges(entries, offsets, manifest["checksum"]["block_bytes"], store.url)
+                    self._read_verified(store, buffer, files, checks, shards)
+                else:
+                    store.read_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
+            except UnsafeFileError as exc:  # a shard swapped for a symlink or special file since its size was checked
+                raise mf.CorruptCheckpointError(f"{store.url}: {exc}") from None
         flat = torch.frombuffer(buffer, dtype=torch.uint8) if total and into is not None else None
         tensors: list[Any] = []
         for e in entries:

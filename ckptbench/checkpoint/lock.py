@@ -70,7 +70,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ckptbench import knobs
+from ckptbench import knobs, safeio
 from ckptbench.checkpoint import at_exit
 from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOError
 from ckptbench.interrupts import QuietThread
@@ -217,21 +217,32 @@ class _Unlocked(SaveLock):
 
 
 class _FileLock(SaveLock):
-    """flock(2) on LOCK_NAME in the checkpoint directory; the file is unlinked on release."""
+    """flock(2) on LOCK_NAME in the checkpoint directory; the file is unlinked on release.
 
-    def __init__(self, url: str, path: Path, fd: int) -> None:
+    The file is opened relative to the directory's descriptor and never through a symlink, and
+    must be a regular file (``safeio.open_regular``): a ``.ckptbench.lock`` planted as a symlink or
+    FIFO is refused, never truncated or written through."""
+
+    def __init__(self, url: str, directory: safeio.Directory, fd: int) -> None:
         super().__init__(url)
-        self._path = path
+        self._directory = directory
         self._fd = fd
 
     @classmethod
-    def acquire(cls, directory: Path, url: str) -> SaveLock:
-        path = directory / LOCK_NAME
+    def acquire(cls, directory: safeio.Directory, url: str) -> SaveLock:
+        shown = directory.shown_path(LOCK_NAME)
         while True:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = directory.open_file(LOCK_NAME, os.O_RDWR | os.O_CREAT)
+            except safeio.UnsafeFileError as exc:
+                raise CheckpointLockedError(f"cannot take the save lock: {exc}",
+                                            hint="remove it if no save is running; nothing was written") from None
             except OSError as exc:
-                raise StorageIOError(f"cannot create the save lock {path}: {exc.strerror}") from None
+                raise StorageIOError(f"cannot create the save lock {shown}: {exc.strerror}") from None
+            if os.fstat(fd).st_nlink > 1:  # a hard link to some other file: never truncated or written
+                os.close(fd)
+                raise CheckpointLockedError(f"cannot take the save lock: {shown} is a hard link to another file",
+                                            hint="remove it if no save is running; nothing was written")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -250,11 +261,12 @@ class _FileLock(SaveLock):
                 log.warning("%s: the filesystem does not support flock (%s); concurrent saves to this path are "
                             "not excluded", url, exc.strerror)
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    directory.unlink(LOCK_NAME)
                 return _Unlocked(url)
-            # A holder releasing unlinks the file: what we locked must still be the file at ``path``.
+            # A holder releasing unlinks the file: what we locked must still be the file at its name
+            # (the name itself, not what a symlink put there meanwhile would point to).
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
+                same = os.path.samestat(os.fstat(fd), directory.lstat(LOCK_NAME))
             except FileNotFoundError:
                 same = False
             if same:
@@ -263,11 +275,11 @@ class _FileLock(SaveLock):
         with contextlib.suppress(OSError):  # who holds it, for the error message of a save that waits
             os.ftruncate(fd, 0)
             os.pwrite(fd, Holder.me(0.0).encode(), 0)
-        return cls(url, path, fd)
+        return cls(url, directory, fd)
 
     def _release(self) -> None:
         try:
-            self._path.unlink()  # while still locked: whoever opens the name next gets a fresh file
+            self._directory.unlink(LOCK_NAME)  # while still locked: whoever opens the name next gets a fresh file
         finally:
             os.close(self._fd)
 
@@ -410,7 +422,7 @@ def _locked(url: str, holder: Holder | None) -> CheckpointLockedError:
 def acquire_save_lock(store: Store) -> SaveLock:
     """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
     if store.local_path is not None:
-        return _FileLock.acquire(store.local_path, store.url)
+        return _FileLock.acquire(store.directory(), store.url)
     conditional = store.conditional_writes and _honours_conditions(store)
     return _Lease(store, conditional).acquire()
 

@@ -14,7 +14,13 @@ import math
 import re
 from typing import Any
 
-from ckptbench.errors import CorruptCheckpointError, InsufficientSpaceError, NotACheckpointError, UsageError
+from ckptbench.errors import (
+    CorruptCheckpointError,
+    InsufficientSpaceError,
+    NotACheckpointError,
+    UnsafeFileError,
+    UsageError,
+)
 from ckptbench.storage.store import Store
 from ckptbench.units import format_size
 
@@ -55,7 +61,9 @@ def read_manifest(store: Store) -> dict[str, Any]:
     if not store.is_dir_like():
         raise NotACheckpointError(f"{store.url} is not a directory holding a checkpoint")
     try:
-        manifest = json.loads(store.get(MANIFEST_NAME))
+        manifest = json.loads(store.get(MANIFEST_NAME), object_pairs_hook=_unique_keys)
+    except UnsafeFileError as exc:  # a symlink, FIFO or device as the manifest, or one larger than any save writes
+        raise NotACheckpointError(f"{store.url} holds no readable checkpoint: {exc}") from None
     except FileNotFoundError:
         raise NotACheckpointError(
             f"{store.url} holds no committed checkpoint (no {MANIFEST_NAME})",
@@ -67,6 +75,17 @@ def read_manifest(store: Store) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise NotACheckpointError(f"{path} has format {found!r}; this ckptbench reads {FORMAT!r}")
     return manifest
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: a save never writes a key twice, so a second one
+    is an edit, and which of the two would win is not for the reader to guess."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object")
+    return obj
 
 
 def stale_files(store: Store, keep: set[str]) -> list[str]:
@@ -154,6 +173,10 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
         shape = t["shape"]
         if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
             raise malformed(f"tensor {key!r} has shape {_clip(shape)}, not a list of ints >= 0")
+        if len(shape) > MAX_DIMS or math.prod(max(n, 1) for n in shape) > MAX_ELEMENTS:
+            # torch keeps sizes and strides in int64: beyond it, even an empty tensor cannot be made
+            raise malformed(f"tensor {key!r} has shape {_clip(shape)}: more than {MAX_DIMS} dimensions or "
+                            f"2**63 elements, which no tensor can have")
         for field in ("nbytes", "offset"):
             if not _is_count(t[field]):
                 raise malformed(f"tensor {key!r} has {field} {_clip(t[field])}, not an int >= 0")
@@ -198,6 +221,9 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
         raise corrupt(problem)
 
 
+#: Bounds of a tensor's shape: torch's sizes and strides are int64, and it allows 64 dimensions at most.
+MAX_DIMS = 64
+MAX_ELEMENTS = 2**63 - 1
 _TENSOR_FIELDS = frozenset({"dtype", "shape", "nbytes", "shard", "offset", "alias_of", "crc32c"})
 _FLAT_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00]+$")
 

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ckptbench import __version__
+from ckptbench import __version__, safeio
 from ckptbench.cli import params
 from ckptbench.errors import CkptbenchError, ConfigError
 
@@ -77,7 +77,7 @@ def load_config_defaults(path: Path) -> dict[str, Any]:
     """
     shown = params.shown_path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = safeio.loads_toml(safeio.read_text(path, safeio.MAX_CONFIG_BYTES, "config file"))
     except FileNotFoundError:
         raise ConfigError(f"config file {shown} does not exist") from None
     except UnicodeDecodeError:

@@ -15,7 +15,7 @@ from ckptbench import knobs, units
 from ckptbench.cli import params
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
-from ckptbench.config import FsBenchSpec
+from ckptbench.config import MAX_FILES, FsBenchSpec
 from ckptbench.errors import UsageError
 from ckptbench.units import format_size
 
@@ -61,7 +61,7 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
               help="Bytes written (and read) per run, over all files: 8GiB, 500MB.")
 @click.option("--file-size", type=params.SIZE, default=None,
               help="Size of each file (the file count follows from --size). Not with --files.")
-@click.option("--files", type=params.POSITIVE_INT, default=None,
+@click.option("--files", type=params.FILES, default=None,
               help=f"Number of files (shards) per run  [default: {DEFAULT_FILES}]. Not with --file-size.")
 @click.option("--threads", type=params.THREADS_LIST, default="1,2,4", show_default=True,
               help="I/O threads; a comma list sweeps them: 1,2,4,8.")
@@ -225,6 +225,9 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     if file_size is not None and files is not None:
         raise UsageError("give --file-size or --files, not both")
     nfiles = files if files is not None else (-(-size // file_size) if file_size else DEFAULT_FILES)
+    if file_size is not None and nfiles > MAX_FILES:
+        raise UsageError(f"--file-size {format_size(file_size)} makes {nfiles} files of --size {format_size(size)}, "
+                         f"more than {MAX_FILES}", hint="use a larger --file-size")
     spec = FsBenchSpec(
         size_bytes=size, files=nfiles, threads=tuple(threads), block_sizes=tuple(block_size),
         schedules=tuple(dict.fromkeys(schedule)),

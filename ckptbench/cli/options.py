@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ckptbench import safeio
 from ckptbench.cli import params
 from ckptbench.cli.params import shown_path
 from ckptbench.errors import UsageError
@@ -18,7 +19,7 @@ from ckptbench.errors import UsageError
 def read_result(path: Path) -> dict[str, Any]:
     """A result file as JSON; one-line UsageError when it is missing, not UTF-8, not JSON or absurdly nested."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safeio.read_text(path, safeio.MAX_RESULT_BYTES, "result file")
     except FileNotFoundError:
         raise UsageError(f"result file {shown_path(path)} does not exist") from None
     except UnicodeDecodeError:

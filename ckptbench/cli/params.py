@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from ckptbench import units
-from ckptbench.config import MAX_BLOCK_BYTES, MAX_RUNS, MAX_THREADS
+from ckptbench.config import MAX_BLOCK_BYTES, MAX_FILES, MAX_RUNS, MAX_THREADS
 from ckptbench.errors import UsageError
 
 
@@ -35,6 +35,10 @@ class _UnitType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+#: Values in one comma list or TOML array of a sweep option.
+MAX_LIST_ITEMS = 256
+
+
 class ListType(click.ParamType):
     """A comma-separated list (``1,2,4``) of another type; TOML arrays are accepted too."""
 
@@ -47,6 +51,8 @@ class ListType(click.ParamType):
             items = units.parse_list(value, lambda v: self.item.convert(v, param, ctx))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if len(items) > MAX_LIST_ITEMS:
+            self.fail(f"{len(items)} values, more than a sweep takes ({MAX_LIST_ITEMS})", param, ctx)
         return items
 
 
@@ -139,6 +145,7 @@ class Bounded(click.ParamType):
 
 
 THREADS = Bounded(POSITIVE_INT, MAX_THREADS, f"{MAX_THREADS} threads")
+FILES = Bounded(POSITIVE_INT, MAX_FILES, f"{MAX_FILES} files")
 RUNS = Bounded(POSITIVE_INT, MAX_RUNS, f"{MAX_RUNS} runs")
 WARMUP_RUNS = Bounded(NONNEGATIVE_INT, MAX_RUNS, f"{MAX_RUNS} runs")
 BLOCK_SIZE = Bounded(SIZE, MAX_BLOCK_BYTES, units.format_size(MAX_BLOCK_BYTES))

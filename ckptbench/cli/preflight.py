@@ -173,7 +173,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
 
     spec = CheckpointBenchSpec(model=DEFAULT_MODEL if preset is None else preset, size_bytes=opts["measure_size"],
                                writers=("ckptbench",), repeat=opts["repeat"], warmup=1, memory_saves=0)
-    workload = plan(spec)  # a bad --measure-size fails here, before anything is written
+    workload = plan(spec, size_option="--measure-size")  # a bad --measure-size fails here, before anything is written
     report_box: list[PreflightReport] = []
 
     def run(progress: Any) -> PreflightReport:

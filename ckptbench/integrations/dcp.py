@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from ckptbench import interrupts, knobs, native
+from ckptbench import interrupts, knobs, native, safeio
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
 from ckptbench.checkpoint.plan import (
     BIG_ALIGN,
@@ -85,6 +85,7 @@ from ckptbench.errors import (
     MissingDependencyError,
     StorageIOError,
     TargetError,
+    UnsafeFileError,
     UsageError,
 )
 from ckptbench.interrupts import QuietThread
@@ -1218,7 +1219,15 @@ class _Reader:
         threads, block_size, direct: as for the engine's reads (defaults: ``knobs``, O_DIRECT).
         verify: check CRC-32C of raw tensors; a mismatch raises CorruptCheckpointError.
         buffer_bytes: bound of the read buffer, kept between loads until :meth:`close`.
+        safe: refuse metadata that a plain unpickle would let run code: ``.metadata`` is unpickled
+            with only DCP's own metadata classes allowed (anything else it names is refused with
+            NotACheckpointError), and a non-tensor value is refused unless ``torch.load`` reads it
+            with ``weights_only=True``. Without it, loading trusts the checkpoint's author, as
+            torch's FileSystemReader does: a crafted ``.metadata`` runs code.
         _extension_registry: stream extensions of FileSystemWriter checkpoints (default: torch's).
+
+    Every file is opened inside ``path`` only, never through a symlink, and must be a regular file
+    (``ckptbench.safeio``); anything else is a CorruptCheckpointError.
     """
 
     def __init__(
@@ -1230,10 +1239,12 @@ class _Reader:
         direct: bool = True,
         verify: bool = True,
         buffer_bytes: int = READ_BUFFER_BYTES,
+        safe: bool = False,
         _extension_registry: ExtensionRegistry | None = None,
     ) -> None:
         super().__init__()
         self.path = Path(path)
+        self.safe = safe
         self.threads = threads if threads is not None else knobs.SAVE_THREADS
         self.block_size = block_size if block_size is not None else knobs.SAVE_BLOCK_BYTES
         if self.threads < 1 or self.block_size < 1 or buffer_bytes < _PAGE:
@@ -1259,14 +1270,24 @@ class _Reader:
         """The pickled Metadata of ``path`` (``__{rank}.metadata`` when DCP passes ``rank``)."""
         rank = kwargs.get("rank")
         name = METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
+        from torch.distributed.checkpoint.metadata import Metadata
+
         try:
-            metadata = pickle.loads(open_store(self.path).get(name))
+            data = open_store(self.path).get(name)
+            metadata = _SafeUnpickler(io.BytesIO(data)).load() if self.safe else pickle.loads(data)
         except FileNotFoundError:
             raise NotACheckpointError(f"{self.path} holds no committed DCP checkpoint (no {name})",
                                       hint="a save that did not finish leaves no metadata; nothing here can be "
                                            "loaded") from None
-        except (OSError, pickle.UnpicklingError, EOFError) as exc:
-            raise NotACheckpointError(f"cannot read {self.path / name}: {exc}") from exc
+        except NotACheckpointError:
+            raise
+        except UnsafeFileError as exc:
+            raise NotACheckpointError(f"{self.path} holds no readable DCP checkpoint: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling arbitrary bytes raises: one clear error
+            raise NotACheckpointError(f"cannot read {self.path / name}: not DCP metadata "
+                                      f"({type(exc).__name__}: {exc})") from exc
+        if not isinstance(metadata, Metadata):
+            raise NotACheckpointError(f"{self.path / name} holds a {type(metadata).__name__}, not DCP metadata")
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -1277,6 +1298,12 @@ class _Reader:
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:
             raise NotACheckpointError(f"{self.path}: the metadata has no storage_data")
+        if not isinstance(metadata.storage_data, dict) or not all(
+                isinstance(getattr(i, "relative_path", None), str)
+                and all(type(getattr(i, f, None)) is int and getattr(i, f) >= 0 for f in ("offset", "length"))
+                for i in metadata.storage_data.values()):
+            raise NotACheckpointError(f"{self.path}: the metadata's storage_data is not a map of items to "
+                                      f"(relative_path, offset, length)")
         self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -1315,14 +1342,27 @@ class _Reader:
         placed: list[tuple[_Range, int]] = []
         jobs = []
         cursor = 0
-        for r in batch:
-            placed.append((r, cursor))
-            jobs.append((view[cursor:cursor + r.end - r.start], str(self.path / r.file), r.start))
-            cursor += r.buffer_bytes
+        names = sorted({r.file for r in batch})
+        for file in names:  # data files are names inside the checkpoint, never paths out of it
+            if not isinstance(file, str) or not _FLAT_NAME.match(file):
+                raise CorruptCheckpointError(f"{self.path}: the metadata names the data file {file!r}, which is not a "
+                                             "file name inside the checkpoint")
         try:
-            native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct, drop_cache=False)
+            with safeio.Directory.open(self.path) as directory, \
+                    safeio.opened_files(directory, names, os.O_RDONLY) as fds:
+                by_name = {file: safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(file)
+                           for file, fd in zip(names, fds, strict=True)}
+                for r in batch:
+                    placed.append((r, cursor))
+                    jobs.append((view[cursor:cursor + r.end - r.start], by_name[r.file], r.start))
+                    cursor += r.buffer_bytes
+                native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct,
+                            drop_cache=False)
+        except UnsafeFileError as exc:
+            raise CorruptCheckpointError(f"{self.path}: {exc}") from None
         except OSError as exc:
-            where = exc.filename or self.path
+            shown = {v: k for k, v in by_name.items()} if "by_name" in locals() else {}
+            where = self.path / shown[exc.filename] if exc.filename in shown else exc.filename or self.path
             if exc.errno == errno.ENOENT:
                 raise CorruptCheckpointError(f"data file {where} of the checkpoint is missing") from exc
             if exc.errno == errno.ENODATA:
@@ -1367,7 +1407,10 @@ class _Reader:
         for req in reqs:
             if req.type == LoadItemType.BYTE_IO:
                 stream = self._stream(req, info, data)
-                planner.load_bytes(req, stream if isinstance(stream, io.BytesIO) else io.BytesIO(stream.read()))
+                stream = stream if isinstance(stream, io.BytesIO) else io.BytesIO(stream.read())
+                if self.safe:
+                    _check_weights_only(stream, req.dest_index.fqn, self.path)
+                planner.load_bytes(req, stream)
                 continue
             if tensor is None:
                 tensor = self._raw_tensor(raw, data, at, info) if raw is not None else torch.load(
@@ -1416,6 +1459,52 @@ class _Reader:
     def close(self) -> None:
         """Free the read buffer; the reader stays usable."""
         self._arena.close()
+
+
+_FLAT_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00]+$")
+#: What ``safe=True`` lets ``.metadata`` name: DCP's metadata classes and the torch values they hold.
+_SAFE_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": None,  # any of its classes
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "Path"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice", "complex"},
+}
+
+
+def _check_weights_only(stream: io.BytesIO, fqn: str, where: Path) -> None:
+    """Refuse a non-tensor value that ``torch.load(weights_only=True)`` cannot read (the planner
+    unpickles it fully): it names something beyond plain data and tensors."""
+    import torch
+
+    try:
+        torch.load(stream, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - the unpickler's refusal, or damage
+        raise NotACheckpointError(f"{where}: the value {fqn!r} is not plain data (torch.load with weights_only=True "
+                                  f"refuses it: {str(exc).splitlines()[0][:200]})",
+                                  hint="load it with safe=False only if you trust whoever wrote it") from None
+    finally:
+        stream.seek(0)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what DCP metadata holds; anything else it names is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        allowed = _SAFE_GLOBALS.get(module, set())
+        obj = super().find_class(module, name) if (allowed is None or name in allowed or module == "torch") else None
+        if module == "torch" and name not in (allowed or set()) and not isinstance(obj, (torch.dtype, torch.layout,
+                                                                                          torch.memory_format)):
+            obj = None
+        if obj is None:
+            raise NotACheckpointError(f"the DCP metadata names {module}.{name}, which a safe load does not build "
+                                      f"(unpickling it could run code)",
+                                      hint="load it with safe=False only if you trust whoever wrote it")
+        return obj
 
 
 # -- the public classes: subclasses of torch's DCP classes, created on first use ----------------

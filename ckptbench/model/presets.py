@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ckptbench import safeio
 from ckptbench.errors import ConfigError
 from ckptbench.model.failures import FailurePreset
 from ckptbench.model.sizing import ModelShape
@@ -54,7 +55,7 @@ def _load(kind: str, name: str) -> dict[str, Any]:
         raise ConfigError(f"unknown {singular} preset {name!r}", hint=f"known: {', '.join(names) or 'none found'}")
     path = configs_dir() / kind / f"{name}.toml"
     try:
-        return tomllib.loads(path.read_text())
+        return safeio.loads_toml(safeio.read_text(path, safeio.MAX_CONFIG_BYTES, "preset"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"preset {str(path)!r} is not valid TOML: {exc}") from None
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench import safeio
 from ckptbench.errors import ConfigError
 from ckptbench.model.presets import configs_dir, preset_names
 
@@ -133,7 +134,7 @@ def load_tier(name_or_path: str) -> Tier:
                               hint=f"known: {', '.join(tier_names()) or 'none found'}, or a TIER.toml file")
         name = name_or_path
     try:
-        data = tomllib.loads(path.read_text())
+        data = safeio.loads_toml(safeio.read_text(path, safeio.MAX_CONFIG_BYTES, "tier file"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"tier file {str(path)!r} is not valid TOML: {exc}") from None
     return tier_from_mapping(name, data, source=str(path))

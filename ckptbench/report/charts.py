@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptbench import safeio
 from ckptbench.report.figure import save_with_footer
 from ckptbench.units import format_duration, format_size
 
@@ -195,7 +196,7 @@ def plot_tiers(rows: Sequence[tuple[str, float | None, float | None]], footer: s
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
     fig.text(0.99, 0.01, footer, ha="right", fontsize=6, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, format="png")
+    safeio.write_output(path, lambda out: fig.savefig(out, format="png"))
     return path
 
 
@@ -209,5 +210,5 @@ def _save(fig: Any, document: dict[str, Any], path: Path, *, tight: bool = True)
                  f"ckptbench {env.get('tool_version')} · {document['created']}", ha="right", fontsize=6, color="gray")
     elif tight:
         fig.tight_layout()
-    fig.savefig(path, format="png")
+    safeio.write_output(path, lambda out: fig.savefig(out, format="png"))
     return path

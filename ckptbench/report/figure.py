@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckptbench import safeio
+
 
 def save_with_footer(fig: Any, document: dict[str, Any], path: Path | str, *, top: float = 1.0) -> Path:
     """Stamp where ``document`` was measured in the figure's corner, write it as PNG to ``path`` and close it."""
@@ -15,6 +17,6 @@ def save_with_footer(fig: Any, document: dict[str, Any], path: Path | str, *, to
              f"ckptbench {env.get('tool_version')} · {document['created']}", ha="right", fontsize=6, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, top))
     path = Path(path)
-    fig.savefig(path, format="png")
+    safeio.write_output(path, lambda out: fig.savefig(out, format="png"))
     plt.close(fig)
     return path

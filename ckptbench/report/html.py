@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from ckptbench import safeio
 from ckptbench.report.document import DocumentReport, Report, Section, Table
 
 _STATUS_CLASS = {"PASS": "pass", "MET": "pass", "OK": "pass", "FAIL": "fail", "FAILED": "fail", "MISSED": "fail",
@@ -256,11 +256,6 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary name in the same directory and rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write through a fresh random temporary name in the same directory and rename, so a reader never
+    sees half a file and a symlink planted under either name receives nothing (``safeio.write_output``)."""
+    safeio.write_output(path, data)

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ckptbench import safeio
 from ckptbench.model.interval import CheckpointCost, waste_curve
 from ckptbench.units import format_duration
 
@@ -61,5 +62,5 @@ def plot_waste_curve(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    safeio.write_output(path, lambda out: fig.savefig(out, format="png"))
     return path

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptbench import __version__
+from ckptbench import __version__, safeio
 from ckptbench.errors import UsageError, reading_document
 from ckptbench.report.document import (
     DocumentReport,
@@ -72,7 +72,7 @@ def section(schema: str) -> Callable[[Renderer], Renderer]:
 def read_result(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``, or a one-line ``UsageError`` naming the file and what is wrong."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safeio.read_text(path, safeio.MAX_RESULT_BYTES, "result file")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import errno
+import grp
 import logging
 import os
+import pwd
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptbench.errors import InsufficientSpaceError, TargetError
+from ckptbench import safeio
+from ckptbench.errors import InsufficientSpaceError, TargetError, UnsafeFileError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,44 @@ def mount_of(path: Path) -> MountInfo | None:
     except OSError:
         return None
     return best
+
+
+def shared_without_sticky_bit(path: Path) -> str | None:
+    """Who else can write into ``path`` when that is someone and it lacks the sticky bit (which would
+    stop them renaming or removing what others made there), else None. A group-writable directory
+    whose group holds only its owner (a user private group) counts as private."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_mode & stat.S_ISVTX:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return "is writable by every user"
+    if st.st_mode & stat.S_IWGRP and _group_has_others(st.st_gid, st.st_uid):
+        return f"is writable by the other members of group {_group_name(st.st_gid)}"
+    return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _group_has_others(gid: int, owner_uid: int) -> bool:
+    """Whether users besides ``owner_uid`` belong to group ``gid`` (as members, or as their primary group)."""
+    try:
+        owner = pwd.getpwuid(owner_uid).pw_name
+    except KeyError:
+        owner = None
+    try:
+        if set(grp.getgrgid(gid).gr_mem) - {owner}:
+            return True
+    except KeyError:
+        return True  # an unknown group: cannot tell who is in it
+    return any(user.pw_gid == gid and user.pw_uid != owner_uid for user in pwd.getpwall())
 
 
 #: The scratch directories and prefixes of this process that exist now, in creation order: what the
@@ -109,6 +151,12 @@ class LocalDirectory:
                               hint="give a directory on the storage to measure, or --force if you mean it")
         if not os.access(path, os.W_OK | os.X_OK):  # also catches read-only mounts (EROFS), even for root
             raise TargetError(f"{text!r} is not writable", hint="pick a directory you can write to")
+        shared = shared_without_sticky_bit(resolved)
+        if shared is not None and not force:
+            raise TargetError(f"{text!r} {shared} and has no sticky bit: they could rename the run's scratch "
+                              f"directory and plant symlinks in its place",
+                              hint="use a directory only you can write to (or a sticky one like /tmp), or --force "
+                                   "if you trust everyone who can write there")
         return cls(resolved)
 
     def __str__(self) -> str:
@@ -116,6 +164,15 @@ class LocalDirectory:
 
     def free_bytes(self) -> int:
         return shutil.disk_usage(self.path).free
+
+    def require_inodes(self, needed_files: int) -> None:
+        """Raise InsufficientSpaceError when fewer inodes than ``needed_files`` are free (where the
+        filesystem counts them: statvfs reports a total)."""
+        fs = os.statvfs(self.path)
+        if fs.f_files and fs.f_favail < needed_files:
+            raise InsufficientSpaceError(
+                f"{self.path} has {fs.f_favail} free inodes of {fs.f_files} but the run creates {needed_files} "
+                f"files and directories", hint="remove files there (the filesystem is out of inodes, not bytes)")
 
     def require_free(self, needed_bytes: int) -> None:
         """Raise InsufficientSpaceError when fewer than ``needed_bytes`` are free."""
@@ -137,29 +194,57 @@ class LocalDirectory:
         Never touches anything that existed before: the name is new (mkdir fails if it exists).
         ``shared_name``: join the scratch directory another rank of a launch named (see
         :func:`scratch_name`); it may exist already (a shared filesystem) or not (node-local disks).
+
+        The path yielded reaches the directory through a descriptor held open for the block
+        (``/proc/self/fd/N``, :meth:`safeio.Directory.path_of`): if someone renames the scratch
+        directory away and puts a symlink in its place, every write, read and delete of the run,
+        and the cleanup, still go to the scratch directory itself, never through the link.
         """
-        scratch = self.path / (shared_name or scratch_name())
+        name = shared_name or scratch_name()
+        scratch = self.path / name
         try:
-            scratch.mkdir(mode=0o700, exist_ok=shared_name is not None)  # private: no one else reads or swaps files
-        except PermissionError:
-            raise TargetError(f"{self.path} is not writable", hint="pick a directory you can write to") from None
-        except OSError as exc:
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise TargetError(f"{self.path} is not writable ({exc.strerror})", hint="pick a writable directory") from None
-            # e.g. ENOENT in /proc, ENOSPC: nothing was written, so it is the target that cannot be used
-            raise TargetError(f"cannot create a scratch directory in {self.path} ({exc.strerror})",
-                              hint="pick a directory on a regular filesystem") from None
-        log.info("scratch directory %s", scratch)
-        with scratch_in_use(str(scratch)):
+            target = safeio.Directory.open(self.path)
+        except (OSError, UnsafeFileError) as exc:
+            raise TargetError(f"{self.path} cannot be opened ({getattr(exc, 'strerror', None) or exc})",
+                              hint="give an existing directory") from None
+        with target:
             try:
-                yield scratch
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-                if scratch.exists():
-                    log.warning("could not remove scratch directory %s", scratch)
+                target.mkdir(name, 0o700)  # private: no one else reads or swaps files in it
+            except FileExistsError:
+                if shared_name is None:
+                    raise
+            except PermissionError:
+                raise TargetError(f"{self.path} is not writable", hint="pick a directory you can write to") from None
+            except OSError as exc:
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise TargetError(f"{self.path} is not writable ({exc.strerror})",
+                                      hint="pick a writable directory") from None
+                # e.g. ENOENT in /proc, ENOSPC: nothing was written, so it is the target that cannot be used
+                raise TargetError(f"cannot create a scratch directory in {self.path} ({exc.strerror})",
+                                  hint="pick a directory on a regular filesystem") from None
+            try:
+                directory = target.subdir(name)
+            except UnsafeFileError as exc:  # swapped for a symlink between the mkdir and the open
+                raise TargetError(f"the scratch directory {scratch} was replaced as it was created: {exc}",
+                                  hint="another user can write to the target; use a directory only you can write to")\
+                    from None
+            if shared_name is None and directory.owner_mismatch():
+                directory.close()
+                raise TargetError(f"the scratch directory {scratch} was replaced as it was created",
+                                  hint="another user can write to the target; use a directory only you can write to")
+            log.info("scratch directory %s", scratch)
+            with scratch_in_use(str(scratch)), directory:
+                anchored = directory.path_of()
+                try:
+                    yield Path(anchored)
+                except BaseException as exc:
+                    _name_scratch(exc, anchored, str(scratch))
+                    raise
+                finally:
+                    _remove_scratch(target, directory, name, scratch)
 
     @contextmanager
-    def reporting_full_disk(self, needs_bytes: int | None = None) -> Iterator[None]:
+    def reporting_full_disk(self, needs_bytes: int | None = None, *, size_hint: str = "lower --size") -> Iterator[None]:
         """Turn a run's failure that ran out of space into one InsufficientSpaceError saying what the
         run needs (``needs_bytes``, when given) and what was free as it started. Use it inside
         :meth:`scratch`, so the failed run's files still take their space when it looks
@@ -176,18 +261,67 @@ class LocalDirectory:
             reason = _space_failure(exc, self.path)
             if reason is None:
                 raise
+            if reason.startswith("no free inodes"):
+                raise InsufficientSpaceError(f"{self.path} ran out of inodes during the run: {reason}",
+                                             hint="remove files there, or run with fewer files") from exc
             # Not the free space after the failure: a writer's failed file can stay open, and
             # allocated, for as long as its exception lives.
             needs = f"the run needs {format_size(needs_bytes)}, " if needs_bytes is not None else ""
             raise InsufficientSpaceError(
                 f"{self.path} ran out of space during the run ({reason}): {needs}{format_size(free_at_start)} "
                 f"was free when it started",
-                hint="free space (something else may be filling it) or lower --size") from exc
+                hint=f"free space (something else may be filling it) or {size_hint}") from exc
+
+
+def _name_scratch(exc: BaseException, anchored: str, real: str) -> None:
+    """Say the scratch directory's real path, not ``anchored`` (its /proc/PID/fd path), in the messages
+    of ``exc`` and the exceptions it was raised from: what the user reads names a directory they know."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen and len(seen) < 16:
+        seen.append(exc)
+        exc.args = tuple(a.replace(anchored, real) if isinstance(a, str) else a for a in exc.args)
+        if isinstance(getattr(exc, "hint", None), str):
+            exc.hint = exc.hint.replace(anchored, real)  # type: ignore[attr-defined]
+        if isinstance(exc, OSError):
+            for attr in ("filename", "filename2"):
+                value = getattr(exc, attr)
+                if isinstance(value, str) and value.startswith(anchored):
+                    setattr(exc, attr, real + value[len(anchored):])
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
+def _remove_scratch(target: safeio.Directory, directory: safeio.Directory, name: str, scratch: Path) -> None:
+    """Empty the scratch directory through its descriptor, then remove its name from the target if
+    that name is still this directory (not a symlink or another directory put in its place)."""
+    try:
+        directory.clear()
+    except OSError as exc:
+        log.warning("could not empty scratch directory %s: %s", scratch, exc)
+    if directory.same_as(name, target):
+        try:
+            target.rmdir(name)
+        except FileNotFoundError:
+            pass  # another rank of a launch removed it first
+        except OSError as exc:
+            log.warning("could not remove scratch directory %s: %s", scratch, exc)
+    elif target.exists(name):
+        log.warning("the scratch directory %s was renamed or replaced during the run; its contents were removed "
+                    "and what has its name now was left alone", scratch)
 
 
 #: Below this much free space (or 1% of the filesystem, if less) a failed write found the disk full.
 _FULL_BYTES = 64 * 2**20
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _out_of_inodes(path: Path) -> str | None:
+    """"no free inodes (N in all)" when ``path``'s filesystem has none left, else None."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
+    return f"no free inodes ({fs.f_files} in all; bytes were not the limit)" if fs.f_files and not fs.f_favail \
+        else None
 
 
 def _space_failure(exc: BaseException, path: Path) -> str | None:
@@ -204,7 +338,7 @@ def _space_failure(exc: BaseException, path: Path) -> str | None:
         if isinstance(error, InsufficientSpaceError):  # a ckptbench save's: it says more than the run can use
             return "a checkpoint save found too little space"
         if isinstance(error, OSError) and error.errno in _SPACE_ERRNOS:
-            return error.strerror or os.strerror(error.errno)
+            return _out_of_inodes(path) or error.strerror or os.strerror(error.errno)
     for error in chain:
         for code in _SPACE_ERRNOS:
             if os.strerror(code) in str(error):

@@ -150,6 +150,9 @@ class S3Options:
             raise UsageError(f"addressing_style {self.addressing_style!r} must be path, virtual or auto")
         if (self.key is None) != (self.secret is None):
             raise UsageError("storage options key and secret must be given together")
+        if self.token is not None and self.key is None:
+            raise UsageError("storage option token (a session token) needs key and secret too",
+                             hint="pass key=... and secret=... with it, or drop token")
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> S3Options:

@@ -37,13 +37,12 @@ import errno
 import logging
 import os
 import re
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptbench import native
+from ckptbench import native, safeio
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +132,15 @@ class Store:
         """Where requests go and where credentials came from, for result files (never secrets)."""
         return {}
 
+    def abandon(self) -> None:
+        """After a save that failed before its commit: remove what ``prepare`` created for it (directories
+        it made that are still empty). Object stores create nothing there."""
+
+    def directory(self) -> Any:
+        """The ``safeio.Directory`` of a store on a mounted filesystem (``local_path`` set), held open:
+        the save lock is taken relative to it."""
+        raise NotImplementedError
+
 
 def fsync_directory(path: Path) -> None:
     """fsync a directory; filesystems that cannot (some FUSE, tmpfs variants) are tolerated."""
@@ -147,7 +155,12 @@ def fsync_directory(path: Path) -> None:
 
 
 class LocalStore(Store):
-    """A directory on a local or mounted filesystem, written and read by the native engine."""
+    """A directory on a local or mounted filesystem, written and read by the native engine.
+
+    The directory is held open by descriptor from its first use (:class:`~ckptbench.safeio.Directory`):
+    every file is opened, renamed and removed relative to it, never through a symlink, and only
+    regular files are read or written, so a checkpoint (or a directory shared with other users)
+    holding a symlink or a FIFO cannot redirect a write, leak a file or hang a load."""
 
     writes_follow_copy = True
 
@@ -155,92 +168,153 @@ class LocalStore(Store):
         self.path = Path(path)
         self.url = str(self.path)
         self.local_path = self.path
+        self._dir: safeio.Directory | None = None
+        self._created: list[Path] = []  # directories prepare() made, deepest last
+
+    def directory(self) -> safeio.Directory:
+        """The directory, opened on first use; FileNotFoundError while it does not exist."""
+        if self._dir is None:
+            self._dir = safeio.Directory.open(self.path)
+        return self._dir
+
+    def _existing(self) -> safeio.Directory | None:
+        try:
+            return self.directory()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None
 
     def is_dir_like(self) -> bool:
         return not self.path.exists() or self.path.is_dir()
 
     def prepare(self) -> None:
         """Create the directory (and missing parents); each new entry's parent is fsynced, or a
-        power cut could take the new directory, and the checkpoint in it, with it."""
+        power cut could take the new directory, and the checkpoint in it, with it. The directories
+        it made are removed again by :meth:`abandon` when the save fails before its commit."""
         created = []
         path = self.path
         while not path.exists() and path.parent != path:
             created.append(path)
             path = path.parent
         self.path.mkdir(parents=True, exist_ok=True)
-        for path in reversed(created):
+        self._created = list(reversed(created))
+        for path in self._created:
             try:
                 fsync_directory(path.parent)
             except PermissionError:  # a parent one may write into but not read (mode 0333): nothing to open
                 log.info("cannot open %s to fsync it: the new directory's entry may not survive a power cut",
                          path.parent)
+        self.directory()
+
+    def abandon(self) -> None:
+        """After a failed save: remove the directories :meth:`prepare` made, deepest first, where they
+        are empty (a directory something else wrote into stays)."""
+        for path in reversed(self._created):
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        self._created = []
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                     direct: bool, after: native.Snapshot | None = None) -> WriteReport:
         """``after``: a copy-on-write staging still copying into the views; each block is written
-        once its bytes are there (the caller finishes it afterwards, which says if it failed)."""
+        once its bytes are there (the caller finishes it afterwards, which says if it failed).
+
+        Each file is created here first (regular, not through a symlink), then written by the engine
+        through the directory's descriptor; the engine does not follow a symlink either."""
         if not files:
             return WriteReport(direct=direct, sync="fdatasync")
-        jobs = [(view, str(self.path / name), 0) for name, view in files]
+        directory = self.directory()
         try:
-            result = native.write(jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
-                                  sync_dir=True, after=after)
-        except OSError:
+            with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT):
+                jobs = [(view, directory.path_of(name), 0) for name, view in files]
+                result = native.write(jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
+                                      sync_dir=True, after=after)
+        except OSError as exc:
+            self.remove([name for name, _ in files])
+            raise self._named(exc) from None
+        except safeio.UnsafeFileError:
             self.remove([name for name, _ in files])
             raise
         return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool) -> None:
-        if files:
-            native.read([(view, str(self.path / name), 0) for name, view in files], threads=threads,
-                        block_size=block_size, direct=direct)
+        """Fill each view from its file. Every file is opened here first (a regular file, not through a
+        symlink, at least as long as its view: UnsafeFileError, or OSError ENODATA naming it) and the
+        engine reads that very file."""
+        if not files:
+            return
+        directory = self.directory()
+        with safeio.opened_files(directory, [name for name, _ in files], os.O_RDONLY) as fds:
+            for (name, view), fd in zip(files, fds, strict=True):
+                size = os.fstat(fd).st_size
+                if size < len(view):
+                    raise OSError(errno.ENODATA, f"{size} bytes, fewer than the {len(view)} to read",
+                                  directory.shown_path(name))
+            jobs = [(view, safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name), 0)
+                    for (name, view), fd in zip(files, fds, strict=True)]
+            try:
+                native.read(jobs, threads=threads, block_size=block_size, direct=direct)
+            except OSError as exc:
+                raise self._named(exc, {safeio.fd_path(fd): name for (name, _), fd in zip(files, fds, strict=True)})\
+                    from None
+
+    def _named(self, exc: OSError, by_fd: dict[str, str] | None = None) -> OSError:
+        """``exc`` with the file named by its path in the checkpoint, not through /proc/PID/fd."""
+        filename = exc.filename if isinstance(exc.filename, str) else None
+        if filename is None:
+            return exc
+        name = (by_fd or {}).get(filename) or (os.path.basename(filename) if safeio.is_fd_path(filename) else None)
+        if name is None:
+            return exc
+        return type(exc)(exc.errno, exc.strerror, str(self.path / name))
 
     def put_atomic(self, name: str, data: bytes) -> None:
-        tmp = self.path / f".{name}.tmp-{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        os.replace(tmp, self.path / name)
-        fsync_directory(self.path)
+        self.directory().write_atomic(name, lambda out: out.write(data), durable=True)
 
-    def get(self, name: str) -> bytes:
-        return (self.path / name).read_bytes()
+    def get(self, name: str, max_bytes: int = safeio.MAX_MANIFEST_BYTES) -> bytes:
+        """The bytes of the regular file ``name`` (at most ``max_bytes``: UnsafeFileError beyond)."""
+        directory = self._existing()
+        if directory is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(self.path / name))
+        return directory.read(name, max_bytes)
 
     def size(self, name: str) -> int | None:
-        try:
-            return (self.path / name).stat().st_size
-        except FileNotFoundError:
-            return None
+        """The size of the regular file ``name``; None if absent; UnsafeFileError for a symlink or special file."""
+        directory = self._existing()
+        return None if directory is None else directory.regular_size(name)
 
     def list(self) -> list[str]:
-        try:
-            return [p.name for p in self.path.iterdir()]
-        except FileNotFoundError:
-            return []
+        directory = self._existing()
+        return [] if directory is None else directory.listdir()
 
     def remove(self, names: list[str]) -> None:
+        directory = self._existing()
+        if directory is None:
+            return
         for name in names:
             try:
-                (self.path / name).unlink()
+                directory.unlink(name)  # a symlink is removed itself, never what it points to
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 log.warning("could not remove %s: %s", self.path / name, exc)
 
     def free_bytes(self) -> int | None:
-        probe = self.path if self.path.exists() else self.path.parent
-        while not probe.exists():
-            probe = probe.parent
-        usage = os.statvfs(probe)
+        directory = self._existing()
+        if directory is not None:
+            usage = os.fstatvfs(directory.fd)
+        else:
+            probe = self.path.parent
+            while not probe.exists():
+                probe = probe.parent
+            usage = os.statvfs(probe)
         return usage.f_bavail * usage.f_frsize if usage.f_blocks else None
 
 

@@ -197,6 +197,16 @@ def fd_path(args: str) -> str | None:
     return m.group(1) if m else None
 
 
+def rename_paths(args: str) -> tuple[str, str]:
+    """The two paths of a rename: ``"old", "new"``, or relative to directory descriptors (renameat:
+    ``3</dir>, "old", 3</dir>, "new"``, as ``strace -y`` shows them)."""
+    at = re.match(r'\s*\d+<(.*?)>, "([^"]*)", \d+<(.*?)>, "([^"]*)"', args)
+    if at:
+        return f"{at.group(1)}/{at.group(2)}", f"{at.group(3)}/{at.group(4)}"
+    plain = re.findall(r'"([^"]*)"', args)
+    return (plain[0], plain[1]) if len(plain) >= 2 else ("", "")
+
+
 def strace_usable() -> str | None:
     if shutil.which("strace") is None:
         return "strace is not installed"
@@ -223,10 +233,10 @@ def test_power_loss_order_data_fsync_then_manifest_fsync_then_rename_then_direct
     assert len(shards) >= 3
 
     renames = [i for i, (name, args, rc) in enumerate(calls) if name.startswith("rename") and rc == 0
-               and f'"{directory}/{mf.MANIFEST_NAME}"' in args]
+               and rename_paths(args)[1] == f"{directory}/{mf.MANIFEST_NAME}"]
     assert len(renames) == 1, "the manifest is committed by exactly one rename"
     commit = renames[0]
-    tmp = re.findall(r'"([^"]*)"', calls[commit][1])[0]
+    tmp = rename_paths(calls[commit][1])[0]
     assert re.fullmatch(re.escape(directory) + r"/\.manifest\.json\.tmp-[0-9a-f]{8}", tmp)
 
     def finished(names: tuple[str, ...], target: str) -> list[int]:
