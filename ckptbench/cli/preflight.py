@@ -219,6 +219,7 @@ class PreflightReport:
             "measurements": {
                 "shape": v.measurements.shape, "launched_ranks": v.measurements.launched_ranks,
                 "writers": v.measurements.writers, "bottleneck": v.measurements.bottleneck,
+                "sampled_bytes": v.measurements.sampled_bytes,
                 "per_rank_bytes": v.measurements.per_rank_bytes or v.measurements.measured_bytes,
                 "measured_bytes": v.measurements.measured_bytes, "write_bps": v.measurements.write_bps,
                 "write_bps_range": _pair(v.measurements.write_bps_range),
@@ -339,17 +340,19 @@ def _pair(values: tuple[float, float] | None) -> list[float] | None:
 def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any) -> PreflightReport:
     """Run the writer on ``storage`` and turn its numbers into the verdict.
 
-    One process saves and cold-loads the sample (its writer settings, the CPU probe); where the job's node
-    runs several ranks, that many processes (up to ``knobs.SAMPLE_RANKS_MAX``) then write the same bytes at
-    once, and their rates are the node's; the writer's own rate into memory says which side limits."""
+    One process saves and cold-loads the sample (its writer settings, the CPU probe, and against the writer's
+    own rate into memory, which side limits). The node's times come from two sizes of the sample (a quarter
+    and the whole), each written by as many processes at once as the node runs ranks (up to
+    ``knobs.SAMPLE_RANKS_MAX`` and the cores), fitted as a fixed part plus a per-byte part
+    (:mod:`ckptbench.decide.scaling`) and read at the node's bytes."""
     import dataclasses
     import os
-    import statistics
 
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
-    from ckptbench.bench.checkpoint import run_checkpoint_bench
-    from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction, measurements_from_launch
+    from ckptbench.bench.checkpoint import plan, run_checkpoint_bench
+    from ckptbench.decide.scaling import fit_time
+    from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction
     from ckptbench.storage.local import LocalDirectory
 
     report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
@@ -359,46 +362,80 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     env = doc["environment"]
     fstype = (env.get("target") or {}).get("filesystem") or ""
     local = isinstance(storage, LocalDirectory)
-    shared = not local or fstype.startswith(SHARED_FILESYSTEMS)
-
-    def runs_range(values: list[float]) -> tuple[float, float]:
-        return (min(values), max(values))
-
-    save_bps = [g * 1e9 for g in ours.save.runs_gbps]
-    load_bps = [g * 1e9 for g in ours.load.runs_gbps]
     progress.phase("the writer's own rate into memory (tmpfs)")
     ceiling = writer_ceiling_bps(workload, threads=spec.threads)
-    measurements = Measurements(
-        measured_bytes=workload.total_bytes,
-        write_bps=ours.save.gbps * 1e9, read_bps=ours.load.gbps * 1e9,
-        stall_s=statistics.median(async_.stall_s), persist_s=statistics.median(async_.persist_s),
-        interference=None, probe_interference=interference_fraction(async_.interference_median),
-        memcpy_bps=report.memcpy_bps, shared_storage=shared,
-        free_bytes=storage.free_bytes() if local else None,
-        host_memory_bytes=env.get("memory_bytes"),
-        threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
-        block_size_bytes=ours.details.get("block_size_bytes"),
-        write_bps_range=runs_range(save_bps), read_bps_range=runs_range(load_bps),
-        stall_s_range=runs_range(list(async_.stall_s)), persist_s_range=runs_range(list(async_.persist_s)),
-        shape="sample", bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling),
-    )
     # More writer processes than cores would measure this host's CPU contention, not the storage.
     writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX, os.cpu_count() or 1)
-    if writers > 1 and local:
+    if writers < 2 or not local:
+        writers = 1
+    small_spec = dataclasses.replace(spec, size_bytes=workload.total_bytes // 4)
+    small = plan(small_spec)
+
+    def measure(size_bytes: int, small_workload: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+        if writers == 1:
+            if small_workload is None:
+                one = report
+            else:
+                progress.phase(f"the sample at a quarter of its size ({format_size(small_workload.total_bytes)})")
+                one = run_checkpoint_bench(small_spec, storage, progress=progress, workload=small_workload)
+            return _single_runs(one)
         from ckptbench.bench.local_ranks import run_local_ranks
 
-        progress.phase(f"{writers} writers at once ({format_size(workload.total_bytes)} in all), as a node's ranks")
-        together = run_local_ranks(str(storage), ranks=writers, size_bytes=workload.total_bytes, model=spec.model,
+        progress.phase(f"{writers} writers at once ({format_size(size_bytes)} in all), as a node's ranks")
+        together = run_local_ranks(str(storage), ranks=writers, size_bytes=size_bytes, model=spec.model,
                                    repeat=spec.repeat, warmup=1)
-        node = measurements_from_launch(together, shape="sample", memcpy_bps=report.memcpy_bps,
-                                        shared_storage=shared, free_bytes=measurements.free_bytes,
-                                        host_memory_bytes=measurements.host_memory_bytes, threads=measurements.threads)
-        measurements = dataclasses.replace(
-            measurements, **{k: getattr(node, k) for k in (
-                "measured_bytes", "write_bps", "read_bps", "stall_s", "persist_s", "write_bps_range",
-                "read_bps_range", "stall_s_range", "persist_s_range", "writers", "per_rank_bytes")})
-        doc["together"] = together
+        return _together_runs(together)
+
+    target = job.node_bytes
+    large_bytes, large_runs, large_doc = measure(workload.total_bytes, None)
+    fitted: dict[str, Any] = {}
+    if small.total_bytes < workload.total_bytes:
+        small_bytes, small_runs, small_doc = measure(small.total_bytes, small)
+        fitted = {q: fit_time(small_bytes, small_runs[q], large_bytes, large_runs[q], target) for q in large_runs}
+        doc["scaling"] = {"sizes_bytes": [small_bytes, large_bytes], "target_bytes": target, "writers": writers,
+                          "runs_s": {q: [small_runs[q], large_runs[q]] for q in large_runs},
+                          "fitted": {q: f.as_dict() for q, f in fitted.items()},
+                          "measurements": [small_doc, large_doc] if writers > 1 else None}
+    if not fitted:  # one size only: in proportion to the bytes
+        from ckptbench.decide.scaling import Fitted
+
+        fitted = {q: Fitted(*(v * target / large_bytes for v in (sorted(r)[len(r) // 2], min(r), max(r))))
+                  for q, r in large_runs.items()}
+    save, load, stall, persist = (fitted[q] for q in ("save", "load", "stall", "persist"))
+    measurements = Measurements(
+        measured_bytes=target, write_bps=target / save.point_s, read_bps=target / load.point_s,
+        stall_s=stall.point_s, persist_s=persist.point_s,
+        write_bps_range=(target / save.high_s, target / save.low_s),
+        read_bps_range=(target / load.high_s, target / load.low_s),
+        stall_s_range=(stall.low_s, stall.high_s), persist_s_range=(persist.low_s, persist.high_s),
+        interference=None, probe_interference=interference_fraction(async_.interference_median),
+        memcpy_bps=report.memcpy_bps, shared_storage=not local or fstype.startswith(SHARED_FILESYSTEMS),
+        free_bytes=storage.free_bytes() if local else None, host_memory_bytes=env.get("memory_bytes"),
+        threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
+        block_size_bytes=ours.details.get("block_size_bytes"), shape="sample",
+        bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=large_bytes,
+        per_rank_bytes=max(large_doc["rank_bytes"]) if writers > 1 else large_bytes,
+    )
+    if writers > 1:
+        doc["together"] = large_doc
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
+
+
+def _single_runs(report: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+    """Bytes per run and the runs' seconds of one process's save, load, async stall and persist."""
+    ours = report.result("ckptbench")
+    (async_,) = report.async_results
+    return ours.save.bytes_per_run, {"save": list(ours.save.runs_s), "load": list(ours.load.runs_s),
+                                     "stall": list(async_.stall_s), "persist": list(async_.persist_s)}, {}
+
+
+def _together_runs(doc: dict[str, Any]) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+    """The same for writers at once (a distributed bench): a round's time is its slowest writer's."""
+    rounds = doc["rounds"]
+    return sum(doc["rank_bytes"]), {
+        "save": [r["duration_s"] for r in rounds["save"]], "load": [r["duration_s"] for r in rounds["load"]],
+        "stall": [r["stall_s"] for r in rounds["async"]],
+        "persist": [max(r["duration_s"] - r["stall_s"], 1e-9) for r in rounds["async"]]}, doc
 
 
 def _plot(document: dict[str, Any], path: Path) -> None:
@@ -419,8 +456,14 @@ def _print(doc: dict[str, Any]) -> None:
         f"{job['nodes']} node(s), {ck['recipe']['description']}, {ck['parallelism']['sharding']} sharding  ·  "
         f"MTBF {format_duration(job['failures']['mtbf_s'])} ({job['failures']['source']})")
     who = f"{m['writers']} writers at once" if m["writers"] > 1 else "one writer"
+    scaling = m["checkpoint_bench"].get("scaling") if m["shape"] == "sample" else None
+    measured = f"measured ({who})"
+    if scaling:
+        small, large = scaling["sizes_bytes"]
+        measured = (f"measured ({who}) at {format_size(small)} and {format_size(large)}, fitted as fixed + per-byte "
+                    "and read at the node's bytes")
     console.print(
-        f"measured ({who}): {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
+        f"{measured}: {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
         f"{format_rate(m['read_bps'])} (cold), async stall {format_duration(m['async_stall_s'])}, persist "
         f"{format_duration(m['async_persist_s'])}"
         + (f", CPU probe {m['probe_interference']:.0%} (information)" if m["probe_interference"] is not None else ""))
@@ -440,7 +483,8 @@ def _print(doc: dict[str, Any]) -> None:
         f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "
         f"per rank (busiest), {format_size(p['checkpoint_per_node_bytes'])} per node; each rank gets "
         f"{format_rate(p['per_rank_write_bps'])}")
-    shape = {"sample": f"a sample ({who}, {format_size(m['measured_bytes'])}), scaled to the node",
+    shape = {"sample": f"a sample ({who}, up to {format_size(m['sampled_bytes'] or m['measured_bytes'])}), scaled "
+                       "to the node",
              "nodes": "the job's ranks on a subset of its nodes", "job": "the whole job"}[m["shape"]]
     table = Table(header_style="bold", title=f"predicted from {shape}: point (range)", title_justify="left")
     for name in ("sync save", "async stall", "persist", "restore", "interval", "optimum", "overhead", "goodput"):

@@ -138,6 +138,7 @@ class Measurements:
     launched_ranks: int = 1
     per_rank_bytes: int | None = None  # what each rank wrote (the busiest); None: measured_bytes, one process
     writers: int = 1  # processes that wrote at once in the measurement (a node's ranks are processes)
+    sampled_bytes: int | None = None  # the largest size measured, when the times were fitted to measured_bytes
     bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck: writer- or storage-bound
 
     def __post_init__(self) -> None:
@@ -256,7 +257,8 @@ def extrapolation_factor(job: Job, m: Measurements) -> float:
     """How far the node's rates may lie beyond the repeats' spread: 1 when the measurement had the node's shape."""
     if m.shape != "sample":
         return 1.0
-    same_shape = min(job.ranks, job.ranks_per_node) == m.writers and job.node_bytes <= 2 * m.measured_bytes
+    sampled = m.sampled_bytes or m.measured_bytes
+    same_shape = min(job.ranks, job.ranks_per_node) == m.writers and job.node_bytes <= 2 * sampled
     return 1.0 if same_shape else max(1.0, knobs.SAMPLE_EXTRAPOLATION)
 
 
@@ -584,7 +586,9 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
                    f"{job.nodes} nodes what these nodes got; give --aggregate-bandwidth to cap it")
     if m.shape == "sample":
         who = "one process" if m.writers == 1 else f"{m.writers} processes at once"
-        out.append(f"sample: {who} saved {format_size(m.measured_bytes)}; the node writes "
+        fitted = ("; times fitted as a fixed part plus a per-byte part over two sizes and read at the node's "
+                  "bytes" if m.sampled_bytes else "")
+        out.append(f"sample: {who} saved {format_size(m.sampled_bytes or m.measured_bytes)}{fitted}; the node writes "
                    f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"
                    + (f"; ranges widen the runs' spread by x{k:.2g} either way for that difference of shape "
                       "(CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))

@@ -31,7 +31,15 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     assert p["checkpoint_total_bytes"] == pytest.approx(100e6 * 14, rel=1e-6)  # bf16 + fp32 master + Adam
     assert p["sync_checkpoint_s"] == pytest.approx(p["checkpoint_per_node_bytes"] / m["write_bps"])
     assert {a["setting"] for a in doc["recommendation"]} >= {"interval_s", "async", "threads"}
-    assert m["shape"] == "sample" and m["per_rank_bytes"] == m["measured_bytes"]
+    # one writer measured at two sizes, the times fitted and read at the node's bytes
+    scaling = m["checkpoint_bench"]["scaling"]
+    small, large = scaling["sizes_bytes"]
+    assert m["shape"] == "sample" and m["writers"] == 1 and small < large == m["sampled_bytes"] == m["per_rank_bytes"]
+    assert m["measured_bytes"] == p["checkpoint_per_node_bytes"] == scaling["target_bytes"]
+    fitted = scaling["fitted"]["save"]
+    assert m["write_bps"] == pytest.approx(m["measured_bytes"] / fitted["point_s"])
+    assert m["write_bps_range"] == pytest.approx([m["measured_bytes"] / fitted["high_s"],
+                                                  m["measured_bytes"] / fitted["low_s"]])
     for key in ("sync_checkpoint_s", "async_stall_s", "restore_s", "overhead_fraction", "goodput"):
         low, high = p[f"{key}_range"]
         assert low <= p[key] <= high, key
@@ -143,11 +151,12 @@ def test_a_node_of_several_ranks_is_measured_with_that_many_writers_at_once(cli,
     together = m["checkpoint_bench"]["together"]
     assert together["schema"] == "ckptbench.bench.distributed/1" and together["launch"]["world_size"] == 2
     assert m["shape"] == "sample" and m["writers"] == 2 and m["per_rank_bytes"] == max(together["rank_bytes"])
-    # the node's rates are those of the writers together: all their bytes over the slowest one's time
+    # the node's times: the writers together at two sizes (all their bytes, the slowest one's time), fitted
+    scaling = m["checkpoint_bench"]["scaling"]
+    assert scaling["writers"] == 2 and scaling["sizes_bytes"][1] == sum(together["rank_bytes"])
     durations = [r["duration_s"] for r in together["rounds"]["save"]]
-    assert m["measured_bytes"] == sum(together["rank_bytes"])
-    assert m["write_bps_range"] == pytest.approx([m["measured_bytes"] / max(durations),
-                                                  m["measured_bytes"] / min(durations)])
+    assert scaling["runs_s"]["save"][1] == durations
+    assert m["measured_bytes"] == scaling["target_bytes"] == p["checkpoint_per_node_bytes"]
     assert p["extrapolation_factor"] > 1  # 2 writers measured for a node of 4 ranks
     assert m["bottleneck"]["limit"] in ("writer", "storage", "unknown") and m["bottleneck"]["writer_ceiling_bps"] > 0
     assert list(tmp_path.iterdir()) == []  # every writer's scratch removed
