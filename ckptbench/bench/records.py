@@ -8,14 +8,17 @@ A JSON document has ``schema``, ``tool``, ``created``, ``target``, ``spec``, ``u
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ckptbench import __version__, knobs
+from ckptbench import __version__, knobs, safeio
 from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
+from ckptbench.errors import UsageError
 from ckptbench.units import format_rate, format_size
 
 SCHEMA = "ckptbench.bench.fs/1"
@@ -283,3 +286,33 @@ class FsBenchReport:
             "warnings": [w.to_dict() for w in self.warnings()],
             "environment": self.environment,
         }
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or a one-line ``UsageError`` naming the file and what is wrong."""
+    try:
+        text = safeio.read_text(path, safeio.MAX_RESULT_BYTES, "result file")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a result file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not JSON (not UTF-8 text)") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        document = json.loads(text, parse_constant=_non_finite)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
+        raise UsageError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not a ckptbench result (JSON nested too deeply to read)") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{path}: not a ckptbench result (a JSON {type(document).__name__}, not an object)")
+    return document
+
+
+def _non_finite(constant: str) -> float:
+    """``parse_constant`` for :func:`json.loads`: Python accepts NaN and Infinity, JSON does not."""
+    raise ValueError(f"{constant} is not a JSON number")

@@ -27,14 +27,14 @@ it cannot read; that becomes one line naming the file.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shlex
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptbench import __version__, safeio
+from ckptbench import __version__
+from ckptbench.bench.records import read_result as read_result  # the reader of every command's result files
 from ckptbench.errors import UsageError, reading_document
 from ckptbench.report.document import (
     DocumentReport,
@@ -67,36 +67,6 @@ def section(schema: str) -> Callable[[Renderer], Renderer]:
 
 
 # -- reading -----------------------------------------------------------------------------------------
-
-
-def read_result(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or a one-line ``UsageError`` naming the file and what is wrong."""
-    try:
-        text = safeio.read_text(path, safeio.MAX_RESULT_BYTES, "result file")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory, not a result file") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not JSON (not UTF-8 text)") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
-    try:
-        document = json.loads(text, parse_constant=_non_finite)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
-        raise UsageError(f"{path}: not JSON ({exc})") from None
-    except RecursionError:
-        raise UsageError(f"{path}: not a ckptbench result (JSON nested too deeply to read)") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{path}: not a ckptbench result (a JSON {type(document).__name__}, not an object)")
-    return document
-
-
-def _non_finite(constant: str) -> float:
-    """``parse_constant`` for :func:`json.loads`: Python accepts NaN and Infinity, JSON (and the tables) do not."""
-    raise ValueError(f"{constant} is not a JSON number")
 
 
 def renderer_for(source: str, document: dict[str, Any]) -> Renderer:

@@ -84,7 +84,7 @@ def test_the_fresh_sweep_measures_no_block_larger_than_its_files(cli, tmp_path: 
 
 @pytest.mark.parametrize(("content", "needle"), [
     (None, "does not exist"),
-    ("{nope", "is not JSON"),
+    ("{nope", "not JSON"),
     ('{"a": 1}', "not a ckptbench result"),
     ('{"schema": "ckptbench.bench.fs/2"}', "version this ckptbench does not read"),
     ('{"schema": "someone.else/1"}', "unknown result schema"),
@@ -119,7 +119,7 @@ def _one_error_line(result, path: Path | None = None) -> str:
 
 @pytest.mark.parametrize(("content", "needle"), [
     ('{"schema": "ckptbench.bench.fs/1"}', "not a well-formed ckptbench.bench.fs/1 document (no 'results')"),
-    ('{"schema": "ckptbench.preflight/1", "x": Infinity}', "is not JSON (Infinity is not a JSON number)"),
+    ('{"schema": "ckptbench.preflight/1", "x": Infinity}', "not JSON (Infinity is not a JSON number)"),
     ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
 ], ids=["no-results", "infinity", "deeply-nested"])
 def test_malformed_results_are_one_line(cli, tmp_path: Path, content, needle):
