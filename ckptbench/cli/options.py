@@ -9,8 +9,15 @@ from typing import Any
 
 import click
 
-from ckptbench.bench.records import read_result as read_result  # for the commands that import it here
 from ckptbench.cli import params
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """:func:`ckptbench.bench.records.read_result`, imported when used: `interval` and `goodput` start
+    without numpy."""
+    from ckptbench.bench.records import read_result as read
+
+    return read(path)
 
 
 def from_result_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,6 +142,19 @@ class SimulationConfig:
         )
 
 
+def failure_sampler(rng: np.random.Generator, mtbf_s: float, weibull_shape: float) -> Callable[[int], np.ndarray]:
+    """``draw(n)``: ``n`` times to the next failure from ``rng``, exponential (shape 1) or Weibull with mean
+    ``mtbf_s``."""
+    scale = mtbf_s / math.gamma(1.0 + 1.0 / weibull_shape)
+
+    def draw(size: int) -> np.ndarray:
+        if weibull_shape == 1.0:
+            return rng.exponential(mtbf_s, size)
+        return scale * rng.weibull(weibull_shape, size)
+
+    return draw
+
+
 class WallTimes:
     """The wall-time summary every simulation result shares (``wall_s``: one simulated run's wall time each)."""
 
@@ -197,14 +211,8 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     period = tau + cost.blocking_s  # durable-to-durable in steady state: tau + s + fP
     first = tau + cost.durable_s  # resume-to-durable: tau + s + P
 
-    rng = np.random.default_rng(config.seed)
-    shape, scale = config.weibull_shape, mtbf / math.gamma(1.0 + 1.0 / config.weibull_shape)
-
-    def draw(size: int) -> np.ndarray:
-        if shape == 1.0:
-            return rng.exponential(mtbf, size)
-        return scale * rng.weibull(shape, size)
-
+    shape = config.weibull_shape
+    draw = failure_sampler(np.random.default_rng(config.seed), mtbf, shape)
     runs = config.runs
     out_wall = np.empty(runs)
     out_ckpt = np.empty(runs)

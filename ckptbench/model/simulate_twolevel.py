@@ -30,7 +30,7 @@ import numpy as np
 from ckptbench.errors import UsageError
 from ckptbench.model import _checks, twolevel
 from ckptbench.model.failures import check_weibull_shape
-from ckptbench.model.simulate import MAX_SIMULATED_FAILURES, STEP_COST_RUNS, WallTimes
+from ckptbench.model.simulate import MAX_SIMULATED_FAILURES, STEP_COST_RUNS, WallTimes, failure_sampler
 from ckptbench.units import format_duration
 
 
@@ -115,13 +115,8 @@ def simulate(config: TwoLevelSimulationConfig) -> TwoLevelSimulationResult:
     r1, r2, q = cost.local_recovery_s, cost.remote_recovery_s, cost.local_loss
 
     rng = np.random.default_rng(config.seed)
-    shape, scale = config.weibull_shape, mtbf / math.gamma(1.0 + 1.0 / config.weibull_shape)
-
-    def draw(size: int) -> np.ndarray:
-        if shape == 1.0:
-            return rng.exponential(mtbf, size)
-        return scale * rng.weibull(shape, size)
-
+    shape = config.weibull_shape
+    draw = failure_sampler(rng, mtbf, shape)
     runs = config.runs
     out_wall = np.empty(runs)
     out_failures = np.empty(runs, dtype=np.int64)
