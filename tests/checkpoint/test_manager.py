@@ -227,7 +227,8 @@ def test_manager_under_torchrun(tmp_path: Path):
            "--master-port", str(_free_port()), str(HERE), str(tmp_path / "run")]
     done = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # each rank writes its own file: two ranks printing to torchrun's one stdout can interleave their lines
+    lines = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank-*.json"))]
     assert sorted(r["rank"] for r in lines) == [0, 1]
     for r in lines:
         assert r["steps"] == [2, 3] and r["latest"] == 3
@@ -243,10 +244,9 @@ def _worker(root: str) -> None:
             manager.save(step, {"w": torch.full((1000,), float(rank * 100 + step)), "step": step})
         manager.save(3, {"w": torch.full((1000,), float(rank * 100 + 3)), "step": 3}, async_=True).result()
         loaded = manager.load()
-        print(json.dumps({"rank": rank, "steps": manager.steps(), "latest": manager.latest(),
-                          "loaded_step": loaded["step"],
-                          "own_part": bool(torch.equal(loaded["w"], torch.full((1000,), float(rank * 100 + 3))))}),
-              flush=True)
+        result = {"rank": rank, "steps": manager.steps(), "latest": manager.latest(), "loaded_step": loaded["step"],
+                  "own_part": bool(torch.equal(loaded["w"], torch.full((1000,), float(rank * 100 + 3))))}
+        (Path(root).parent / f"rank-{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
