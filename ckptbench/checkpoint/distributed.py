@@ -30,6 +30,7 @@ or an exchange waits, the store is consulted and the error says which rank and w
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -449,6 +450,10 @@ def current_world(timeout_s: float | None = None) -> World | None:
         if launch is None or not launch.distributed:
             return None
         _world = _form(launch, timeout_s)
+        # The gloo group ckptbench made is destroyed before the interpreter tears down: left to static
+        # destruction, its threads abort the process now and then ("terminate called without an active
+        # exception"). Async saves still in flight finish first (threading's exit hooks run before atexit's).
+        atexit.register(leave_world)
         return _world
 
 
