@@ -347,6 +347,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     (:mod:`ckptbench.decide.scaling`) and read at the node's bytes."""
     import dataclasses
     import os
+    import statistics
 
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
@@ -399,7 +400,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     if not fitted:  # one size only: in proportion to the bytes
         from ckptbench.decide.scaling import Fitted
 
-        fitted = {q: Fitted(*(v * target / large_bytes for v in (sorted(r)[len(r) // 2], min(r), max(r))))
+        fitted = {q: Fitted(*(v * target / large_bytes for v in (statistics.median(r), min(r), max(r))))
                   for q, r in large_runs.items()}
     save, load, stall, persist = (fitted[q] for q in ("save", "load", "stall", "persist"))
     measurements = Measurements(

@@ -145,14 +145,6 @@ class Measurements:
         if self.shape not in SHAPES:
             raise ValueError(f"shape {self.shape!r} is not one of {', '.join(SHAPES)}")
 
-    @property
-    def staging_bps(self) -> float:
-        return self.measured_bytes / self.stall_s
-
-    @property
-    def persist_bps(self) -> float:
-        return self.measured_bytes / self.persist_s
-
     def runs_spread(self) -> float:
         """The widest (max - min) / median of the measured quantities' runs."""
         pairs = ((self.write_bps_range, self.write_bps), (self.read_bps_range, self.read_bps),
@@ -197,9 +189,8 @@ class Verdict:
         return EXIT_CODES[self.verdict]
 
 
-def interference_fraction(slowdown: float | None) -> float | None:
-    """The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost."""
-    return from_slowdown(slowdown)
+#: The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost.
+interference_fraction = from_slowdown
 
 
 def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: float, shared_storage: bool,
