@@ -16,6 +16,7 @@ from ckptbench.cli import params
 from ckptbench.cli.bench import storage_options_from
 from ckptbench.cli.interval import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
+from ckptbench.decide.scaling import SAME_SIZE
 from ckptbench.errors import UsageError
 from ckptbench.model import sizing
 from ckptbench.units import format_duration, format_rate, format_size
@@ -25,6 +26,7 @@ DEFAULT_RANKS = 64
 DEFAULT_SHARDING = "fsdp"
 DEFAULT_FAILURES = "llama3"
 DEFAULT_MEASURE_SIZE = "512MiB"
+DEFAULT_MEASURE_TIME = "30s"
 UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
          "fraction (0..1)", "_usd_per_day": "US dollars per day", "_gpu_hours_per_day": "GPU hours per day"}
 #: Filesystem types (``/proc/mounts``) whose storage other nodes share.
@@ -85,6 +87,11 @@ def _interval(value: str) -> float | None:
               help="Price of one GPU hour, for the wasted cost: 2.5.")
 @click.option("--measure-size", type=params.SIZE, default=DEFAULT_MEASURE_SIZE, show_default=True,
               help="Bytes the writer saves and loads per measured run (a model-shaped state_dict).")
+@click.option("--measure-time", type=params.BOUNDED_DURATION_OR_ZERO, default=DEFAULT_MEASURE_TIME,
+              show_default=True,
+              help="Time a third, larger sample may take when the node's checkpoint is larger than --measure-size: "
+                   "it is measured as near the node's bytes as this time and the host's memory allow (the node's "
+                   "own bytes when they fit: no extrapolation); 0 measures only --measure-size and a quarter of it.")
 @click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs.")
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
@@ -177,7 +184,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     report_box: list[PreflightReport] = []
 
     def run(progress: Any) -> PreflightReport:
-        report = measure_and_evaluate(job, spec, storage, workload, progress)
+        report = measure_and_evaluate(job, spec, storage, workload, progress, budget_s=opts["measure_time"])
         report_box.append(report)
         return report
 
@@ -337,22 +344,23 @@ def _pair(values: tuple[float, float] | None) -> list[float] | None:
     return list(values) if values is not None else None
 
 
-def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any) -> PreflightReport:
+def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progress: Any, *,
+                         budget_s: float = 0.0) -> PreflightReport:
     """Run the writer on ``storage`` and turn its numbers into the verdict.
 
     One process saves and cold-loads the sample (its writer settings, the CPU probe, and against the writer's
     own rate into memory, which side limits). The node's times come from two sizes of the sample (a quarter
     and the whole), each written by as many processes at once as the node runs ranks (up to
     ``knobs.SAMPLE_RANKS_MAX`` and the cores), fitted as a fixed part plus a per-byte part
-    (:mod:`ckptbench.decide.scaling`) and read at the node's bytes."""
+    (:mod:`ckptbench.decide.scaling`) and read at the node's bytes. A third, larger size nearer the node's
+    bytes (the node's own when it fits) is measured when the host's memory and ``budget_s`` allow it."""
     import dataclasses
     import os
-    import statistics
 
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
     from ckptbench.bench.checkpoint import plan, run_checkpoint_bench
-    from ckptbench.decide.scaling import fit_time
+    from ckptbench.decide.scaling import fit_sizes
     from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction
     from ckptbench.storage.local import LocalDirectory
 
@@ -369,39 +377,41 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX, os.cpu_count() or 1)
     if writers < 2 or not local:
         writers = 1
-    small_spec = dataclasses.replace(spec, size_bytes=workload.total_bytes // 4)
-    small = plan(small_spec)
+    small = plan(dataclasses.replace(spec, size_bytes=workload.total_bytes // 4))
 
-    def measure(size_bytes: int, small_workload: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+    def measure(sample: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+        """The runs of ``sample`` (a workload; the one already measured: ``workload``)."""
         if writers == 1:
-            if small_workload is None:
+            if sample is workload:
                 one = report
             else:
-                progress.phase(f"the sample at a quarter of its size ({format_size(small_workload.total_bytes)})")
-                one = run_checkpoint_bench(small_spec, storage, progress=progress, workload=small_workload)
+                progress.phase(f"the sample at {format_size(sample.total_bytes)}")
+                one = run_checkpoint_bench(dataclasses.replace(spec, size_bytes=sample.total_bytes), storage,
+                                           progress=progress, workload=sample)
             return _single_runs(one)
         from ckptbench.bench.local_ranks import run_local_ranks
 
-        progress.phase(f"{writers} writers at once ({format_size(size_bytes)} in all), as a node's ranks")
-        together = run_local_ranks(str(storage), ranks=writers, size_bytes=size_bytes, model=spec.model,
+        progress.phase(f"{writers} writers at once ({format_size(sample.total_bytes)} in all), as a node's ranks")
+        together = run_local_ranks(str(storage), ranks=writers, size_bytes=sample.total_bytes, model=spec.model,
                                    repeat=spec.repeat, warmup=1)
         return _together_runs(together)
 
     target = job.node_bytes
-    large_bytes, large_runs, large_doc = measure(workload.total_bytes, None)
-    fitted: dict[str, Any] = {}
+    large_bytes, large_runs, large_doc = measure(workload)
+    measured = [(large_bytes, large_runs, large_doc)]
     if small.total_bytes < workload.total_bytes:
-        small_bytes, small_runs, small_doc = measure(small.total_bytes, small)
-        fitted = {q: fit_time(small_bytes, small_runs[q], large_bytes, large_runs[q], target) for q in large_runs}
-        doc["scaling"] = {"sizes_bytes": [small_bytes, large_bytes], "target_bytes": target, "writers": writers,
-                          "runs_s": {q: [small_runs[q], large_runs[q]] for q in large_runs},
-                          "fitted": {q: f.as_dict() for q, f in fitted.items()},
-                          "measurements": [small_doc, large_doc] if writers > 1 else None}
-    if not fitted:  # one size only: in proportion to the bytes
-        from ckptbench.decide.scaling import Fitted
-
-        fitted = {q: Fitted(*(v * target / large_bytes for v in (statistics.median(r), min(r), max(r))))
-                  for q, r in large_runs.items()}
+        measured.insert(0, measure(small))
+    extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s)
+    if extended is not None:
+        measured.append(measure(extended))
+    sizes = [b for b, _, _ in measured]
+    largest_bytes, _, largest_doc = measured[-1]
+    fitted = {q: fit_sizes(sizes, [r[q] for _, r, _ in measured], target) for q in large_runs}
+    doc["scaling"] = {"sizes_bytes": sizes, "target_bytes": target, "writers": writers,
+                      "budget_s": budget_s,
+                      "runs_s": {q: [r[q] for _, r, _ in measured] for q in large_runs},
+                      "fitted": {q: f.as_dict() for q, f in fitted.items()},
+                      "measurements": [d for _, _, d in measured] if writers > 1 else None}
     save, load, stall, persist = (fitted[q] for q in ("save", "load", "stall", "persist"))
     measurements = Measurements(
         measured_bytes=target, write_bps=target / save.point_s, read_bps=target / load.point_s,
@@ -414,12 +424,41 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         free_bytes=storage.free_bytes() if local else None, host_memory_bytes=env.get("memory_bytes"),
         threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
         block_size_bytes=ours.details.get("block_size_bytes"), shape="sample",
-        bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=large_bytes,
-        per_rank_bytes=max(large_doc["rank_bytes"]) if writers > 1 else large_bytes,
+        bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=largest_bytes,
+        per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes,
     )
     if writers > 1:
-        doc["together"] = large_doc
+        doc["together"] = largest_doc
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
+
+
+#: Copies of the sample a measurement holds in host memory at once (the state_dict, the staging arena and
+#: the buffers a cold load reads into), and the share of the available memory it may take.
+SAMPLE_COPIES = 3
+SAMPLE_MEMORY_SHARE = 0.6
+
+
+def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict[str, list[float]], writers: int,
+              budget_s: float) -> Any:
+    """The workload of the size to measure next, nearer the node's bytes (None: no time, no memory, or the
+    sample is the node's size already)."""
+    import dataclasses
+    import statistics
+
+    from ckptbench.bench.checkpoint import plan
+    from ckptbench.checkpoint.stage import available_memory_bytes
+    from ckptbench.decide.scaling import extended_size
+
+    available = available_memory_bytes()
+    if budget_s <= 0 or available is None or job.node_bytes <= sampled_bytes:
+        return None
+    run_seconds = sum(statistics.median(runs[q]) for q in ("save", "load", "stall", "persist"))
+    size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + spec.warmup,
+                         memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=SAMPLE_COPIES, budget_s=budget_s,
+                         most_bytes=workload.full_bytes)
+    if size is None:
+        return None
+    return plan(dataclasses.replace(spec, size_bytes=size // writers * writers), size_option="--measure-size")
 
 
 def _single_runs(report: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
@@ -460,9 +499,13 @@ def _print(doc: dict[str, Any]) -> None:
     scaling = m["checkpoint_bench"].get("scaling") if m["shape"] == "sample" else None
     measured = f"measured ({who})"
     if scaling:
-        small, large = scaling["sizes_bytes"]
-        measured = (f"measured ({who}) at {format_size(small)} and {format_size(large)}, fitted as fixed + per-byte "
-                    "and read at the node's bytes")
+        sizes = scaling["sizes_bytes"]
+        at = ", ".join(format_size(b) for b in sizes[:-1]) + f" and {format_size(sizes[-1])}"
+        if any(abs(b / scaling["target_bytes"] - 1) <= SAME_SIZE for b in sizes):
+            measured = f"measured ({who}) at {at}: the node's own bytes"
+        else:
+            measured = (f"measured ({who}) at {at}, fitted as fixed + per-byte through the two sizes nearest the "
+                        "node's bytes and read there")
     console.print(
         f"{measured}: {format_size(m['measured_bytes'])} saved at {format_rate(m['write_bps'])} (durable), loaded at "
         f"{format_rate(m['read_bps'])} (cold), async stall {format_duration(m['async_stall_s'])}, persist "

@@ -6,10 +6,17 @@ setting up copy-on-write staging) from the per-byte cost, and scaling it in prop
 node's time whenever fixed costs weigh at the sample's size. Two sizes can: ``t(b) = fixed + b / rate``.
 Every time (sync save, cold load, async stall, persist) is fitted on its own, through the medians of the
 runs for the point and through every pair of extreme runs for the range.
+
+With more than two sizes the line is drawn through the two sizes nearest the target on its side (the
+pair around it, or the two largest below it): a checkpoint's time grows less than in proportion where
+per-tensor costs weigh (the tensor count grows slower than the bytes), so the slope measured far below
+the target overstates it. A size measured at the target itself is read as it is, with no line at all.
+:func:`extended_size` says how far up the sample can go within the host's memory and a time budget.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,3 +57,41 @@ def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: flo
     ends = [line_time_s(small_bytes, a, large_bytes, b, target_bytes)
             for a in (min(small_runs_s), max(small_runs_s)) for b in (min(large_runs_s), max(large_runs_s))]
     return Fitted(point, min([point, *ends]), max([point, *ends]))
+
+
+#: A size within this fraction of the target is the target's own measurement (a workload of a model's
+#: layout lands within one block of the size asked for), read in proportion to the target's bytes.
+SAME_SIZE = 0.05
+
+
+def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_bytes: float) -> Fitted:
+    """The time at ``target_bytes`` from runs at any number of ``sizes`` (each with its runs): the runs at
+    the target when a size is the target's (:data:`SAME_SIZE`); else the line (:func:`fit_time`) through the two sizes
+    nearest it on its side; one size alone, in proportion."""
+    if len(sizes) != len(runs_s) or not sizes:
+        raise ValueError("one list of runs per size, at least one size")
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    xs, ys = [float(sizes[i]) for i in order], [list(runs_s[i]) for i in order]
+    same = [i for i, x in enumerate(xs) if abs(x / target_bytes - 1) <= SAME_SIZE]
+    if same or len(xs) == 1:
+        i = same[0] if same else 0
+        k = target_bytes / xs[i]
+        return Fitted(statistics.median(ys[i]) * k, min(ys[i]) * k, max(ys[i]) * k)
+    above = next((i for i, x in enumerate(xs) if x > target_bytes), len(xs))
+    i = min(max(above - 1, 0), len(xs) - 2)
+    return fit_time(xs[i], ys[i], xs[i + 1], ys[i + 1], target_bytes)
+
+
+def extended_size(target_bytes: float, sampled_bytes: float, run_seconds: float, *, runs: int, memory_bytes: float,
+                  copies: float, budget_s: float, most_bytes: float, least_growth: float = 1.5) -> int | None:
+    """The largest size worth measuring next, nearer ``target_bytes`` than the ``sampled_bytes`` that took
+    ``run_seconds`` per run (save, load and asynchronous save together): at most the target, ``runs`` runs
+    within ``budget_s``, ``copies`` of it within ``memory_bytes``, and ``most_bytes`` (the workload's
+    largest). None when it would not reach ``least_growth`` times the sample."""
+    if min(target_bytes, sampled_bytes, run_seconds, runs, copies) <= 0:
+        raise ValueError("sizes, seconds, runs and copies must be positive")
+    by_time = budget_s / runs / run_seconds * sampled_bytes
+    size = min(target_bytes, memory_bytes / copies, by_time, most_bytes)
+    if not math.isfinite(size) or size < least_growth * sampled_bytes:
+        return None
+    return int(size)

@@ -11,7 +11,7 @@ import pytest
 from ckptbench.decide.verdict import EXIT_CODES
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--measure-size", "24MiB", "--repeat", "1"]
+TINY = ["--measure-size", "24MiB", "--repeat", "1", "--measure-time", "0"]
 
 
 def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
@@ -50,6 +50,25 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     assert doc["model"]["curve"] and (tmp_path / "waste.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list((tmp_path / "out").glob("preflight-*.json"))) == 1
     assert list(target.iterdir()) == []  # scratch removed
+
+
+def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
+    # 4M parameters: a 56 MB checkpoint on one rank, within --measure-time and this host's memory
+    result = cli("preflight", str(tmp_path), "--measure-size", "16MiB", "--repeat", "2", "--params", "4M",
+                 "--ranks", "1", "--mtbf", "1d", "--max-ckpt-time", "60s", "--json")
+    assert result.exit_code in (0, 3), result.stderr
+    doc = json.loads(result.stdout)
+    m, p = doc["measurements"], doc["predictions"]
+    scaling = m["checkpoint_bench"]["scaling"]
+    sizes, target = scaling["sizes_bytes"], scaling["target_bytes"]
+    assert len(sizes) == 3 and sizes[0] < sizes[1] < sizes[2] and abs(sizes[2] / target - 1) <= 0.05
+    assert m["sampled_bytes"] == sizes[2] and p["extrapolation_factor"] == 1.0
+    saves = scaling["runs_s"]["save"][2]
+    k = target / sizes[2]
+    assert p["sync_checkpoint_s"] == pytest.approx(sorted(saves)[len(saves) // 2] * k if len(saves) % 2 else
+                                                   (saves[0] + saves[1]) / 2 * k)
+    assert p["sync_checkpoint_s_range"] == pytest.approx([min(saves) * k, max(saves) * k])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failing_check_exits_1_with_the_reason(cli, tmp_path: Path):

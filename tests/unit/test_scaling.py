@@ -1,4 +1,5 @@
-"""From a sample to the node's size: a fixed part plus a per-byte part, fitted over two sizes."""
+"""From a sample to the node's size: a fixed part plus a per-byte part, fitted over the sizes nearest the
+node's bytes; how far up a sample may go."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptbench.decide.scaling import fit_time, line_time_s
+from ckptbench.decide.scaling import extended_size, fit_sizes, fit_time, line_time_s
 
 MiB = 2**20
 
@@ -41,3 +42,47 @@ runs = st.lists(st.floats(min_value=1e-3, max_value=10.0), min_size=1, max_size=
 def test_fitted_times_are_positive_and_ordered(small_runs, large_runs, scale):
     f = fit_time(1e6, small_runs, 4e6, large_runs, 4e6 * scale)
     assert 0 < f.low_s <= f.point_s <= f.high_s
+
+
+def test_the_line_goes_through_the_two_sizes_nearest_the_target():
+    # concave: per-tensor costs weigh at the small size, so its slope overstates the large sizes'
+    sizes = [128 * MiB, 512 * MiB, 2048 * MiB]
+    runs = [[0.30], [0.70], [1.90]]
+    beyond = fit_sizes(sizes, runs, 4096 * MiB)
+    assert beyond.point_s == pytest.approx(line_time_s(512 * MiB, 0.70, 2048 * MiB, 1.90, 4096 * MiB))
+    assert beyond.point_s < line_time_s(128 * MiB, 0.30, 512 * MiB, 0.70, 4096 * MiB)
+    between = fit_sizes(sizes, runs, 1024 * MiB)
+    assert between.point_s == pytest.approx(line_time_s(512 * MiB, 0.70, 2048 * MiB, 1.90, 1024 * MiB))
+    below = fit_sizes(sizes, runs, 256 * MiB)
+    assert below.point_s == pytest.approx(line_time_s(128 * MiB, 0.30, 512 * MiB, 0.70, 256 * MiB))
+    # the order the sizes come in does not matter
+    assert fit_sizes(sizes[::-1], runs[::-1], 4096 * MiB) == beyond
+
+
+def test_a_size_at_the_target_is_read_as_measured():
+    runs = [[0.30, 0.34], [1.0, 1.2, 1.1], [4.0, 4.4, 3.8]]
+    f = fit_sizes([100 * MiB, 400 * MiB, 1000 * MiB], runs, 1020 * MiB)  # 2 % off: that size's runs, in proportion
+    assert (f.point_s, f.low_s, f.high_s) == pytest.approx((4.0 * 1.02, 3.8 * 1.02, 4.4 * 1.02))
+    one = fit_sizes([400 * MiB], [[1.0, 1.2]], 800 * MiB)  # one size: in proportion
+    assert (one.point_s, one.low_s, one.high_s) == pytest.approx((2.2, 2.0, 2.4))
+    with pytest.raises(ValueError):
+        fit_sizes([1, 2], [[1.0]], 3)
+
+
+def test_the_extended_size_is_bounded_by_the_target_memory_time_and_workload():
+    GiB = 1024 * MiB
+    kw = {"runs": 4, "copies": 3, "most_bytes": 100 * GiB}
+    # plenty of everything: the node's own bytes
+    assert extended_size(4 * GiB, 512 * MiB, 1.0, memory_bytes=64 * GiB, budget_s=600, **kw) == 4 * GiB
+    # memory: 3 copies of 6 GiB fit in 18 GiB
+    assert extended_size(16 * GiB, 512 * MiB, 1.0, memory_bytes=18 * GiB, budget_s=600, **kw) == 6 * GiB
+    # time: 1 s per run at 512 MiB, 4 runs in 30 s -> 7.5 s per run -> 3.75 GiB
+    assert extended_size(16 * GiB, 512 * MiB, 1.0, memory_bytes=64 * GiB, budget_s=30, **kw) == int(3.75 * GiB)
+    # the workload's largest
+    assert extended_size(16 * GiB, 512 * MiB, 1.0, memory_bytes=64 * GiB, budget_s=600, runs=4, copies=3,
+                         most_bytes=2 * GiB) == 2 * GiB
+    # not worth it below 1.5x the sample
+    assert extended_size(700 * MiB, 512 * MiB, 1.0, memory_bytes=64 * GiB, budget_s=600, **kw) is None
+    assert extended_size(16 * GiB, 512 * MiB, 10.0, memory_bytes=64 * GiB, budget_s=30, **kw) is None
+    with pytest.raises(ValueError):
+        extended_size(16 * GiB, 0, 1.0, memory_bytes=64 * GiB, budget_s=30, **kw)
