@@ -432,9 +432,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
 
 
-#: Copies of the sample a measurement holds in host memory at once (the state_dict, the staging arena and
-#: the buffers a cold load reads into), and the share of the available memory it may take.
-SAMPLE_COPIES = 3
+#: The share of the available memory a larger sample may take (with the copies the bench keeps of it).
 SAMPLE_MEMORY_SHARE = 0.6
 
 
@@ -445,7 +443,7 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
     import dataclasses
     import statistics
 
-    from ckptbench.bench.checkpoint import plan
+    from ckptbench.bench.checkpoint import MEMORY_COPIES, plan
     from ckptbench.checkpoint.stage import available_memory_bytes
     from ckptbench.decide.scaling import extended_size
 
@@ -454,7 +452,7 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
         return None
     run_seconds = sum(statistics.median(runs[q]) for q in ("save", "load", "stall", "persist"))
     size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + spec.warmup,
-                         memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=SAMPLE_COPIES, budget_s=budget_s,
+                         memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=MEMORY_COPIES, budget_s=budget_s,
                          most_bytes=workload.full_bytes)
     if size is None:
         return None

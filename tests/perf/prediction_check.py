@@ -50,10 +50,11 @@ def _run(cmd: list[str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def predict(directory: str, params: str, ranks: int, repeat: int) -> dict:
+def predict(directory: str, params: str, ranks: int, repeat: int, measure_time: str | None) -> dict:
+    more = ["--measure-time", measure_time] if measure_time is not None else []
     return _run([sys.executable, "-m", "ckptbench", "preflight", directory, "--params", params, "--ranks", str(ranks),
                  "--gpus-per-node", str(ranks), "--mtbf", "1d", "--max-ckpt-time", "1h", "--repeat", str(repeat),
-                 "--json"])
+                 *more, "--json"])
 
 
 def measure(directory: str, node_bytes: int, ranks: int, repeat: int) -> dict:
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--dir", default="/var/tmp")
     parser.add_argument("--shapes", nargs="*", default=list(DEFAULT_SHAPES))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--measure-time", default=None,
+                        help="preflight's --measure-time (its default when left out; 0: two sizes of 512 MiB and less)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     rows = []
@@ -83,7 +86,7 @@ def main() -> None:
         name, params, ranks_text = shape.split(":")
         ranks = int(ranks_text)
         started = time.time()
-        prediction = predict(args.dir, params, ranks, args.repeat)
+        prediction = predict(args.dir, params, ranks, args.repeat, args.measure_time)
         p = prediction["predictions"]
         measured = measure(args.dir, p["checkpoint_per_node_bytes"], ranks, args.repeat)
         for key, op, _ in QUANTITIES:
@@ -95,6 +98,7 @@ def main() -> None:
                 "measured_median_s": median, "measured_runs_s": values, "inside": low <= median <= high,
                 "point_error": p[key] / median - 1, "range_width": high / low,
                 "writers_sampled": prediction["measurements"]["writers"],
+                "sample_sizes_bytes": prediction["measurements"]["checkpoint_bench"]["scaling"]["sizes_bytes"],
                 "extrapolation_factor": p["extrapolation_factor"], "verdict": prediction["verdict"],
                 "seconds": time.time() - started,
             })
@@ -109,7 +113,8 @@ def main() -> None:
     if args.output:
         args.output.write_text(json.dumps({
             "schema": "ckptbench.prediction-check/1", "host": socket.gethostname(), "machine": platform.platform(),
-            "cpus": os.cpu_count(), "dir": args.dir, "repeat": args.repeat, "rows": rows,
+            "cpus": os.cpu_count(), "dir": args.dir, "repeat": args.repeat, "measure_time": args.measure_time,
+            "load_average": os.getloadavg(), "rows": rows,
             "goals": {"inside": "every measured median inside its range", "point_error": "<= 20 %",
                       "range_width": "<= 2.5x"},
         }, indent=2) + "\n")
