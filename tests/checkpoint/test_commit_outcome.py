@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import ckptbench
-from ckptbench.checkpoint import api
+from ckptbench.checkpoint import commit as commit_module
 from ckptbench.checkpoint import manifest as mf
-from ckptbench.errors import OutcomeUnknownError
+from ckptbench.errors import CommitOutcomeUnknown, OutcomeUnknownError
 
 
 def _lose_the_answer(monkeypatch, lands_on_read: int | None) -> list[int]:
@@ -27,12 +27,12 @@ def _lose_the_answer(monkeypatch, lands_on_read: int | None) -> list[int]:
         reads[0] += 1
         if lands_on_read is not None and reads[0] == lands_on_read:
             real_commit(*pending["args"])
-        return api._current_manifest.__wrapped__(store)
+        return commit_module.current_manifest.__wrapped__(store)
 
-    current.__wrapped__ = api._current_manifest
-    monkeypatch.setattr(api.mf, "commit", commit)
-    monkeypatch.setattr(api, "_current_manifest", current)
-    monkeypatch.setattr(api, "COMMIT_RECHECK_S", (0.0, 0.0, 0.0))
+    current.__wrapped__ = commit_module.current_manifest
+    monkeypatch.setattr(commit_module.mf, "commit", commit)
+    monkeypatch.setattr(commit_module, "current_manifest", current)
+    monkeypatch.setattr(commit_module, "COMMIT_RECHECK_S", (0.0, 0.0, 0.0))
     return reads
 
 
@@ -55,7 +55,7 @@ def test_a_manifest_that_never_appears_keeps_the_shards_and_the_previous_checkpo
     ckptbench.save({"w": torch.zeros(1000)}, path)
     before = _shards(path)
     reads = _lose_the_answer(monkeypatch, lands_on_read=None)
-    with pytest.raises(api.CommitOutcomeUnknown, match="may still commit; its shards are kept"):
+    with pytest.raises(CommitOutcomeUnknown, match="may still commit; its shards are kept"):
         ckptbench.save({"w": torch.ones(1000)}, path, overwrite=True)
     assert reads[0] == 4  # the first read-back and three more
     assert _shards(path) > before  # the new shards are kept

@@ -194,7 +194,7 @@ def test_a_shard_bigger_in_the_manifest_than_on_disk_is_refused_before_allocatin
     name = manifest["shards"][0]["name"]
     manifest["shards"][0]["nbytes"] = 2**62  # sized by the manifest, the read buffer could not be allocated
     rewrite(c, manifest)
-    monkeypatch.setattr("ckptbench.checkpoint.api._fresh_read_buffer", lambda n: pytest.fail(f"allocated {n} bytes"))
+    monkeypatch.setattr("ckptbench.checkpoint.loader._fresh_read_buffer", lambda n: pytest.fail(f"allocated {n} bytes"))
     with pytest.raises(CorruptCheckpointError, match=rf"shard {name} of {c} is \d+ bytes; the manifest says {2**62}"):
         ckptbench.load(c)
 

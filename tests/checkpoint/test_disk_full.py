@@ -18,7 +18,7 @@ import torch
 
 import ckptbench
 from ckptbench import native
-from ckptbench.checkpoint import Checkpointer, api
+from ckptbench.checkpoint import Checkpointer, saver
 from ckptbench.errors import InsufficientSpaceError, StorageIOError
 from ckptbench.storage.store import LocalStore
 from ckptbench.units import format_size
@@ -59,15 +59,15 @@ def fill_while_staging(monkeypatch):
     passed), fill ``where`` up to ``leave`` bytes free, as another process writing there would. Once."""
 
     def arm(where: Path, leave: int) -> None:
-        real = api.stage
+        real = saver.stage
 
         def staging_then_filling(*args, **kwargs):
             real(*args, **kwargs)
-            monkeypatch.setattr(api, "stage", real)
+            monkeypatch.setattr(saver, "stage", real)
             with open(where / "filler", "wb") as f:
                 f.write(b"\1" * (free_bytes(where) - leave))
 
-        monkeypatch.setattr(api, "stage", staging_then_filling)
+        monkeypatch.setattr(saver, "stage", staging_then_filling)
 
     return arm
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ckptbench
-from ckptbench.checkpoint import api
+from ckptbench.checkpoint import manifest
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.lock import acquire_save_lock
 from ckptbench.errors import StepNotFoundError, UsageError
@@ -69,7 +69,7 @@ def test_a_failed_save_removes_nothing(tmp_path: Path, monkeypatch):
         def fail(*args, **kwargs):
             raise OSError(5, "injected commit failure")
 
-        monkeypatch.setattr(api.mf, "commit", fail)
+        monkeypatch.setattr(manifest, "commit", fail)
         with pytest.raises(OSError, match="injected"):
             manager.save(2, state(2))
         monkeypatch.undo()
