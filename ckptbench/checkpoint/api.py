@@ -137,7 +137,7 @@ class Checkpointer(_Saver, _Loader):
              into: dict | None = None, storage_options: dict | None = None,
              distributed: bool | None = None, rank: int | None = None, allow_pickle: bool = False) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
-        and parameters come back as the types they were saved as (see :func:`plan.rebuild`).
+        and parameters come back as the types they were saved as (see :func:`state_dict_format.rebuild`).
 
         Args:
             path: the checkpoint directory or URL.

@@ -9,7 +9,7 @@ Call sequence of a load:
    device loads
 3. the shards read a group of ``threads`` at a time, each group's CRC-32C checked beside the next
    group's read (``_read_verified``)
-4. every tensor a view into the buffer (or copied to the device), the skeleton rebuilt (``plan.rebuild``)
+4. every tensor a view into the buffer (or copied to the device), the skeleton rebuilt (``state_dict_format.rebuild``)
 5. with ``into=``: the loaded tree checked against the live one, then copied into it (``_fit_into``)
 
 A load that fails in a way a concurrent ``overwrite=True`` save can cause, with a new manifest in
@@ -33,8 +33,8 @@ from ckptbench import interrupts, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.commit import current_manifest
 from ckptbench.checkpoint.distributed import RankFailedError, World
-from ckptbench.checkpoint.plan import rebuild, refuse_pickled
 from ckptbench.checkpoint.stage import Arena, available_memory_bytes, copy_values, dtype_of, typed_view
+from ckptbench.checkpoint.state_dict_format import rebuild, refuse_pickled
 from ckptbench.errors import InsufficientMemoryError, StorageIOError, UnsafeFileError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
 from ckptbench.storage.store import Store

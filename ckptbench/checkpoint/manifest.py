@@ -245,7 +245,7 @@ _NODE_EXTRAS = {"__tensor__": {"__parameter__", "__requires_grad__", "__numpy__"
 
 
 def _skeleton_problem(node: Any, tensors: int) -> str | None:
-    """What is wrong with a skeleton (the grammar ``plan.flatten`` writes), or None."""
+    """What is wrong with a skeleton (the grammar ``state_dict_format.flatten`` writes), or None."""
     tag = next((t for t in _NODE_EXTRAS if t in node), None) if isinstance(node, dict) else None
     if tag is None or not set(node) <= _NODE_EXTRAS[tag] | {tag}:
         return f"{_clip(node)} is not a node"
@@ -346,7 +346,7 @@ def _byte_leaf_problems(node: Any, tensors: list[dict], where: str = "") -> str 
 
 
 def _metadata_ok(metadata: Any) -> bool:
-    """``plan._encode_metadata``'s shape: [[prefix, [[name, None|bool|int|str], ...]], ...]."""
+    """``state_dict_format.encode_metadata``'s shape: [[prefix, [[name, None|bool|int|str], ...]], ...]."""
     def pair(item: Any, value_ok: Any) -> bool:
         return isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and value_ok(item[1])
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from ckptbench import knobs, native
 from ckptbench.checkpoint import gather
-from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, SavePlan, Sources
+from ckptbench.checkpoint.plan import SavePlan
+from ckptbench.checkpoint.routing import ROUTE_HOST, ROUTE_TORCH, Sources
 from ckptbench.errors import InsufficientMemoryError, SnapshotError, UsageError
 from ckptbench.units import format_size
 

@@ -75,9 +75,9 @@ from ckptbench.checkpoint.plan import (
     BIG_TENSOR_BYTES,
     CHECKSUM_BLOCK_BYTES,
     SMALL_ALIGN,
-    Sources,
     padding_after,
 )
+from ckptbench.checkpoint.routing import Sources
 from ckptbench.checkpoint.stage import Arena, copy_into_arena, dtype_of, typed_view
 from ckptbench.errors import (
     DcpCheckpointExistsError,

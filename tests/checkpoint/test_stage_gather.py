@@ -14,7 +14,8 @@ import torch
 
 from ckptbench import knobs
 from ckptbench.checkpoint import gather
-from ckptbench.checkpoint.plan import ROUTE_HOST, ROUTE_TORCH, plan_save
+from ckptbench.checkpoint.plan import plan_save
+from ckptbench.checkpoint.routing import ROUTE_HOST, ROUTE_TORCH
 from ckptbench.checkpoint.stage import Arena, DeviceCopies, gather_runs, stage, stage_from_device
 
 
