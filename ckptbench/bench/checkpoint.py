@@ -49,7 +49,7 @@ from ckptbench.bench.writers import (
     make_writer,
     verify_state_dict,
 )
-from ckptbench.checkpoint.stage import available_memory_bytes
+from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model

@@ -49,7 +49,7 @@ from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
 from ckptbench.checkpoint.api import Checkpointer
 from ckptbench.checkpoint.distributed import World
-from ckptbench.checkpoint.stage import available_memory_bytes
+from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.errors import InsufficientSpaceError, UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.model.sizing import Parallelism

@@ -33,7 +33,8 @@ from ckptbench import interrupts, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.commit import current_manifest
 from ckptbench.checkpoint.distributed import RankFailedError, World
-from ckptbench.checkpoint.stage import Arena, available_memory_bytes, copy_values, dtype_of, typed_view
+from ckptbench.checkpoint.host_memory import available_memory_bytes
+from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, typed_view
 from ckptbench.checkpoint.state_dict_format import rebuild, refuse_pickled
 from ckptbench.errors import InsufficientMemoryError, StorageIOError, UnsafeFileError, UsageError
 from ckptbench.interrupts import QuietThread, Workers

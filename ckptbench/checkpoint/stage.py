@@ -26,23 +26,13 @@ import numpy as np
 
 from ckptbench import knobs, native
 from ckptbench.checkpoint import gather
+from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.checkpoint.plan import SavePlan
 from ckptbench.checkpoint.routing import ROUTE_HOST, ROUTE_TORCH, Sources
 from ckptbench.errors import InsufficientMemoryError, SnapshotError, UsageError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-def available_memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class Arena:
@@ -215,8 +205,8 @@ class CopyBehind:
 
 
 def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow: bool = False) -> CopyBehind | None:
-    """Copy each stored tensor into its place in the arena; returns when every byte is there (with
-    ``cow``: every byte but those a returned CopyBehind is still copying, see below).
+    """Copy each stored tensor into its place in the arena. Returns None once every byte is there, or,
+    with ``cow``, a :class:`CopyBehind` still copying the host tensors (see below).
 
     ``tensors`` are ``plan_save``'s sources (a plain list works too, at the cost of visiting each
     tensor again). Contiguous CPU tensors: one engine call on ``threads`` threads; contiguous CUDA
