@@ -11,7 +11,8 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.bench import DEFAULT_MODEL, storage_options_from
-from ckptbench.cli.interval import failure_options, pct, resolve_failures
+from ckptbench.cli.interval import pct
+from ckptbench.cli.options import failure_options, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED

@@ -7,20 +7,19 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
-from ckptbench.cli.interval import (
+from ckptbench.cli.interval import UNITS, emit, pct
+from ckptbench.cli.options import (
     FAILURE_RATE,
     GPU_COUNT,
-    UNITS,
     async_options,
-    emit,
     failure_options,
     flags_override_config,
+    from_result_option,
     named,
-    pct,
+    read_result,
     resolve_cost,
     resolve_failures,
 )
-from ckptbench.cli.options import from_result_option, read_result
 from ckptbench.errors import UsageError, reading_document
 from ckptbench.model import goodput as model
 from ckptbench.model.failures import MAX_COUNT, FailureModel

@@ -14,7 +14,7 @@ import click
 from ckptbench.bench.records import document_header
 from ckptbench.cli import params
 from ckptbench.cli.bench import storage_options_from
-from ckptbench.cli.interval import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
+from ckptbench.cli.options import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.decide.scaling import SAME_SIZE
 from ckptbench.errors import UsageError

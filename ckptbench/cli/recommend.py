@@ -10,8 +10,7 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
-from ckptbench.cli.interval import failure_options, resolve_failures
-from ckptbench.cli.options import read_result
+from ckptbench.cli.options import failure_options, read_result, resolve_failures
 from ckptbench.cli.render import progress_bar, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.units import format_duration, format_size
