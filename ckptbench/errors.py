@@ -15,7 +15,7 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   └── PickleNotAllowedError       a load of pickled entries without allow_pickle=True
     ├── StorageIOError                  an I/O operation failed at run time
     │   ├── OutcomeUnknownError
-    │   └── CommitOutcomeUnknown
+    │   └── CommitOutcomeUnknownError   (also reachable as CommitOutcomeUnknown)
     ├── NotACheckpointError             (exit 2)
     ├── CorruptCheckpointError
     ├── CheckpointLockedError
@@ -113,8 +113,12 @@ class OutcomeUnknownError(StorageIOError):
     never came back, so it may have been stored all the same, now or a little later."""
 
 
-class CommitOutcomeUnknown(StorageIOError):
+class CommitOutcomeUnknownError(StorageIOError):
     """The manifest write failed and could not be read back: committed or not, nobody knows yet."""
+
+
+#: The same class under the name code written against earlier releases catches.
+CommitOutcomeUnknown = CommitOutcomeUnknownError
 
 
 class NotACheckpointError(CkptbenchError):

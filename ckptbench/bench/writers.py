@@ -1,4 +1,4 @@
-"""The checkpoint writers under test, behind one small contract (:class:`Writer`): ckptbench,
+"""The checkpoint writers under test, behind one small contract (:class:`Contender`): ckptbench,
 torch.save, torch.distributed.checkpoint, safetensors, and fio as the raw-bytes reference; the
 bit-exact verification of what they load, and the compute probe that measures interference.
 
@@ -76,7 +76,7 @@ class PendingSave:
         self._wait()
 
 
-class Writer:
+class Contender:
     """A checkpoint writer under test, behind one small contract the runner relies on.
 
     Call order: ``prepare(state_dict)`` once (outside timing); then any number of ``save`` (returns
@@ -132,7 +132,7 @@ class Writer:
         raise NotImplementedError
 
 
-class CkptbenchWriter(Writer):
+class CkptbenchContender(Contender):
     """``ckptbench.checkpoint.Checkpointer``, kept across saves (its arena is reused, as in training)."""
 
     name = "ckptbench"
@@ -194,7 +194,7 @@ class CkptbenchWriter(Writer):
         self._ckpt.close()
 
 
-class TorchWriter(Writer):
+class TorchSaveContender(Contender):
     name = "torch"
     durable = "torch.save to one file, then fsync of the file and the directory (added)"
     load_how = "torch.load(map_location='cpu', weights_only=True)"
@@ -214,7 +214,7 @@ class TorchWriter(Writer):
         return torch.load(directory / self.FILE, map_location=self.device, weights_only=True)
 
 
-class DcpWriter(Writer):
+class DcpContender(Contender):
     """torch.distributed.checkpoint in one process (``no_dist``), as the goals specify it."""
 
     name = "dcp"
@@ -266,7 +266,7 @@ class DcpWriter(Writer):
         return state_dict
 
 
-class SafetensorsWriter(Writer):
+class SafetensorsContender(Contender):
     name = "safetensors"
     durable = "safetensors.torch.save_file to one file, then fsync of the file and the directory (added)"
     load_how = "safetensors.torch.load_file (mmap; every page faulted in inside the timed region)"
@@ -293,7 +293,7 @@ class SafetensorsWriter(Writer):
         return load_file(directory / self.FILE, device=self.device)
 
 
-class FioReference(Writer):
+class FioReference(Contender):
     """fio moving the same number of bytes: O_DIRECT writes with an fsync per file, then O_DIRECT reads.
 
     Not a checkpoint writer: the reference for what the device gives (no serialization, no state_dict).
@@ -406,20 +406,20 @@ OBJECT_WRITERS = ("ckptbench",)
 
 
 def make_writer(name: str, *, threads: int | None = None, block_size: int | None = None,
-                storage_options: dict[str, Any] | None = None, device: str = "cpu") -> Writer:
+                storage_options: dict[str, Any] | None = None, device: str = "cpu") -> Contender:
     """The adapter for writer ``name`` (one of :data:`WRITERS`); MissingDependencyError if it cannot run here.
     ``storage_options`` reach writers that save to object storage (ckptbench); loads go to ``device``."""
     from ckptbench import knobs
 
-    writer: Writer
+    writer: Contender
     if name == "ckptbench":
-        writer = CkptbenchWriter(threads, storage_options)
+        writer = CkptbenchContender(threads, storage_options)
     elif name == "torch":
-        writer = TorchWriter()
+        writer = TorchSaveContender()
     elif name == "dcp":
-        writer = DcpWriter()
+        writer = DcpContender()
     elif name == "safetensors":
-        writer = SafetensorsWriter()
+        writer = SafetensorsContender()
     elif name == "fio":
         writer = FioReference(threads or knobs.SAVE_THREADS, block_size or knobs.SAVE_BLOCK_BYTES)
     else:

@@ -19,11 +19,11 @@ from ckptbench.checkpoint.loader import LOAD_ATTEMPTS, _Loader
 from ckptbench.checkpoint.plan import PlanCache
 from ckptbench.checkpoint.saver import SaveHandle, SaveResult, _Saver
 from ckptbench.checkpoint.stage import Arena
-from ckptbench.errors import CheckpointExistsError, CommitOutcomeUnknown, UsageError
+from ckptbench.errors import CheckpointExistsError, CommitOutcomeUnknown, CommitOutcomeUnknownError, UsageError
 from ckptbench.storage.store import open_store
 
-__all__ = ["LOAD_ATTEMPTS", "CheckpointExistsError", "Checkpointer", "CommitOutcomeUnknown", "SaveHandle",
-           "SaveResult", "load", "save"]
+__all__ = ["LOAD_ATTEMPTS", "CheckpointExistsError", "Checkpointer", "CommitOutcomeUnknown", "CommitOutcomeUnknownError",
+           "SaveHandle", "SaveResult", "load", "save"]
 
 
 class Checkpointer(_Saver, _Loader):

@@ -3,7 +3,7 @@
 A save's shards are durable before its manifest is written (``commit``); a checkpoint exists once
 the manifest is, and only then are the files of older or crashed saves removed (``remove_stale``).
 A manifest write that fails may still have landed (an object store's answer lost on the way): it is
-read back, and when that cannot settle it the shards are kept and ``CommitOutcomeUnknown`` raised.
+read back, and when that cannot settle it the shards are kept and ``CommitOutcomeUnknownError`` raised.
 
 Under a launch (``commit_across_ranks``), coordinated through the rendezvous store:
 
@@ -25,7 +25,7 @@ from typing import Any
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.lock import SaveLock
-from ckptbench.errors import CommitOutcomeUnknown, OutcomeUnknownError
+from ckptbench.errors import CommitOutcomeUnknownError, OutcomeUnknownError
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import Store
 
@@ -66,13 +66,13 @@ def commit(store: Store, manifest: dict, shards: list[str]) -> None:
                     return
         except Exception:  # noqa: BLE001 - unreachable: leave the shards to the next sweep, report the commit
             if isinstance(failure, Exception):
-                raise CommitOutcomeUnknown(
+                raise CommitOutcomeUnknownError(
                     f"committing {store.url} failed ({failure}) and its manifest could not be read back: the "
                     "checkpoint may or may not be committed; its shards are kept",
                     hint="load it to find out; the next save removes what is not committed") from failure
             raise failure from None
         if unknown:
-            raise CommitOutcomeUnknown(
+            raise CommitOutcomeUnknownError(
                 f"committing {store.url} failed ({failure}) and the manifest has not appeared since: the "
                 "checkpoint may still commit; its shards are kept",
                 hint="load it to find out; the next save removes what is not committed") from failure
@@ -81,9 +81,9 @@ def commit(store: Store, manifest: dict, shards: list[str]) -> None:
 
 
 def commit_across_ranks(world: World, key: str, store: Store, lock: SaveLock, own: list[str],
-                        section: dict[str, Any], header: dict[str, Any]) -> int:
-    """Phases 1 (after this rank's write) to 3 of the two-phase commit, on every rank: ``section``
-    describes this rank's durable shards ``own``; rank 0 commits ``header`` with every rank's section.
+                        own_part: dict[str, Any], header: dict[str, Any]) -> int:
+    """Phases 1 (after this rank's write) to 3 of the two-phase commit, on every rank: ``own_part``
+    describes this rank's durable shards ``own``; rank 0 commits ``header`` with every rank's part.
 
     Returns:
         int: the bytes of all ranks together.
@@ -94,7 +94,7 @@ def commit_across_ranks(world: World, key: str, store: Store, lock: SaveLock, ow
     """
     outcome_key = f"{key}/outcome"
     if not world.is_first:
-        world.gather_to_first(key, section)
+        world.gather_to_first(key, own_part)
         outcome = world.wait_for(outcome_key, readers=world.world_size - 1,
                                  what=f"waiting for rank 0 to commit {store.url} (outcome unknown: this rank's "
                                       f"shards stay for the next save to remove)")
@@ -108,8 +108,8 @@ def commit_across_ranks(world: World, key: str, store: Store, lock: SaveLock, ow
         remove_stale(store, keep, owns=lambda name: f"-r{world.rank:05d}-" in name)
         return outcome["world_bytes"]
     try:
-        sections = world.gather_to_first(key, section, what=f"saving {store.url}")
-        assert sections is not None
+        parts = world.gather_to_first(key, own_part, what=f"saving {store.url}")
+        assert parts is not None
     except RankFailedError as exc:
         world.publish(outcome_key, {"failed": str(exc)})
         store.remove(own)
@@ -118,20 +118,20 @@ def commit_across_ranks(world: World, key: str, store: Store, lock: SaveLock, ow
         world.publish(outcome_key, {"failed": f"rank 0: {exc}"})
         store.remove(own)
         raise
-    world_bytes = sum(part["total_bytes"] for part in sections)
+    world_bytes = sum(part["total_bytes"] for part in parts)
     manifest = {**header, "world_size": world.world_size, "total_bytes": world_bytes,
-                "ranks": sections}
+                "ranks": parts}
     committed = False
     try:
         with lock.committing(store, own):  # still ours (else LockLostError: nothing commits)
             commit(store, manifest, own)
             committed = True
             world.publish(outcome_key, {"failed": None, "world_bytes": world_bytes})
-            remove_stale(store, {s["name"] for part in sections for s in part["shards"]})
+            remove_stale(store, {s["name"] for part in parts for s in part["shards"]})
     except BaseException as exc:
         if not committed:
             # Not committed for sure -> every rank removes its shards; unknown -> every rank keeps them.
-            unknown = isinstance(exc, CommitOutcomeUnknown) or not isinstance(exc, Exception)
+            unknown = isinstance(exc, CommitOutcomeUnknownError) or not isinstance(exc, Exception)
             world.publish(outcome_key, {"failed": f"rank 0 could not commit the manifest: {exc}",
                                         "keep": unknown})
         raise

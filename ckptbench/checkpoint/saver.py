@@ -168,17 +168,11 @@ def _describe_location(store: Store) -> str | None:
     return "checkpoint" if store.size(mf.MANIFEST_NAME) is not None else None
 
 
-def _follows_copy(store: Store) -> bool:
-    """Whether ``store``'s writes can follow a copy still landing in the arena: the engine writes it
-    (a filesystem) and waits for each block's bytes (``native.write(after=...)``)."""
-    return store.writes_follow_copy
-
-
-def _stages_behind(async_: bool, store: Store) -> bool:
+def _stages_copy_on_write(async_: bool, store: Store) -> bool:
     """Whether a save stages host tensors copy-on-write (``stage.CopyBehind``): every async save (the
     caller goes on at once), and sync saves whose write follows the copy instead of waiting for all of
-    it (:func:`_follows_copy`)."""
-    return async_ or _follows_copy(store)
+    it (``Store.writes_follow_copy``: the engine writes it, waiting for each block's bytes)."""
+    return async_ or store.writes_follow_copy
 
 
 class _Saver:
@@ -222,7 +216,7 @@ class _Saver:
             _require_free(store, plan.total_bytes)
             staging = time.perf_counter()
             with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_behind(async_, store))
+                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
@@ -297,7 +291,7 @@ class _Saver:
             store.prepare()
             _require_free(store, plan.total_bytes)
             with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_behind(async_, store))
+                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             del tensors
             stage_s = time.perf_counter() - started
         except BaseException as exc:
@@ -352,14 +346,14 @@ class _Saver:
         own = [s.name for s in plan.shards]
         write_started = time.perf_counter()
         try:
-            report, section = self._write_section(plan, store, behind)
+            report, part = self._write_part(plan, store, behind)
         except BaseException as exc:
             store.remove(own)
             announce_failure(world, key, exc)
             raise
         written_at = time.perf_counter()
-        section.update(rank=world.rank, host=world.host)
-        world_bytes = commit_across_ranks(world, key, store, lock, own, section, self._header(save_id))
+        part.update(rank=world.rank, host=world.host)
+        world_bytes = commit_across_ranks(world, key, store, lock, own, part, self._header(save_id))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
                             write_s=written_at - write_started, behind=behind, rank=world.rank,
                             world_size=world.world_size, world_bytes=world_bytes)
@@ -370,7 +364,7 @@ class _Saver:
                 interrupts.result_of(self._in_flight)
             self._in_flight = None
 
-    def _write_section(self, plan: SavePlan, store: Store,
+    def _write_part(self, plan: SavePlan, store: Store,
                        behind: CopyBehind | None = None) -> tuple[WriteReport, dict[str, Any]]:
         """Write the plan's shards from the arena (durable on return) and describe them: the
         manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
@@ -385,9 +379,9 @@ class _Saver:
 
     def _write_shards(self, plan: SavePlan, store: Store,
                       behind: CopyBehind | None) -> tuple[WriteReport, dict[str, Any]]:
-        write_behind: dict[str, Any] = {}
-        if behind is not None and _follows_copy(store):
-            write_behind["after"] = behind.snapshot
+        after_copy: dict[str, Any] = {}
+        if behind is not None and store.writes_follow_copy:
+            after_copy["after"] = behind.snapshot
         elif behind is not None:
             behind.finish()
         arena = self._arena.buffer
@@ -408,7 +402,7 @@ class _Saver:
             if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
                 crc_thread.start()
             report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct,
-                                       **write_behind)
+                                       **after_copy)
             if behind is not None:
                 try:
                     behind.finish()
@@ -425,7 +419,7 @@ class _Saver:
         per_entry: dict[int, list[int]] = {}
         for (index, _, _), crc in zip(ranges, crcs, strict=True):
             per_entry.setdefault(index, []).append(crc)
-        section = {
+        part = {
             "total_bytes": plan.total_bytes,
             "shards": [{"name": s.name, "nbytes": s.nbytes} for s in plan.shards],
             "tensors": [
@@ -435,7 +429,7 @@ class _Saver:
             ],
             "skeleton": plan.manifest_skeleton,
         }
-        return report, section
+        return report, part
 
     def _header(self, save_id: str) -> dict[str, Any]:
         return {
@@ -463,11 +457,11 @@ class _Saver:
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
                  lock: SaveLock, stage_s: float, behind: CopyBehind | None = None) -> SaveResult:
         write_started = time.perf_counter()
-        report, section = self._write_section(plan, store, behind)
+        report, part = self._write_part(plan, store, behind)
         written_at = time.perf_counter()
         shards = [s.name for s in plan.shards]
         with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
-            commit(store, {**self._header(save_id), **section}, shards)
+            commit(store, {**self._header(save_id), **part}, shards)
             remove_stale(store, set(shards))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
                             write_s=written_at - write_started, behind=behind)

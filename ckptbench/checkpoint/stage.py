@@ -43,7 +43,7 @@ class Arena:
         self._registered = False
         self._bytes_view: Any = None
         self.prepared = gather.Prepared()  # GPU staging work prepared for the last save, reused when it repeats
-        self._repeat: tuple[tuple, tuple, Direct] | None = None
+        self._repeat: tuple[tuple, tuple, MappedStaging] | None = None
 
     @property
     def mapped(self) -> bool:
@@ -88,11 +88,11 @@ class Arena:
             self._bytes_view = torch.frombuffer(self.buffer, dtype=torch.uint8)
         return self._bytes_view
 
-    def remember(self, key: tuple, direct: Direct) -> None:
+    def remember(self, key: tuple, direct: MappedStaging) -> None:
         """Keep ``direct``, the staging worked out from the arrays ``key``, for :meth:`repeat_for`."""
         self._repeat = (key, _direct_settings(), direct)
 
-    def repeat_for(self, key: tuple) -> Direct | None:
+    def repeat_for(self, key: tuple) -> MappedStaging | None:
         """The staging remembered for the very arrays ``key`` (the same objects: they are never changed
         once planned, so the work out of them is the same) under the same knobs, else None. The key's
         arrays stay referenced while remembered, so no other array can take an identity."""
@@ -269,7 +269,7 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     try:
         if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
             copies = DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after)
-            direct = Direct.of(copies, arena.mapped, arena.prepared)
+            direct = MappedStaging.of(copies, arena.mapped, arena.prepared)
             if direct is None:
                 queued.append(queue_from_device(copies, flat, arena.mapped, arena.prepared))
                 return None
@@ -470,7 +470,7 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
         return gather.Queued((), [])
-    direct = Direct.of(copies, mapped, prepared)
+    direct = MappedStaging.of(copies, mapped, prepared)
     if direct is not None:
         return direct.issue(copies.sources, flat)
     cuda = device.type == "cuda"  # CPU tensors: how it is unit-tested, everything in order
@@ -503,7 +503,7 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
 
 
 @dataclass
-class Direct:
+class MappedStaging:
     """One device's contiguous tensors staged straight into the registered (mapped) arena, worked out:
     the big ones are copied by the copy engine on a side stream (``big``: source position, arena
     offset, bytes, padding after), the small ones by one launch of the gather kernel over its prepared
@@ -517,7 +517,7 @@ class Direct:
     program: gather.Program | None
 
     @classmethod
-    def of(cls, copies: DeviceCopies, mapped: bool, prepared: gather.Prepared | None) -> Direct | None:
+    def of(cls, copies: DeviceCopies, mapped: bool, prepared: gather.Prepared | None) -> MappedStaging | None:
         """The direct staging of ``copies``, or None where the kernel cannot write into the arena
         (not ``mapped``, no kernel, ``knobs.STAGE_GATHER_DIRECT`` off); its table from ``prepared``."""
         if not (mapped and knobs.STAGE_GATHER_DIRECT and len(copies.index)):

@@ -12,7 +12,7 @@ import torch
 import ckptbench
 from ckptbench.checkpoint import commit as commit_module
 from ckptbench.checkpoint import manifest as mf
-from ckptbench.errors import CommitOutcomeUnknown, OutcomeUnknownError
+from ckptbench.errors import CommitOutcomeUnknownError, OutcomeUnknownError
 
 
 def _lose_the_answer(monkeypatch, lands_on_read: int | None) -> list[int]:
@@ -55,7 +55,7 @@ def test_a_manifest_that_never_appears_keeps_the_shards_and_the_previous_checkpo
     ckptbench.save({"w": torch.zeros(1000)}, path)
     before = _shards(path)
     reads = _lose_the_answer(monkeypatch, lands_on_read=None)
-    with pytest.raises(CommitOutcomeUnknown, match="may still commit; its shards are kept"):
+    with pytest.raises(CommitOutcomeUnknownError, match="may still commit; its shards are kept"):
         ckptbench.save({"w": torch.ones(1000)}, path, overwrite=True)
     assert reads[0] == 4  # the first read-back and three more
     assert _shards(path) > before  # the new shards are kept

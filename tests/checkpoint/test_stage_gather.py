@@ -344,8 +344,8 @@ def test_staging_the_same_plan_arrays_again_issues_the_remembered_work(monkeypat
     monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
     monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", 40_000)  # "big" goes by the copy engine
     worked_out = []
-    monkeypatch.setattr(staging.Direct, "of", classmethod(
-        lambda cls, *args, of=staging.Direct.of.__func__: worked_out.append(1) or of(cls, *args)))
+    monkeypatch.setattr(staging.MappedStaging, "of", classmethod(
+        lambda cls, *args, of=staging.MappedStaging.of.__func__: worked_out.append(1) or of(cls, *args)))
     arena, flat = _fill_arena(plan, 0xAB)
     arena._registered = True  # mapped, as cudaHostRegister leaves it
     inside = ~_between_shards(plan)

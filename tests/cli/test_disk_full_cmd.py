@@ -125,7 +125,7 @@ def test_a_competitor_writer_that_fails_is_one_line_naming_it(cli, tmp_path: Pat
         raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
                            "data/3: file write failed\nmore C++ context")
 
-    monkeypatch.setattr(writers.TorchWriter, "_save", failing)
+    monkeypatch.setattr(writers.TorchSaveContender, "_save", failing)
     result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
                  "--warmup", "0", "--writers", "ckptbench,torch")
     assert result.exit_code == 1 and "Traceback" not in result.stderr

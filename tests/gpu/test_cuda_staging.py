@@ -233,8 +233,8 @@ def test_a_training_loop_on_one_gpu_repeats_the_remembered_staging(tmp_path: Pat
     from ckptbench.checkpoint import stage as staging
 
     worked_out = []
-    monkeypatch.setattr(staging.Direct, "of", classmethod(
-        lambda cls, *args, of=staging.Direct.of.__func__: worked_out.append(1) or of(cls, *args)))
+    monkeypatch.setattr(staging.MappedStaging, "of", classmethod(
+        lambda cls, *args, of=staging.MappedStaging.of.__func__: worked_out.append(1) or of(cls, *args)))
     full = _gpu_state(4)
     state = {"many": full["many"], "odd": full["odd"], "big": full["big"], "bool": full["bool"], "step": 0}
     ckpt = Checkpointer()

@@ -43,9 +43,9 @@ from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict, chec
 from ckptbench.bench.writers import (
     OBJECT_WRITERS,
     WRITERS,
-    CkptbenchWriter,
+    CkptbenchContender,
     ComputeProbe,
-    Writer,
+    Contender,
     make_writer,
     verify_state_dict,
 )
@@ -343,7 +343,7 @@ def run_checkpoint_bench(
         except InsufficientSpaceError as exc:
             exc.hint = f"free space, or {workload.size_hint}"  # the option of the command that sized it
             raise
-    writers: list[Writer] = []
+    writers: list[Contender] = []
     try:
         for name in spec.writers:
             writers.append(make_writer(name, threads=spec.threads,
@@ -355,12 +355,12 @@ def run_checkpoint_bench(
             w.close()
 
 
-def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workload: CheckpointWorkload, writers: list[Writer],
+def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workload: CheckpointWorkload, writers: list[Contender],
          progress: Progress) -> CheckpointBenchReport:
     nbytes = workload.total_bytes
     async_writers = [w for w in writers if w.supports_async]
     rounds = spec.warmup + spec.repeat
-    memory_saves = spec.memory_saves if any(isinstance(w, CkptbenchWriter) for w in writers) else 0
+    memory_saves = spec.memory_saves if any(isinstance(w, CkptbenchContender) for w in writers) else 0
     progress.begin(nbytes * (rounds * (2 * len(writers) + 2 * len(async_writers)) + memory_saves))
 
     progress.phase(f"building the state_dict ({format_size(nbytes)}, {len(workload.tensors)} tensors)")
@@ -384,7 +384,7 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
             for w in _rotated(async_writers, round_):
                 _async_round(w, state_dict, places, f"{w.name}-async-{round_}", async_samples[w.name],
                              measured, label, probe, progress, nbytes)  # type: ignore[arg-type]
-        ours = next((w for w in writers if isinstance(w, CkptbenchWriter)), None)
+        ours = next((w for w in writers if isinstance(w, CkptbenchContender)), None)
         if ours is not None and memory_saves:
             ours.close()  # its arena goes; the memory measurement starts from a fresh Checkpointer
             memory = _memory(ours, state_dict, places, memory_saves, rss, progress, nbytes)
@@ -422,14 +422,14 @@ def _environment(target: LocalDirectory | ObjectTarget) -> dict[str, Any]:
     return environment
 
 
-def _rotated(items: list[Writer], round_: int) -> list[Writer]:
+def _rotated(items: list[Contender], round_: int) -> list[Contender]:
     if not items:
         return []
     k = round_ % len(items)
     return items[k:] + items[:k]
 
 
-def _sync_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, s: _Samples, measured: bool,
+def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str, s: _Samples, measured: bool,
                 label: str, rss: PeakRss, progress: Progress, nbytes: int) -> None:
     directory = places.location(name)
     progress.phase(f"{w.name}: save {label}")
@@ -456,7 +456,7 @@ def _sync_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, s
     log.info("%s %s: save %.3f s, load %.3f s", w.name, label, save_s, load_s)
 
 
-def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path | str,
+def _async_save(w: Contender, state_dict: dict[str, Any], directory: Path | str,
                 probe: ComputeProbe | None = None) -> tuple[float, float, list[float]]:
     """(stall_s, persist_s, probe step times while persisting) of one async save."""
     with writer_failures(w, "async save", directory):
@@ -476,12 +476,12 @@ def _async_save(w: Writer, state_dict: dict[str, Any], directory: Path | str,
 
 
 @contextlib.contextmanager
-def writer_failures(w: Writer, action: str, where: Path | str) -> Iterator[None]:
+def writer_failures(w: Contender, action: str, where: Path | str) -> Iterator[None]:
     """A competitor's failure (an OSError, torch's stream errors, dcp's CheckpointException) as one
     StorageIOError naming the writer and what it did; the original stays chained (``-v`` shows it,
     and a full disk is still recognised from it). A failure in a thread the writer started counts too:
     dcp's FileSystemWriter writes from threads of its own and does not report theirs."""
-    if isinstance(w, CkptbenchWriter):  # ours says what failed itself; anything else is a bug: show it
+    if isinstance(w, CkptbenchContender):  # ours says what failed itself; anything else is a bug: show it
         yield
         return
     with _thread_failures() as in_threads:
@@ -526,7 +526,7 @@ def _first_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
-def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, a: _AsyncSamples, measured: bool,
+def _async_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str, a: _AsyncSamples, measured: bool,
                  label: str, probe: ComputeProbe, progress: Progress, nbytes: int) -> None:
     directory = places.location(name)
     progress.phase(f"{w.name}: async save {label}")
@@ -565,7 +565,7 @@ def _async_round(w: Writer, state_dict: dict[str, Any], places: Any, name: str, 
              len(during))
 
 
-def _memory(writer: CkptbenchWriter, state_dict: dict[str, Any], places: Any, saves: int, rss: PeakRss,
+def _memory(writer: CkptbenchContender, state_dict: dict[str, Any], places: Any, saves: int, rss: PeakRss,
             progress: Progress, nbytes: int) -> MemoryResult:
     directory = places.location("memory")
     gc.collect()
