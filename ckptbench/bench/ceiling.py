@@ -32,7 +32,7 @@ def writer_ceiling_bps(workload: CheckpointWorkload, *, threads: int | None = No
     from ckptbench.bench.workloads import build_state_dict
     from ckptbench.checkpoint.api import Checkpointer
     from ckptbench.errors import TargetError
-    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.local_target import LocalDirectory
 
     try:
         if not where.is_dir() or shutil.disk_usage(where).free < 2 * workload.total_bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import __version__
-from ckptbench.storage.local import mount_of
+from ckptbench.storage.local_target import mount_of
 
 
 def _read(path: str | Path) -> str | None:

@@ -23,7 +23,7 @@ from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import ConfigResult, FsBenchReport, MetadataResult, PhaseResult
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import StorageIOError
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from ckptbench.bench.records import (
 )
 from ckptbench.bench.stats import leaders
 from ckptbench.errors import StorageIOError, UsageError
-from ckptbench.storage.objects import ObjectTarget
+from ckptbench.storage.object_target import ObjectTarget
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)

@@ -53,8 +53,8 @@ from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
-from ckptbench.storage.local import LocalDirectory
-from ckptbench.storage.objects import ObjectScratch, ObjectTarget
+from ckptbench.storage.local_target import LocalDirectory
+from ckptbench.storage.object_target import ObjectScratch, ObjectTarget
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)

@@ -34,17 +34,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptbench import __version__
-from ckptbench.bench.checkpoint import (
+from ckptbench.bench.environment import collect_environment
+from ckptbench.bench.progress import Progress
+from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
+from ckptbench.bench.sharding import check_world, shard_workload, world_bytes
+from ckptbench.bench.shootout import (
     LocalPlaces,
     ObjectPlaces,
     check_run,
     required_disk_bytes,
     required_memory_bytes,
 )
-from ckptbench.bench.environment import collect_environment
-from ckptbench.bench.progress import Progress
-from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
-from ckptbench.bench.sharding import check_world, shard_workload, world_bytes
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
 from ckptbench.checkpoint.api import Checkpointer
@@ -53,8 +53,8 @@ from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.errors import InsufficientSpaceError, UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.model.sizing import Parallelism
-from ckptbench.storage.local import LocalDirectory
-from ckptbench.storage.objects import ObjectTarget
+from ckptbench.storage.local_target import LocalDirectory
+from ckptbench.storage.object_target import ObjectTarget
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -238,8 +238,8 @@ def plan(spec: DistributedBenchSpec, world_size: int) -> CheckpointWorkload:
 @contextlib.contextmanager
 def _shared_places(target: LocalDirectory | ObjectTarget, world: World, needs_bytes: int) -> Iterator[Any]:
     """Rank 0 names a scratch directory (prefix); every rank joins it and removes it when done."""
-    from ckptbench.storage.local import SCRATCH_PREFIX, scratch_name
-    from ckptbench.storage.objects import SCRATCH_PREFIX as OBJECT_PREFIX
+    from ckptbench.storage.local_target import SCRATCH_PREFIX, scratch_name
+    from ckptbench.storage.object_target import SCRATCH_PREFIX as OBJECT_PREFIX
 
     prefix = OBJECT_PREFIX if isinstance(target, ObjectTarget) else SCRATCH_PREFIX
     name = world.broadcast(scratch_name(prefix) if world.is_first else None, "naming the scratch directory")

@@ -6,7 +6,7 @@ Order of a comparison:
 1. every target resolved (:func:`resolve_compare_target`: a path, a URL, a tier name or a tier file)
    and checked (:func:`check_targets`: exists and is writable with room for the run, or the bucket is
    reachable) before anything is measured, so a typo in the last target fails in a second;
-2. per tier, in the order given, :func:`ckptbench.bench.checkpoint.run_checkpoint_bench` with
+2. per tier, in the order given, :func:`ckptbench.bench.shootout.run_checkpoint_bench` with
    ckptbench's writer: durable sync saves, cold loads, async saves (stall, persist); each tier's
    scratch directory or prefix is removed when it ends, Ctrl-C included;
 3. per tier, :func:`model_tier`: the measured rates applied to the job's checkpoint (sized from the
@@ -32,11 +32,11 @@ from typing import Any
 
 from ckptbench import knobs
 from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
-from ckptbench.bench.checkpoint import CheckpointBenchSpec, required_disk_bytes, run_checkpoint_bench
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import BenchWarning, document_header
 from ckptbench.bench.records_ckpt import CheckpointBenchReport
+from ckptbench.bench.shootout import CheckpointBenchSpec, required_disk_bytes, run_checkpoint_bench
 from ckptbench.bench.stats import leaders
 from ckptbench.bench.workloads import CheckpointWorkload
 from ckptbench.errors import CkptbenchError, TargetError, UsageError, reading_document
@@ -55,7 +55,7 @@ from ckptbench.model.tiers import (
     tier_names,
 )
 from ckptbench.storage import resolve_target, scheme_of
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.units import format_size
 
 SCHEMA = "ckptbench.compare/1"

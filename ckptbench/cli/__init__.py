@@ -227,7 +227,7 @@ def _exit_without_cleanup() -> NoReturn:
     prefixes in use (``storage.local.SCRATCH_IN_USE``) and the result file opened in --output before
     the run. Told from what the run recorded and the command's parameters: a handler neither imports
     nor looks at a filesystem (it may be the one hanging)."""
-    local = sys.modules.get("ckptbench.storage.local")
+    local = sys.modules.get("ckptbench.storage.local_target")
     left = list(getattr(local, "SCRATCH_IN_USE", ()))
     ctx = click.get_current_context(silent=True)
     output_dir = ctx.params.get("output_dir") if ctx is not None else None

@@ -284,7 +284,7 @@ def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repea
                    concurrency: list[int] | None, part_size: list[int] | None,
                    storage_options: dict[str, str]) -> None:
     """The object-storage sweep on ``s3://``: validate everything (URL, options, bucket), then run."""
-    from ckptbench.bench.objects import ObjectBenchSpec, run_object_bench
+    from ckptbench.bench.object_sweep import ObjectBenchSpec, run_object_bench
     from ckptbench.cli.params import INT_LIST, SIZE_LIST
     from ckptbench.storage import resolve_target
 
@@ -311,7 +311,7 @@ def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repea
 
 
 def _plot_object_sweep(document: dict[str, Any], path: Path) -> None:
-    from ckptbench.report.sweep import plot_object_sweep
+    from ckptbench.report.sweep_plot import plot_object_sweep
 
     plot_object_sweep(document, path)
 
@@ -350,13 +350,13 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
 
 
 def _plot_sweep(document: dict[str, Any], path: Path) -> None:
-    from ckptbench.report.sweep import plot_fs_sweep
+    from ckptbench.report.sweep_plot import plot_fs_sweep
 
     plot_fs_sweep(document, path)
 
 
 def _plot_shootout(document: dict[str, Any], path: Path) -> None:
-    from ckptbench.report.shootout import plot_shootout
+    from ckptbench.report.shootout_plot import plot_shootout
 
     plot_shootout(document, path)
 
@@ -421,7 +421,7 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
                       scale: float | None, writers: list[str] | None, storage_options: dict[str, str],
                       force: bool = False, device: str = "cpu") -> None:
     """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
-    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan, run_checkpoint_bench
+    from ckptbench.bench.shootout import CheckpointBenchSpec, plan, run_checkpoint_bench
     from ckptbench.storage import resolve_target
 
     misplaced = sorted(given & set(FS_ONLY))

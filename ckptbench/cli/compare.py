@@ -94,8 +94,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
       ckptbench compare /mnt/nvme /mnt/cephfs s3://ckpt/run1 --endpoint-url http://rgw:8080 \\
         --model llama3-70b --ranks 64 --failures llama3 --gpus 1024 --restart 10m --plot tiers.png
     """
-    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
-    from ckptbench.bench.compare import JobSpec, check_targets, resolve_compare_target, run_compare, saved_tiers
+    from ckptbench.bench.shootout import CheckpointBenchSpec, plan
+    from ckptbench.bench.tier_comparison import JobSpec, check_targets, resolve_compare_target, run_compare, saved_tiers
     from ckptbench.cli.options import read_result
     from ckptbench.model import presets, sizing
 

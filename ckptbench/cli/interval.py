@@ -610,7 +610,7 @@ def _cost(doc: dict[str, Any]) -> model.CheckpointCost:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
-    from ckptbench.report.plots import plot_waste_curve
+    from ckptbench.report.waste_plot import plot_waste_curve
 
     plot_waste_curve(path, _cost(doc), doc["mtbf_s"], doc["restart_s"], doc)
 

@@ -51,7 +51,7 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
     # c10d logs its own view of every failure (socket timeouts, peers gone) in C++ on stderr; ours
     # names the rank and the fix in one line. Set TORCH_CPP_LOG_LEVEL to see theirs too.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from ckptbench.bench.distributed import DistributedBenchSpec, plan, run_distributed_bench
+    from ckptbench.bench.shootout_launched import DistributedBenchSpec, plan, run_distributed_bench
     from ckptbench.checkpoint.distributed import current_world, leave_world
     from ckptbench.storage import resolve_target
 

@@ -176,7 +176,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
                                       repeat=opts["repeat"], as_json=opts["as_json"], output_dir=opts["output_dir"],
                                       plot_path=opts["plot_path"])
         ctx.exit(code)
-    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
+    from ckptbench.bench.shootout import CheckpointBenchSpec, plan
 
     spec = CheckpointBenchSpec(model=DEFAULT_MODEL if preset is None else preset, size_bytes=opts["measure_size"],
                                writers=("ckptbench",), repeat=opts["repeat"], warmup=1, memory_saves=0)
@@ -285,7 +285,7 @@ def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, r
     import os
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from ckptbench.bench.distributed import DistributedBenchSpec, plan, run_distributed_bench
+    from ckptbench.bench.shootout_launched import DistributedBenchSpec, plan, run_distributed_bench
     from ckptbench.checkpoint.distributed import current_world, leave_world
     from ckptbench.model.sizing import Parallelism
 
@@ -327,7 +327,7 @@ def evaluate_launch(job: Any, storage: Any, bench: dict[str, Any], shape: str) -
     """The verdict on a distributed measurement (``ckptbench.bench.distributed/1``) of ``shape``."""
     from ckptbench import knobs, native
     from ckptbench.decide.verdict import evaluate, measurements_from_launch
-    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.local_target import LocalDirectory
 
     local = isinstance(storage, LocalDirectory)
     env = bench["environment"]
@@ -359,10 +359,10 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
 
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
-    from ckptbench.bench.checkpoint import plan, run_checkpoint_bench
+    from ckptbench.bench.shootout import plan, run_checkpoint_bench
     from ckptbench.decide.scaling import fit_sizes
     from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction
-    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.local_target import LocalDirectory
 
     report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
     doc = report.to_dict()

@@ -91,7 +91,7 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     from ckptbench.cli.bench import fit_block_sizes
     from ckptbench.config import FsBenchSpec
     from ckptbench.storage import resolve_target
-    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.local_target import LocalDirectory
 
     storage = resolve_target(target or tempfile.gettempdir())
     if not isinstance(storage, LocalDirectory):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.figure import save_with_footer
+from ckptbench.report.plot_footer import save_with_footer
 from ckptbench.units import format_duration
 
 

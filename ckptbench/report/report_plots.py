@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import safeio
-from ckptbench.report.figure import save_with_footer
+from ckptbench.report.plot_footer import save_with_footer
 from ckptbench.units import format_duration, format_size
 
 

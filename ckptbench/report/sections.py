@@ -219,7 +219,7 @@ def model_section(document: dict[str, Any]) -> Section | None:
     figures: tuple[Figure, ...] = ()
     curve = model.get("curve")
     if isinstance(curve, list) and curve:
-        from ckptbench.report.charts import plot_waste_points
+        from ckptbench.report.report_plots import plot_waste_points
 
         marks = {_label(k): float(v) for k, v in model.items()
                  if k.endswith("interval_s") and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
@@ -242,7 +242,7 @@ def tier_comparison(documents: Sequence[DocumentReport]) -> Section | None:
                   "read GB/s", "file"), rows, highlight=frozenset({fastest}),
                   note="filesystem and object sweeps: the configuration with the highest median write; "
                        "checkpoint shoot-outs: ckptbench's durable save and cold load of a state_dict")
-    from ckptbench.report.charts import plot_tiers
+    from ckptbench.report.report_plots import plot_tiers
 
     bars = [(f"{d.target} ({d.where})\n{h.workload}" if d.where else f"{d.target}\n{h.workload}",
              h.write_gbps, h.read_gbps) for d, h in measured]
@@ -299,8 +299,8 @@ def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 
 @section("ckptbench.bench.fs/1")
 def fs_sweep(document: dict[str, Any]) -> Section:
     """``ckptbench bench DIR``: threads x block size (x schedule), durable writes and cold reads."""
-    from ckptbench.report.charts import fs_heat_panels, heat_cells, plot_heatmaps
-    from ckptbench.report.sweep import plot_fs_sweep
+    from ckptbench.report.report_plots import fs_heat_panels, heat_cells, plot_heatmaps
+    from ckptbench.report.sweep_plot import plot_fs_sweep
 
     spec, results, best = document["spec"], document["results"], document["best"]
     config = results[0]["config"]
@@ -351,8 +351,8 @@ def fs_sweep(document: dict[str, Any]) -> Section:
 @section("ckptbench.bench.objects/1")
 def object_sweep(document: dict[str, Any]) -> Section:
     """``ckptbench bench s3://...``: object size x requests in flight x part size, uploads and ranged GETs."""
-    from ckptbench.report.charts import heat_cells, object_heat_panels, plot_heatmaps
-    from ckptbench.report.sweep import plot_object_sweep
+    from ckptbench.report.report_plots import heat_cells, object_heat_panels, plot_heatmaps
+    from ckptbench.report.sweep_plot import plot_object_sweep
 
     spec, results, best = document["spec"], document["results"], document["best"]
     lines = [f"{format_size(spec['size_bytes'])} per run · {spec['repeat']} runs (+{spec['warmup']} warm-up) per "
@@ -394,7 +394,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
 @section("ckptbench.bench.checkpoint/1")
 def checkpoint_shootout(document: dict[str, Any]) -> Section:
     """``ckptbench bench --workload checkpoint``: writers saving (durable) and loading (cold) one state_dict."""
-    from ckptbench.report.shootout import plot_shootout
+    from ckptbench.report.shootout_plot import plot_shootout
 
     spec, workload, results = document["spec"], document["workload"], document["results"]
     shape = workload["shape"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.figure import save_with_footer
+from ckptbench.report.plot_footer import save_with_footer
 from ckptbench.units import format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "stall": "#b63b3b", "persist": "#8fb3de"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptbench.errors import UsageError
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory
 
 __all__ = ["LocalDirectory", "resolve_target", "scheme_of"]
 
@@ -29,6 +29,6 @@ def resolve_target(target: str, storage_options: dict[str, Any] | None = None, *
             raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), "
                              "not to a directory")
         return LocalDirectory.from_string(target.removeprefix("file://"), force=force)
-    from ckptbench.storage.objects import ObjectTarget
+    from ckptbench.storage.object_target import ObjectTarget
 
     return ObjectTarget(target, storage_options)

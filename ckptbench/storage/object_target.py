@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ckptbench.storage.local import scratch_in_use, scratch_name
+from ckptbench.storage.local_target import scratch_in_use, scratch_name
 from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)

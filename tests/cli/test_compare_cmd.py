@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.compare import JobSpec, Measured, TierModel, model_tier
+from ckptbench.bench.tier_comparison import JobSpec, Measured, TierModel, model_tier
 from ckptbench.errors import ConfigError, UsageError
 from ckptbench.model import interval, sizing
 from ckptbench.model.failures import FailureModel
@@ -284,7 +284,7 @@ def test_job_spec_refuses_contradictions():
 
 
 def _tier(label: str, runs_save: tuple[float, ...], waste: float) -> Any:
-    from ckptbench.bench.compare import CompareTarget, TierResult
+    from ckptbench.bench.tier_comparison import CompareTarget, TierResult
 
     measured = dataclasses.replace(MEASURED, save_gbps=statistics.median(runs_save), runs_save_gbps=runs_save)
     model = TierModel(checkpoint_s=1.0, stall_s=None, persist_s=None, restore_s=1.0, restart_s=1.0, blocking_s=1.0,
@@ -295,7 +295,7 @@ def _tier(label: str, runs_save: tuple[float, ...], waste: float) -> Any:
 
 
 def test_best_only_beyond_the_noise_else_tied():
-    from ckptbench.bench.compare import CompareReport
+    from ckptbench.bench.tier_comparison import CompareReport
     from ckptbench.cli.compare import takeaway
 
     def report(*tiers):
@@ -316,7 +316,7 @@ def test_best_only_beyond_the_noise_else_tied():
 
 
 def test_a_writer_bound_tier_is_named():
-    from ckptbench.bench.compare import CompareReport
+    from ckptbench.bench.tier_comparison import CompareReport
 
     job = _job(failures=None)
     tiers = (dataclasses.replace(_tier("/dev/shm", (0.69, 0.70, 0.71), 0.01),

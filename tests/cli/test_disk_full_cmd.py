@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.storage.store import LocalStore
 
 MiB = 2**20

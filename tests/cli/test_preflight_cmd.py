@@ -126,12 +126,12 @@ def test_bad_input(cli, tmp_path: Path, args, needle):
 def test_a_job_that_never_completes_is_refused_before_anything_is_measured(cli, tmp_path: Path, monkeypatch, args,
                                                                            needle):
     """Whatever the storage does, a restart or an interval hundreds of MTBFs long cannot work: no measuring."""
-    from ckptbench.bench import checkpoint
+    from ckptbench.bench import shootout
 
     def measure(*args, **kwargs):
         raise AssertionError("the storage was measured before the job was refused")
 
-    monkeypatch.setattr(checkpoint, "run_checkpoint_bench", measure)
+    monkeypatch.setattr(shootout, "run_checkpoint_bench", measure)
     result = cli("preflight", str(tmp_path), *TINY, *args)
     assert result.exit_code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()

@@ -165,7 +165,7 @@ def _phase(op: str, rates_gbps: list[float], nbytes: int = 256 * 2**20) -> Any:
 
 def object_document() -> dict[str, Any]:
     """An s3:// sweep shaped by the real records (no server needed): 2 object sizes x 2 concurrencies."""
-    from ckptbench.bench.objects import ObjectBenchReport, ObjectBenchSpec, ObjectConfigResult
+    from ckptbench.bench.object_sweep import ObjectBenchReport, ObjectBenchSpec, ObjectConfigResult
 
     spec = ObjectBenchSpec(size_bytes=256 * 2**20, object_sizes=(16 * 2**20, 64 * 2**20), concurrency=(1, 8),
                            part_sizes=(16 * 2**20,), repeat=3, warmup=1)

@@ -23,8 +23,8 @@ import pytest
 
 from ckptbench.cli.render import SECRET_OPTIONS, redacted_argv
 from ckptbench.errors import CkptbenchError, TargetError, UsageError
-from ckptbench.storage import local, resolve_target
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage import local_target, resolve_target
+from ckptbench.storage.local_target import LocalDirectory
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_TINY = ["--size", "1MiB", "--files", "1", "--threads", "1", "--block-size", "1MiB", "--repeat", "1",
@@ -46,7 +46,7 @@ def _one_error_line(result) -> str:
 
 def _scratch_dirs(directory: str) -> list[str]:
     try:
-        return sorted(n for n in os.listdir(directory) if n.startswith(local.SCRATCH_PREFIX))
+        return sorted(n for n in os.listdir(directory) if n.startswith(local_target.SCRATCH_PREFIX))
     except OSError:
         return []
 
@@ -77,7 +77,7 @@ def test_a_symlink_to_root_is_refused_too(cli, tmp_path: Path, command: str) -> 
 
 @pytest.mark.parametrize("path", ["/tmp", "/var/tmp", "/mnt", "/home"])
 def test_temporary_and_ordinary_directories_are_not_system_directories(path: str) -> None:
-    assert path not in local.SYSTEM_DIRECTORIES
+    assert path not in local_target.SYSTEM_DIRECTORIES
     if os.path.isdir(path) and os.access(path, os.W_OK):
         assert LocalDirectory.from_string(path).path == Path(path).resolve()  # checks only, writes nothing
 
@@ -95,7 +95,7 @@ def test_force_lets_a_system_directory_through(cli, tmp_path: Path, monkeypatch,
     """A stand-in system directory (a real one would be written to): refused, then measured with --force."""
     target = tmp_path / "pretend-usr"
     target.mkdir()
-    monkeypatch.setattr(local, "SYSTEM_DIRECTORIES", local.SYSTEM_DIRECTORIES | {str(target)})
+    monkeypatch.setattr(local_target, "SYSTEM_DIRECTORIES", local_target.SYSTEM_DIRECTORIES | {str(target)})
     assert "--force" in _one_error_line(cli(command, str(target), *TINY[command]))
     result = cli(command, str(target), *TINY[command], "--force", "--json")
     assert result.exit_code in ((0,) if command == "bench" else (0, 1)), result.stderr  # preflight: a verdict
@@ -120,7 +120,7 @@ def test_scratch_directories_are_private_whatever_the_umask(tmp_path: Path, umas
         with LocalDirectory(tmp_path).scratch() as scratch:
             assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
             real = Path(os.path.realpath(scratch))  # the path goes through the descriptor held open
-            assert real.parent == tmp_path and real.name.startswith(local.SCRATCH_PREFIX)
+            assert real.parent == tmp_path and real.name.startswith(local_target.SCRATCH_PREFIX)
     finally:
         os.umask(old)
     assert list(tmp_path.iterdir()) == []
@@ -129,9 +129,9 @@ def test_scratch_directories_are_private_whatever_the_umask(tmp_path: Path, umas
 def test_a_scratch_directory_is_listed_as_in_use_until_it_is_removed(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), LocalDirectory(tmp_path).scratch() as scratch:
         real = os.path.realpath(scratch)
-        assert local.SCRATCH_IN_USE[-1] == real  # what a second Ctrl-C names as left behind: its real path
+        assert local_target.SCRATCH_IN_USE[-1] == real  # what a second Ctrl-C names as left behind: its real path
         raise RuntimeError("the run fails")
-    assert real not in local.SCRATCH_IN_USE and not os.path.exists(real)
+    assert real not in local_target.SCRATCH_IN_USE and not os.path.exists(real)
 
 
 @pytest.mark.parametrize("workload", ["fs", "checkpoint"])
@@ -268,7 +268,7 @@ def test_library_save_keeps_the_secret_out_of_errors_and_logs(caplog: pytest.Log
 
 
 def test_store_options_and_descriptions_hide_credentials() -> None:
-    from ckptbench.storage.objects import ObjectTarget
+    from ckptbench.storage.object_target import ObjectTarget
     from ckptbench.storage.s3 import S3Options
 
     options = {"endpoint_url": "http://127.0.0.1:9", "key": CANARY_KEY, "secret": CANARY_SECRET, "token": CANARY_TOKEN}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.storage.local import SCRATCH_PREFIX
+from ckptbench.storage.local_target import SCRATCH_PREFIX
 
 #: how long a run may take to start writing on a busy machine (torch import, planning, memcpy probe)
 START_S = 240

@@ -27,8 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ckptbench.bench.objects import ObjectBenchSpec, run_object_bench
-from ckptbench.storage.objects import ObjectTarget
+from ckptbench.bench.object_sweep import ObjectBenchSpec, run_object_bench
+from ckptbench.storage.object_target import ObjectTarget
 from ckptbench.units import parse_size
 
 

@@ -124,7 +124,7 @@ def test_a_scratch_directory_swapped_for_a_symlink_redirects_no_write_and_no_del
     symlink to the victim's directory in its place, mid-run. Everything the run then writes, reads
     and deletes still happens in its own (renamed) scratch directory."""
     from ckptbench import native
-    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.local_target import LocalDirectory
 
     target = LocalDirectory.from_string(str(arena.shared), force=True)
     before = arena.snapshot()

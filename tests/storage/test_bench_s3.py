@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.bench.objects import ObjectBenchSpec
+from ckptbench.bench.object_sweep import ObjectBenchSpec
 from ckptbench.cli.bench import storage_options_from
 from ckptbench.cli.render import redacted_argv
 from ckptbench.errors import UsageError

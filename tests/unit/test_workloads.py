@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.bench.checkpoint import CacheDropper, CheckpointBenchSpec, PeakRss
 from ckptbench.bench.records_ckpt import CheckpointBenchReport, Goal, MemoryResult, Timings, WriterResult
+from ckptbench.bench.shootout import CacheDropper, CheckpointBenchSpec, PeakRss
 from ckptbench.bench.workloads import build_state_dict, compose, plan_workload
 from ckptbench.bench.writers import WRITERS, fault_in, verify_state_dict
 from ckptbench.errors import StorageIOError, UsageError
