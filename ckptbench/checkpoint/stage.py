@@ -88,15 +88,15 @@ class Arena:
             self._bytes_view = torch.frombuffer(self.buffer, dtype=torch.uint8)
         return self._bytes_view
 
-    def remember(self, key: tuple, direct: MappedStaging) -> None:
-        """Keep ``direct``, the staging worked out from the arrays ``key``, for :meth:`repeat_for`."""
-        self._repeat = (key, _direct_settings(), direct)
+    def remember(self, key: tuple, mapped_staging: MappedStaging) -> None:
+        """Keep ``mapped_staging``, the staging worked out from the arrays ``key``, for :meth:`repeat_for`."""
+        self._repeat = (key, _mapped_staging_settings(), mapped_staging)
 
     def repeat_for(self, key: tuple) -> MappedStaging | None:
         """The staging remembered for the very arrays ``key`` (the same objects: they are never changed
         once planned, so the work out of them is the same) under the same knobs, else None. The key's
         arrays stay referenced while remembered, so no other array can take an identity."""
-        if self._repeat is None or self._repeat[1] != _direct_settings():
+        if self._repeat is None or self._repeat[1] != _mapped_staging_settings():
             return None
         known = self._repeat[0]
         return self._repeat[2] if len(known) == len(key) and all(a is b for a, b in zip(known, key, strict=True)) else None
@@ -119,8 +119,8 @@ class Arena:
         self.buffer = None
 
 
-def _direct_settings() -> tuple:
-    """The knobs a remembered direct staging was worked out under."""
+def _mapped_staging_settings() -> tuple:
+    """The knobs a remembered mapped staging was worked out under."""
     return (knobs.STAGE_GATHER_DIRECT, knobs.STAGE_GATHER_KERNEL, knobs.STAGE_GATHER_BELOW_BYTES,
             gather.Prepared.settings(True))
 
@@ -269,13 +269,13 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     try:
         if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
             copies = DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after)
-            direct = MappedStaging.of(copies, arena.mapped, arena.prepared)
-            if direct is None:
+            mapped_staging = MappedStaging.of(copies, arena.mapped, arena.prepared)
+            if mapped_staging is None:
                 queued.append(queue_from_device(copies, flat, arena.mapped, arena.prepared))
                 return None
             if key is not None:
-                arena.remember(key, direct)
-            queued.append(direct.issue(sources, flat))
+                arena.remember(key, mapped_staging)
+            queued.append(mapped_staging.issue(sources, flat))
             return None
         for device in np.unique(routes[routes >= 0]).tolist():
             on = np.flatnonzero(routes == device)
@@ -470,9 +470,9 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     device = copies.sources[int(copies.index[0])].device if len(copies.index) else None
     if device is None:
         return gather.Queued((), [])
-    direct = MappedStaging.of(copies, mapped, prepared)
-    if direct is not None:
-        return direct.issue(copies.sources, flat)
+    mapped_staging = MappedStaging.of(copies, mapped, prepared)
+    if mapped_staging is not None:
+        return mapped_staging.issue(copies.sources, flat)
     cuda = device.type == "cuda"  # CPU tensors: how it is unit-tested, everything in order
     big, small, kernel = _by_size(copies, device)
     gather_stream = side_stream(device) if cuda else None
@@ -518,7 +518,7 @@ class MappedStaging:
 
     @classmethod
     def of(cls, copies: DeviceCopies, mapped: bool, prepared: gather.Prepared | None) -> MappedStaging | None:
-        """The direct staging of ``copies``, or None where the kernel cannot write into the arena
+        """The mapped staging of ``copies``, or None where the kernel cannot write into the arena
         (not ``mapped``, no kernel, ``knobs.STAGE_GATHER_DIRECT`` off); its table from ``prepared``."""
         if not (mapped and knobs.STAGE_GATHER_DIRECT and len(copies.index)):
             return None
