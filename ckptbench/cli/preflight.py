@@ -443,8 +443,8 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
     import dataclasses
     import statistics
 
-    from ckptbench.bench.checkpoint import MEMORY_COPIES, plan
-    from ckptbench.checkpoint.stage import available_memory_bytes
+    from ckptbench.bench.shootout import MEMORY_COPIES, plan
+    from ckptbench.checkpoint.host_memory import available_memory_bytes
     from ckptbench.decide.scaling import extended_size
 
     available = available_memory_bytes()
