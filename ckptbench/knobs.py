@@ -53,6 +53,12 @@ METADATA_FILE_BYTES = _env_int("METADATA_FILE_BYTES", 4096)
 SAVE_THREADS = _env_int("SAVE_THREADS", max(2, min(8, os.cpu_count() or 2)))
 SAVE_SHARD_BYTES = _env_int("SAVE_SHARD_BYTES", 256 * 2**20)
 SAVE_BLOCK_BYTES = _env_int("SAVE_BLOCK_BYTES", 4 * 2**20)
+#: Per-mount tuning of the writer's auto settings (``checkpoint.tuning``): 0 turns measuring off; the
+#: probe's bytes per trial and its time budget in all; saves smaller than TUNE_MIN_BYTES do not measure.
+TUNE = _env_int("TUNE", 1)
+TUNE_PROBE_BYTES = _env_int("TUNE_PROBE_BYTES", 32 * 2**20)
+TUNE_SECONDS = _env_float("TUNE_SECONDS", 5.0)
+TUNE_MIN_BYTES = _env_int("TUNE_MIN_BYTES", 64 * 2**20)
 #: GPU staging: CUDA tensors below this size are gathered on the device into runs of at most
 #: STAGE_GATHER_RUN_BYTES (gaps up to STAGE_GATHER_MAX_GAP_BYTES), each copied to the host as one piece;
 #: runs are gathered in batches of about that size into STAGE_GATHER_SLOTS device buffers, so the

@@ -17,6 +17,10 @@ from click.testing import CliRunner
 # Measuring commands print a line per step to stderr when it is not a terminal (logs); the tests read stderr
 # for the one-line errors, so they run without them (tests/cli/test_progress_log.py turns them on).
 os.environ.setdefault("CKPTBENCH_LOG_PROGRESS", "0")
+# Saves use the default settings, not ones measured per mount (checkpoint/tuning.py), unless a test turns the
+# measurement on (tests/checkpoint/test_tuning.py): a test's save then writes exactly what it says, and no probe
+# writes land in the tests that intercept or count the writes of a save.
+os.environ.setdefault("CKPTBENCH_TUNE", "0")
 
 from ckptbench.cli import main  # noqa: E402
 

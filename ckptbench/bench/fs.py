@@ -5,6 +5,12 @@ configuration, ``warmup + repeat`` times: write all files (timed: open, pwrite, 
 close, directory fsync), read them back cold (timed; O_DIRECT, or fadvise DONTNEED after
 fdatasync), delete them (untimed). Warm-up runs are discarded. The first read is checked against
 the source bytes, so a number never comes from a broken read.
+
+On a network or FUSE filesystem (``checkpoint.tuning.is_network``), where O_DIRECT can be a synchronous
+round trip per request, a durable O_DIRECT run measures both durable modes, run by run interleaved:
+O_DIRECT, and buffered + fdatasync (reads: O_DIRECT, and buffered after fadvise DONTNEED). Each row
+then reports the faster mode beyond the noise (a tie keeps buffered + fdatasync, ``tuning.durable_default``),
+and ``durable_modes`` holds both.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ import numpy as np
 
 from ckptbench import knobs, native
 from ckptbench.bench.environment import collect_environment
+from ckptbench.bench.layout import layout_notes
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import ConfigResult, FsBenchReport, MetadataResult, PhaseResult
+from ckptbench.checkpoint import tuning
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import StorageIOError
-from ckptbench.storage.local_target import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory, MountInfo, mount_of
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -110,7 +118,16 @@ def run_fs_bench(
     sink_view = memoryview(sink)[:buffer_bytes] if spec.read else None
 
     runs = spec.warmup + spec.repeat
-    progress.begin(len(spec.grid()) * runs * spec.size_bytes * (2 if spec.read else 1))
+    mount = mount_of(target.path)
+    modes = [True, False] if spec.direct and spec.fsync and mount and tuning.is_network(mount.fstype) else [spec.direct]
+    if len(modes) == 2:
+        supported, why = native.probe_direct(str(target.path))
+        if not supported:
+            log.info("O_DIRECT not available on %s (%s): one durable mode to measure", target, why)
+            modes = [True]
+        else:
+            log.info("%s is a %s mount: measuring both durable modes", target, mount.fstype)
+    progress.begin(len(spec.grid()) * runs * spec.size_bytes * (2 if spec.read else 1) * len(modes))
     results: list[ConfigResult] = []
     metadata: list[MetadataResult] = []
     verified = False
@@ -120,16 +137,17 @@ def run_fs_bench(
         read_jobs = _jobs(sink_view, paths, sizes) if sink_view is not None else []
         sync = "fdatasync" if spec.fsync else "none"
         for threads, block_size, schedule in spec.grid():
-            writes: list[native.IoResult] = []
-            reads: list[native.IoResult] = []
-            for run in range(runs):
+            by_mode: dict[bool, tuple[list[native.IoResult], list[native.IoResult]]] = {m: ([], []) for m in modes}
+            for run, direct in ((run, direct) for run in range(runs) for direct in modes):
+                writes, reads = by_mode[direct]
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
                 name = f"{threads} thr x {format_size(block_size)}" + (
-                    f" {schedule}" if len(spec.schedules) > 1 else "")
+                    f" {schedule}" if len(spec.schedules) > 1 else "") + (
+                    f" {'O_DIRECT' if direct else 'buffered'}" if len(modes) > 1 else "")
                 progress.phase(f"{name}: write {label}")
                 w = _engine(
                     f"{name}: write {label}", native.write, write_jobs, threads=threads, block_size=block_size,
-                    direct=spec.direct, sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
+                    direct=direct, sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
                 )
                 progress.end_step(w.bytes)
                 if sink_view is not None:
@@ -139,7 +157,7 @@ def run_fs_bench(
                     progress.phase(f"{name}: read {label}")
                     r = _engine(
                         f"{name}: read {label}", native.read, read_jobs, threads=threads, block_size=block_size,
-                        direct=spec.direct, drop_cache=True, schedule=schedule, on_progress=progress.advance,
+                        direct=direct, drop_cache=True, schedule=schedule, on_progress=progress.advance,
                     )
                     progress.end_step(r.bytes)
                     if check:
@@ -152,8 +170,8 @@ def run_fs_bench(
                 if run >= spec.warmup:
                     writes.append(w)
                 _remove(paths)
-            results.append(ConfigResult(threads, block_size, schedule, _phase("write", writes),
-                                        _phase("read", reads) if reads else None))
+            results.append(_config_result(threads, block_size, schedule, by_mode,
+                                          tuning.durable_default(mount.fstype if mount else None)))
         if spec.metadata:
             metadata = _metadata(spec, scratch, progress)
     return FsBenchReport(
@@ -162,9 +180,41 @@ def run_fs_bench(
         memcpy_bps=memcpy_bps,
         results=tuple(results),
         metadata=tuple(metadata),
-        environment=collect_environment(target.path),
+        environment=_environment(target, mount, max(spec.threads)),
         data_verified=verified,
     )
+
+
+def _environment(target: LocalDirectory, mount: MountInfo | None, streams: int) -> dict[str, Any]:
+    """The run's environment, with the filesystem's layout and what it implies (Lustre, BeeGFS, NFS)."""
+    environment = collect_environment(target.path)
+    notes = layout_notes(target.path, mount.fstype, mount.options, streams) if mount else None
+    return {**environment, "layout": notes} if notes else environment
+
+
+def _config_result(threads: int, block_size: int, schedule: str,
+                   by_mode: dict[bool, tuple[list[native.IoResult], list[native.IoResult]]],
+                   default: bool) -> ConfigResult:
+    """One row: with both durable modes measured, the faster one's write and read (each beyond the noise,
+    else ``default``: ``tuning.durable_default``), and both in ``durable_modes``."""
+    phases = {m: (_phase("write", w), _phase("read", r) if r else None) for m, (w, r) in by_mode.items()}
+    if len(phases) == 1:
+        (write, read), = phases.values()
+        return ConfigResult(threads, block_size, schedule, write, read)
+    write_direct, write_why = tuning.faster_mode(phases[True][0].runs_gbps, phases[False][0].runs_gbps,
+                                                 default=default)
+    modes: dict[str, object] = {"write_direct": write_direct, "write_reason": write_why}
+    for key, direct in (("direct", True), ("buffered", False)):
+        write, read = phases[direct]
+        modes[key] = {"write_gbps": write.gbps, "write_runs_gbps": write.runs_gbps,
+                      "read_gbps": read.gbps if read else None, "read_runs_gbps": read.runs_gbps if read else None}
+    read = phases[write_direct][1]
+    if phases[True][1] is not None and phases[False][1] is not None:
+        read_direct, read_why = tuning.faster_mode(phases[True][1].runs_gbps, phases[False][1].runs_gbps,
+                                                   default=default, buffered=tuning.COLD_BUFFERED)
+        modes.update(read_direct=read_direct, read_reason=read_why)
+        read = phases[read_direct][1]
+    return ConfigResult(threads, block_size, schedule, phases[write_direct][0], read, modes)
 
 
 def _metadata(spec: FsBenchSpec, scratch: Path, progress: Progress) -> list[MetadataResult]:

@@ -160,6 +160,9 @@ class ConfigResult:
     schedule: str
     write: PhaseResult
     read: PhaseResult | None
+    #: Both durable modes where both were measured (a network or FUSE filesystem): each mode's rates,
+    #: and which is faster for writes and for cold reads, with why (``bench.fs``).
+    durable_modes: dict[str, Any] | None = None
 
     def label(self) -> str:
         return f"{self.threads} thr x {format_size(self.block_size)} ({self.schedule})"
@@ -182,6 +185,7 @@ class ConfigResult:
             "config": config,
             "write": self.write.to_dict(memcpy_bps),
             "read": self.read.to_dict(memcpy_bps) if self.read else None,
+            **({"durable_modes": self.durable_modes} if self.durable_modes else {}),
         }
 
 
@@ -252,7 +256,7 @@ class FsBenchReport:
                     remedy,
                 ))
         first = self.results[0].write
-        if self.spec.direct and not first.direct_used:
+        if self.spec.direct and not first.direct_used and self.results[0].durable_modes is None:
             out.append(BenchWarning(
                 "direct-fallback",
                 f"O_DIRECT is not available here ({first.fallback_reason}); "

@@ -6,6 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ckptbench.model.noise import beats, leaders
+
+__all__ = ["beats", "latency_percentiles_ms", "leaders", "relative_spread", "summarize"]
+
 
 def summarize(samples: Sequence[float]) -> dict[str, float | int]:
     """Median, min, max, p10, p90, mean and stdev of repeated measurements (hyperfine-style)."""
@@ -46,23 +50,3 @@ def relative_spread(samples: Sequence[float]) -> float:
     values = np.asarray(samples, dtype=float)
     median = float(np.median(values))
     return float((values.max() - values.min()) / median) if values.size > 1 and median > 0 else 0.0
-
-
-def beats(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> bool:
-    """Whether ``a`` is better than ``b`` beyond the noise of both: each has two or more samples and every
-    sample of ``a`` is better than every sample of ``b`` (their ranges do not overlap). One sample says
-    nothing about the noise, so it never beats and is never beaten."""
-    if len(a) < 2 or len(b) < 2:
-        return False
-    return min(a) > max(b) if higher_is_better else max(a) < min(b)
-
-
-def leaders(candidates: Sequence[Sequence[float]], higher_is_better: bool = True) -> list[int]:
-    """Indices of the candidates tied for best, best median first: the one with the best median, and every
-    other one it does not :func:`beats`. One index means a winner beyond the noise."""
-    if not candidates:
-        raise ValueError("no candidates to rank")
-    medians = [float(np.median(np.asarray(c, dtype=float))) for c in candidates]
-    order = sorted(range(len(candidates)), key=lambda i: medians[i], reverse=higher_is_better)
-    top = order[0]
-    return [top] + [i for i in order[1:] if not beats(candidates[top], candidates[i], higher_is_better)]

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ckptbench import knobs
+from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.distributed import World, current_world
 from ckptbench.checkpoint.loader import LOAD_ATTEMPTS, _Loader
 from ckptbench.checkpoint.plan import PlanCache
@@ -41,8 +42,11 @@ class Checkpointer(_Saver, _Loader):
         shard_size: target bytes per shard file (default 256 MiB; ``CKPTBENCH_SAVE_SHARD_BYTES``).
             Tensors are balanced over about total / shard_size shards; a tensor is never split.
         block_size: bytes per I/O request (default 4 MiB; ``CKPTBENCH_SAVE_BLOCK_BYTES``).
-        direct: O_DIRECT writes and reads where the filesystem allows (default True); elsewhere the
-            engine falls back to buffered I/O + fdatasync and the SaveResult says why.
+        direct: True: O_DIRECT writes and reads where the filesystem allows (elsewhere the engine falls
+            back to buffered I/O + fdatasync and the SaveResult says why); False: buffered + fdatasync;
+            None (default): auto. ``threads``, ``block_size`` and ``direct`` left None are chosen per
+            mount by ``checkpoint.tuning`` (measured once per mount and process; SaveResult.tuning
+            says what and why); anything but None/True/False for ``direct`` is a TypeError.
         checksum: CRC-32C of every tensor in the manifest, verified by ``load`` (default True).
 
     Example::
@@ -63,6 +67,8 @@ class Checkpointer(_Saver, _Loader):
         direct: bool | None = None,
         checksum: bool = True,
     ) -> None:
+        self._given = (threads, block_size, tuning.check_direct(direct))  # None: auto, per target
+        self._tuning: tuning.Tuning | None = None
         self.threads = threads or knobs.SAVE_THREADS
         self.shard_size = shard_size or knobs.SAVE_SHARD_BYTES
         self.block_size = block_size or knobs.SAVE_BLOCK_BYTES

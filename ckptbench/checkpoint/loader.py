@@ -31,6 +31,7 @@ import numpy as np
 
 from ckptbench import interrupts, native
 from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.commit import current_manifest
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.host_memory import available_memory_bytes
@@ -65,6 +66,7 @@ class _Loader:
     threads: int
     block_size: int
     direct: bool
+    _given: tuple[int | None, int | None, bool | None]
     _read_buffer: Arena
     last_load_s: float
 
@@ -207,7 +209,8 @@ class _Loader:
                     checks = _checksum_ranges(entries, offsets, manifest["checksum"]["block_bytes"], store.url)
                     self._read_verified(store, buffer, files, checks, shards)
                 else:
-                    store.read_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct)
+                    store.read_files(files, **tuning.read_settings(store, self._given[2], self.threads,
+                                                                   self.block_size, len(files)))
             except UnsafeFileError as exc:  # a shard swapped for a symlink or special file since its size was checked
                 raise mf.CorruptCheckpointError(f"{store.url}: {exc}") from None
         flat = torch.frombuffer(buffer, dtype=torch.uint8) if total and into is not None else None
@@ -259,8 +262,8 @@ class _Loader:
         groups = [range(i, min(i + per_group, len(files))) for i in range(0, len(files), per_group)]
         with Workers(1, "ckptbench-verify") as verifier:
             for n, group in enumerate(groups):
-                store.read_files(files[group.start:group.stop], threads=self.threads,
-                                 block_size=self.block_size, direct=self.direct)
+                store.read_files(files[group.start:group.stop], **tuning.read_settings(
+                    store, self._given[2], self.threads, self.block_size, len(group)))
                 if n == len(groups) - 1:
                     reads_done.set()
                 verifier.submit(check, group)

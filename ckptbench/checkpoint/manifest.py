@@ -27,10 +27,11 @@ from ckptbench.units import format_size
 MANIFEST_NAME = "manifest.json"
 FORMAT = "ckptbench.checkpoint/1"
 #: Files a save may create: shards named by save id, the manifest's temp name, and the engine's
-#: O_DIRECT probe (``csrc/engine.cpp``; left behind by a save killed during it).
+#: O_DIRECT probe (``csrc/engine.cpp``) and the per-mount tuning probe (``checkpoint/tuning.py``), left
+#: behind by a save killed during them.
 #: Under a distributed launch shards carry the rank too: ``shard-<save id>-r<rank>-<index>.bin``.
 OWNED_FILE = re.compile(r"^(shard-[0-9a-f]{8}(-r\d{5})?-\d{5}\.bin|\.manifest\.json\.tmp-[0-9a-f]{8}"
-                        r"|\.ckptbench-direct-probe-\d+-\d+)$")
+                        r"|\.ckptbench-direct-probe-\d+-\d+|\.ckptbench-tune-[0-9a-f]{6}-\d+)$")
 
 
 def commit(store: Store, manifest: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ckptbench import __version__, interrupts, native, safeio
 from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.commit import announce_failure, commit, commit_across_ranks, remove_stale
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
@@ -88,6 +89,9 @@ class SaveResult:
     #: the copy; see ``stage.CopyBehind``), and how many of the caller's writes waited for a page.
     staging: str = "copy"
     cow_faults: int = 0
+    #: How direct, threads and block_size were chosen: each value, its source and reason, the mount
+    #: and the probe's samples (``checkpoint.tuning.Tuning.to_dict``).
+    tuning: dict[str, Any] | None = None
 
     @property
     def total_s(self) -> float:
@@ -187,6 +191,15 @@ class _Saver:
     _plans: PlanCache
     _in_flight: Future | None
     _lock: threading.Lock
+    _given: tuple[int | None, int | None, bool | None]
+    _tuning: tuning.Tuning | None
+
+    def _settle(self, store: Store, nbytes: int, may_measure: bool = True) -> None:
+        """This save's direct, threads and block_size: those given, else chosen for the target (``tuning``)."""
+        self._tuning = tuning.settle(store, threads=self._given[0], block_size=self._given[1], direct=self._given[2],
+                                     total_bytes=nbytes, shard_size=self.shard_size, may_measure=may_measure)
+        self.direct, self.threads, self.block_size = (c.value for c in (self._tuning.direct, self._tuning.threads,
+                                                                        self._tuning.block_size))
 
     def _save_alone(self, state_dict: Any, path: str | os.PathLike, store: Store, async_: bool, overwrite: bool,
                     t0: float, allow_pickle: bool = False) -> SaveResult | SaveHandle:
@@ -214,6 +227,7 @@ class _Saver:
                 raise CheckpointExistsError(f"{store.url} already holds a checkpoint (a save just committed it)",
                                             hint="pass overwrite=True to replace it")
             _require_free(store, plan.total_bytes)
+            self._settle(store, plan.total_bytes)
             staging = time.perf_counter()
             with self._lock:
                 behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
@@ -290,6 +304,7 @@ class _Saver:
                                              allow_pickle=allow_pickle)
             store.prepare()
             _require_free(store, plan.total_bytes)
+            self._settle(store, plan.total_bytes, may_measure=False)  # ranks probing at once would measure each other
             with self._lock:
                 behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             del tensors
@@ -451,6 +466,7 @@ class _Saver:
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
             checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused,
             staging="copy" if behind is None else "copy-on-write", cow_faults=0 if behind is None else behind.faults,
+            tuning=self._tuning.to_dict() if self._tuning is not None else None,
             **world,
         )
 

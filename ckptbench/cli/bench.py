@@ -410,6 +410,13 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         console.print(best_or_tied(labels, leaders, spec.repeat))
     console.print(f"fastest median: {b.threads} threads x {format_size(b.block_size)} blocks, {b.schedule}: "
                   f"write {b.write.gbps:.2f} GB/s{read_text}")
+    layout = document["environment"].get("layout")
+    if layout:
+        console.print(f"layout: {layout.get('note') or 'skipped: ' + layout['skipped']}")
+    if b.durable_modes:
+        m = b.durable_modes
+        console.print(f"durable modes there: write {m['write_reason']}"
+                      + (f"; cold read {m['read_reason']}" if "read_reason" in m else ""))
     for m in document["metadata"]:
         lat = m["latency_ms"]
         console.print(f"metadata: {m['threads']} thr: {m['ops_per_s']:.0f} files/s "

@@ -226,9 +226,11 @@ def _from_fs(doc: dict[str, Any], where: str) -> list[Advice]:
         why = (f"{where}: {len(tied)} of {runs} configurations tie for the best durable write (their runs overlap); "
                f"the one with the fewest threads and smallest blocks, {_rate(w['gbps']):.2f} GB/s with "
                f"{c['threads']} thread(s) x {size} blocks ({c['schedule']})")
+    modes = chosen.get("durable_modes")  # both measured (a network or FUSE mount): the faster one, and why
+    direct_why = f"{where}: " + (modes["write_reason"] if modes else "O_DIRECT " + (
+        "worked" if c["direct"] else f"unavailable ({c.get('direct_fallback_reason')})"))
     out = [Advice("threads", c["threads"], why), Advice("block_size_bytes", c["block_size"], why),
-           Advice("direct", bool(c["direct"]), f"{where}: O_DIRECT " + (
-               "worked" if c["direct"] else f"unavailable ({c.get('direct_fallback_reason')})"))]
+           Advice("direct", bool(c["direct"]), direct_why)]
     return out
 
 

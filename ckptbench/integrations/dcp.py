@@ -632,8 +632,10 @@ class _Writer:
         files_per_rank: at most this many data files per rank (default ``threads``), each at least
             16 MiB; several files let filesystems that serialise appends to one file write in parallel.
         block_size: bytes per pwrite (default ``knobs.SAVE_BLOCK_BYTES``).
-        direct: O_DIRECT where the filesystem allows it; elsewhere buffered + fdatasync (logged, and
-            in ``last_stats``). Either way every file is fdatasynced and the directory fsynced.
+        direct: True: O_DIRECT where the filesystem allows it (elsewhere buffered + fdatasync, logged,
+            and in ``last_stats``); False: buffered + fdatasync; None (default): the faster of the two
+            for the target's mount (``checkpoint.tuning``). Either way every file is fdatasynced and the
+            directory fsynced.
         checksum: store CRC-32C of raw tensors (verified by :class:`Reader`).
         serialization: ``"raw"`` (tensor bytes) or ``"torch_save"`` (FileSystemWriter's exact format).
         overwrite: replace a checkpoint already at ``path`` (the old one stays loadable until the new
@@ -665,11 +667,14 @@ class _Writer:
         threads: int | None = None,
         files_per_rank: int | None = None,
         block_size: int | None = None,
-        direct: bool = True,
+        direct: bool | None = None,
         checksum: bool = True,
         serialization: Literal["raw", "torch_save"] | None = None,
     ) -> None:
         super().__init__()
+        from ckptbench.checkpoint import tuning
+
+        tuning.check_direct(direct)
         self.path = Path(path)
         threads = _same_setting("thread_count", thread_count, "threads", threads)
         serialization = _same_setting("serialization_format", _serialization_of(serialization_format),
@@ -861,6 +866,19 @@ class _Writer:
         return self._copy_and_write(self._arena if copy_bytes else None, plan, items, placed, tensors, blobs, files,
                                     copy_files, staging, store, prefix, total, staged_bytes, t0)
 
+    def _durable_mode(self, store: Store, total: int) -> bool:
+        """``direct`` as given, else the faster durable mode of the target's mount (``checkpoint.tuning``;
+        measured only by a save from one process: ranks probing at once would measure each other)."""
+        if self.direct is not None:
+            return self.direct
+        import torch.distributed as dist
+
+        from ckptbench.checkpoint import tuning
+
+        alone = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        return tuning.settle(store, direct=None, threads=self.threads, block_size=self.block_size, total_bytes=total,
+                             shard_size=max(1, total // self.files_per_rank), may_measure=alone).direct.value
+
     def _copy_and_write(self, arena: Arena | None, plan: SavePlan, items: list[WriteItem], placed: list[_Placed],
                         tensors: dict[int, torch.Tensor], blobs: dict[int, memoryview], files: list[_File],
                         copy_files: list[_File], staging: _Staging | None, store: Store, prefix: str, total: int,
@@ -912,7 +930,8 @@ class _Writer:
         try:
             if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
                 crc_thread.start()
-            report = store.write_files(writes, threads=self.threads, block_size=self.block_size, direct=self.direct)
+            report = store.write_files(writes, threads=self.threads, block_size=self.block_size,
+                                       direct=self._durable_mode(store, total))
         except OSError as exc:
             raise StorageIOError(f"writing the checkpoint to {self.path} failed: {exc}",
                                  hint="check free space and permissions of the target") from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import grp
+import io
 import logging
 import os
 import pwd
@@ -40,13 +41,14 @@ class MountInfo:
     options: str
 
 
-def mount_of(path: Path) -> MountInfo | None:
-    """The mount holding ``path`` (longest mount-point prefix in /proc/mounts), or None off Linux."""
-    real = os.path.realpath(path)
+def mount_of(path: Path, mounts: str | None = None) -> MountInfo | None:
+    """The mount holding ``path`` (longest mount-point prefix in /proc/mounts, or in ``mounts``, text
+    in its format), or None off Linux."""
+    real = os.path.realpath(path) if mounts is None else os.path.normpath(path)
     best: MountInfo | None = None
     try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
+        with open("/proc/mounts") if mounts is None else io.StringIO(mounts) as lines:
+            for line in lines:
                 fields = line.split()
                 if len(fields) < 4:
                     continue
@@ -167,9 +169,9 @@ class LocalDirectory:
 
     def require_inodes(self, needed_files: int) -> None:
         """Raise InsufficientSpaceError when fewer inodes than ``needed_files`` are free (where the
-        filesystem counts them: statvfs reports a total)."""
+        filesystem counts them: statvfs reports a total; ceph-fuse reports -1 free, no limit)."""
         fs = os.statvfs(self.path)
-        if fs.f_files and fs.f_favail < needed_files:
+        if fs.f_files and 0 <= fs.f_favail < needed_files:
             raise InsufficientSpaceError(
                 f"{self.path} has {fs.f_favail} free inodes of {fs.f_files} but the run creates {needed_files} "
                 f"files and directories", hint="remove files there (the filesystem is out of inodes, not bytes)")

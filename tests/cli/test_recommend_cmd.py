@@ -178,3 +178,15 @@ def test_help_examples_name_files_that_exist(cli):
     text = cli("recommend", "--help").stdout
     named = [word for word in text.split() if word.startswith("results/")]
     assert named and all((REPO / word).exists() for word in named)
+
+
+def test_a_network_mount_result_gives_its_faster_durable_mode_and_why(cli, tmp_path: Path):
+    fs = json.loads(FS.read_text())
+    for row in fs["results"]:  # as bench writes it on a FUSE mount where buffered + fdatasync won
+        row["config"].update(direct=False, direct_fallback_reason=None)
+        row["durable_modes"] = {"write_direct": False, "write_reason": "buffered + fdatasync faster beyond the noise"}
+    path = tmp_path / "cephfs.json"
+    path.write_text(json.dumps(fs))
+    direct = cli.json("recommend", str(path))["settings"]["direct"]
+    assert direct["value"] is False
+    assert direct["reason"].endswith("buffered + fdatasync faster beyond the noise") and "unavailable" not in direct["reason"]
