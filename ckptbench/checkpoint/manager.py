@@ -13,9 +13,12 @@ manifest) are removed: never before the new step is committed, never a step a sa
 save lock is taken first), and only the files a save creates (a directory with anything else in it
 is left in place).
 
-Where the steps live is a :class:`_Tier` (a root URL and its storage options): the manager writes to
-one. A second, remote tier drained every k-th step would be another ``_Tier`` with the same listing
-and retention, fed after the local commit.
+Where the steps live is a :class:`_Tier` (a root URL and its storage options). With ``remote=URL``
+the manager has two: saves go to the local tier (the root), and every ``remote_every``-th committed
+local step is then copied to the remote tier in the background (``checkpoint/drain.py``: shards,
+then the manifest, under the remote step's save lock), with the same layout, listing and retention
+(``keep_remote``). Loads take the newest committed step of either tier, the local copy first, and
+fall back to the remote copy when the local one is missing or damaged.
 """
 
 from __future__ import annotations
@@ -31,8 +34,15 @@ from typing import Any
 
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, _world_for
+from ckptbench.checkpoint.drain import Drainer, DrainResult, DrainStatus, _Buffers, copy_checkpoint
 from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_save_lock
-from ckptbench.errors import StepNotFoundError, UsageError
+from ckptbench.errors import (
+    CorruptCheckpointError,
+    NotACheckpointError,
+    StepNotFoundError,
+    StorageIOError,
+    UsageError,
+)
 from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -111,6 +121,37 @@ class _Tier:
         """Remove ``step``'s checkpoint (see :func:`remove_checkpoint`)."""
         return remove_checkpoint(self.step_store(step), why)
 
+    def overlaps(self, other: _Tier) -> bool:
+        """Whether the two roots are the same location, or one lies inside the other."""
+        if (self.root.local_path is None) != (other.root.local_path is None):
+            return False
+        if self.root.local_path is not None and other.root.local_path is not None:
+            mine, theirs = self.root.local_path.resolve(), other.root.local_path.resolve()
+            return mine == theirs or mine in theirs.parents or theirs in mine.parents
+        mine, theirs = self.url.rstrip("/") + "/", other.url.rstrip("/") + "/"
+        return mine.startswith(theirs) or theirs.startswith(mine)
+
+    def retain(self, step: int, keep_last: int | None, busy: set[int]) -> None:
+        """After ``step`` committed here: remove the steps beyond the newest ``keep_last`` and the
+        leftovers of saves that never committed, except ``step`` and the ``busy`` ones. Never raises:
+        what could not be listed or removed is logged (the next commit tries again)."""
+        try:
+            listing = self.listing()
+            committed = sorted(s for s, ok in listing.items() if ok)
+            doomed: list[tuple[int, str]] = [(s, "an interrupted save") for s, ok in listing.items()
+                                            if not ok and s != step and s not in busy]
+            if keep_last is not None:
+                kept = set(committed[-keep_last:]) | {step} | busy
+                doomed += [(s, f"keep_last={keep_last}") for s in committed if s not in kept]
+        except Exception as exc:  # noqa: BLE001 - retention must not turn a committed save into a failure
+            log.warning("retention after saving step %d under %s could not list the steps: %s", step, self.url, exc)
+            return
+        for old, why in sorted(doomed):
+            try:
+                self.remove_step(old, why)
+            except Exception as exc:  # noqa: BLE001 - the next save tries again
+                log.warning("could not remove step %d under %s (%s): %s", old, self.url, why, exc)
+
 
 def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
     """Remove what saves created in ``store``'s checkpoint directory, the manifest first (so a half-removed
@@ -159,6 +200,20 @@ class CheckpointManager:
     save commits: the steps beyond the newest ``keep_last`` (by step number; the step just saved is
     always kept) and the leftovers of saves that never committed are removed then, never earlier.
 
+    **Two tiers.** With ``remote``, saves still go to ``root`` (the fast, local tier) and return as
+    before; every ``remote_every``-th step this manager commits there is then copied to ``remote``
+    (the durable tier: a directory or ``s3://...``) by a background thread, its shards first and its
+    manifest last, so the remote tier only ever lists whole checkpoints. One copy runs at a time:
+    when a newer step is due before the previous copy started, the newer one is copied instead. A
+    copy that fails (the remote tier unreachable) does not stop the saves: it is retried
+    (``CKPTBENCH_DRAIN_RETRY_S``, and at once when the next step is due), and :meth:`remote_status`
+    says what happened. The local tier keeps a step until its copy is done, beyond ``keep_last``
+    if need be; ``keep_remote`` is the remote tier's own retention. :meth:`latest` and :meth:`load`
+    see the steps of both tiers; a step is loaded from the local tier when it is committed there and
+    from the remote tier when it is not, or when the local copy fails to load (a shard missing or
+    failing its checksum). Under torchrun/srun, rank 0 copies every rank's shards, so the local
+    root must then be storage rank 0 reads (a shared or single-node directory).
+
     Args:
         root: directory or URL that holds the steps (created on the first save).
         keep_last: how many committed steps to keep (the newest), or None to keep all of them.
@@ -168,6 +223,11 @@ class CheckpointManager:
         distributed: None detects a torch.distributed launch, False opts out, True requires one.
         allow_pickle: pickle values of other types at save and unpickle them at load (only for
             steps this job wrote or others it trusts; see :meth:`Checkpointer.load`).
+        remote: the durable tier's directory or URL (another location than ``root``), or None for
+            one tier.
+        remote_every: copy every k-th committed step to ``remote`` (default 1: every one).
+        keep_remote: how many committed steps the remote tier keeps (the newest), or None for all.
+        remote_storage_options: for a remote tier on object storage, as ``storage_options``.
 
     Example::
 
@@ -185,13 +245,36 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, *, keep_last: int | None = None,
                  storage_options: dict | None = None, threads: int | None = None, shard_size: int | None = None,
                  block_size: int | None = None, direct: bool | None = None, checksum: bool = True,
-                 distributed: bool | None = None, allow_pickle: bool = False) -> None:
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-            raise UsageError(f"keep_last must be a positive integer or None (keep every step), got {keep_last!r}")
+                 distributed: bool | None = None, allow_pickle: bool = False,
+                 remote: str | os.PathLike | None = None, remote_every: int | None = None,
+                 keep_remote: int | None = None, remote_storage_options: dict | None = None) -> None:
+        _check_count("keep_last", keep_last, "keep every step")
+        _check_count("keep_remote", keep_remote, "keep every remote step")
+        if remote is None:
+            given = [name for name, value in (("remote_every", remote_every), ("keep_remote", keep_remote),
+                                              ("remote_storage_options", remote_storage_options)) if value is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} need remote=URL (the remote tier)")
+        elif remote_every is None:
+            remote_every = 1
+        else:
+            _check_count("remote_every", remote_every, None)
         self.keep_last = keep_last
+        self.keep_remote = keep_remote
+        self.remote_every = remote_every
         self.distributed = distributed
         self.allow_pickle = allow_pickle
         self._tier = _Tier(root, storage_options)
+        self._remote: _Tier | None = None
+        self._drainer: Drainer | None = None
+        if remote is not None:
+            self._remote = _Tier(remote, remote_storage_options)
+            if self._remote.overlaps(self._tier):
+                raise UsageError(f"the remote tier {self._remote.url} is the local tier {self._tier.url} or inside "
+                                 "it (or holds it)", hint="give remote= another directory or bucket")
+            self._drainer = Drainer(self._drain, self._retain_remote)
+            self._drain_buffers = _Buffers()
+        self._committed_here = 0  # local commits by this manager: every remote_every-th is drained
         self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
                                           direct=direct, checksum=checksum)
         self._pending: Future | None = None
@@ -203,19 +286,43 @@ class CheckpointManager:
         """The root's URL (a local path for a directory)."""
         return self._tier.url
 
+    @property
+    def remote(self) -> str | None:
+        """The remote tier's URL, or None without one."""
+        return None if self._remote is None else self._remote.url
+
     def path(self, step: int) -> str:
         """Where ``step`` is (or would be) saved: a checkpoint directory any ``ckptbench.load`` reads."""
         return self._tier.step_url(_check_step(step))
 
     # -- listing ------------------------------------------------------------------------------
 
-    def steps(self) -> list[int]:
+    def steps(self, tier: str | None = None) -> list[int]:
         """The committed steps, ascending. Saves in flight and interrupted saves are not among them.
+
+        Args:
+            tier: "local" or "remote" for one tier's steps; None for the steps of either tier (a remote
+                tier that cannot be listed is left out, logged).
 
         Returns:
             list[int]: step numbers; empty when nothing is committed (or the root does not exist yet).
         """
-        return sorted(step for step, committed in self._tier.listing().items() if committed)
+        if tier not in (None, "local", "remote"):
+            raise UsageError(f"tier must be 'local', 'remote' or None, got {tier!r}")
+        if tier == "remote" and self._remote is None:
+            raise UsageError(f"the CheckpointManager of {self.root} has no remote tier")
+        found: set[int] = set()
+        if tier in (None, "local"):
+            found |= _committed(self._tier)
+        if tier == "remote" or (tier is None and self._remote is not None):
+            assert self._remote is not None
+            try:
+                found |= _committed(self._remote)
+            except Exception as exc:
+                if tier == "remote":
+                    raise
+                log.warning("the remote tier %s could not be listed (local steps only): %s", self._remote.url, exc)
+        return sorted(found)
 
     def latest(self) -> int | None:
         """The newest committed step, or None when there is none.
@@ -285,28 +392,48 @@ class CheckpointManager:
                 log.debug("the save waited for failed: %s", exc)
 
     def _after_commit(self, step: int) -> None:
-        """Retention and cleanup once ``step`` is committed (rank 0 only under a launch). Never raises:
-        the step is saved whatever happens here; what could not be removed is logged and retried by
-        the next save."""
+        """Once ``step`` is committed (rank 0 only under a launch): queue its copy to the remote tier
+        when it is due, then retention and cleanup. Never raises: the step is saved whatever happens
+        here; what could not be removed is logged and retried by the next save."""
         world = _world_for(self.distributed)
         if world is not None and not world.is_first:
             return
-        try:
-            listing = self._tier.listing()
-            committed = sorted(s for s, ok in listing.items() if ok)
-            doomed: list[tuple[int, str]] = [(s, "an interrupted save") for s, ok in listing.items()
-                                            if not ok and s != step]
-            if self.keep_last is not None:
-                kept = set(committed[-self.keep_last:]) | {step}
-                doomed += [(s, f"keep_last={self.keep_last}") for s in committed if s not in kept]
-        except Exception as exc:  # noqa: BLE001 - retention must not turn a committed save into a failure
-            log.warning("retention after saving step %d under %s could not list the steps: %s", step, self.root, exc)
-            return
-        for old, why in sorted(doomed):
-            try:
-                self._tier.remove_step(old, why)
-            except Exception as exc:  # noqa: BLE001 - the next save tries again
-                log.warning("could not remove step %d under %s (%s): %s", old, self.root, why, exc)
+        busy: set[int] = set()
+        if self._drainer is not None:
+            assert self.remote_every is not None
+            self._committed_here += 1
+            if self._committed_here % self.remote_every == 0:
+                self._drainer.submit(step)
+            busy = self._drainer.busy_steps()
+        self._tier.retain(step, self.keep_last, busy)
+
+    # -- remote tier --------------------------------------------------------------------------
+
+    def _drain(self, step: int) -> DrainResult:
+        assert self._remote is not None
+        ckpt = self._checkpointer
+        return copy_checkpoint(self._tier.step_store(step), self._remote.step_store(step), step=step,
+                               threads=ckpt.threads, block_size=ckpt.block_size, direct=bool(ckpt.direct),
+                               buffers=self._drain_buffers)
+
+    def _retain_remote(self, step: int) -> None:
+        assert self._remote is not None
+        self._remote.retain(step, self.keep_remote, set())
+
+    def remote_status(self) -> DrainStatus | None:
+        """Where the copies to the remote tier stand (None without a remote tier): the step waiting or
+        being copied, the newest one copied, and the latest failure (see :class:`DrainStatus`)."""
+        return None if self._drainer is None else self._drainer.status()
+
+    def wait_remote(self, timeout: float | None = None) -> DrainStatus | None:
+        """Wait for the saves in flight, then until the remote tier has every step due (or the latest
+        copy failed: it is retried later; see ``last_error``), at most ``timeout`` seconds.
+
+        Returns:
+            DrainStatus | None: the status then (None without a remote tier).
+        """
+        self.wait()
+        return None if self._drainer is None else self._drainer.wait(timeout)
 
     # -- load / delete ------------------------------------------------------------------------
 
@@ -314,7 +441,11 @@ class CheckpointManager:
              verify: bool = True) -> dict:
         """Load ``step`` (None: the latest) as :func:`ckptbench.load` does.
 
-        Under a launch every rank loads the same step: rank 0's choice for ``step=None``.
+        With a remote tier, a step is loaded from the local tier when it is committed there, else
+        from the remote one; a local copy that fails to load (a shard missing or failing its checksum,
+        the manifest unreadable) is logged and the remote copy loaded instead. For ``step=None`` an
+        older step is tried next when no copy of the newest one loads. Under a launch every rank
+        loads the same step from the same tier: rank 0's choice (by which tier holds a manifest).
 
         Args:
             step: the step to load, or None for :meth:`latest`.
@@ -328,46 +459,83 @@ class CheckpointManager:
         Raises:
             StepNotFoundError: ``step`` is not committed here (the message lists the steps that are),
                 or ``step`` is None and no step is.
+            CorruptCheckpointError, NotACheckpointError, StorageIOError: no copy of the step(s) loads
+                (the error of the last copy tried; the others are logged).
         """
         self._check_open()
-        world = _world_for(self.distributed)
-        if step is None:
-            chosen = self.latest() if world is None or world.is_first else None
-            if world is not None:
-                chosen = world.broadcast(chosen, "choosing the latest step")
-            if chosen is None:
-                raise StepNotFoundError(f"no committed step under {self.root}",
-                                        hint="save one first, or check the root")
-            step = chosen
-        else:
+        explicit = step is not None
+        if explicit:
             step = _check_step(step)
-            if self._tier.step_store(step).size(mf.MANIFEST_NAME) is None:
-                raise StepNotFoundError(f"step {step} is not a committed checkpoint under {self.root}; "
+        where = self.root if self._remote is None else f"{self.root} or {self._remote.url}"
+        world = _world_for(self.distributed)
+        candidates: list[tuple[int, _Tier]] = []
+        if world is None or world.is_first:
+            for s in [step] if explicit else sorted(self.steps(), reverse=True):
+                candidates += [(s, tier) for tier in self._tiers_holding(s)]
+        if world is not None:
+            chosen = world.broadcast([(s, tier is self._remote) for s, tier in candidates[:1]], "choosing the step")
+            candidates = [(s, self._remote if remote else self._tier) for s, remote in chosen]
+        if not candidates:
+            if explicit:
+                raise StepNotFoundError(f"step {step} is not a committed checkpoint under {where}; "
                                         f"{_describe_steps(self.steps())}")
-        return self._checkpointer.load(self._tier.step_url(step), device=device, verify=verify, into=into,
-                                       storage_options=self._tier.storage_options, distributed=self.distributed,
-                                       allow_pickle=self.allow_pickle)
+            raise StepNotFoundError(f"no committed step under {where}", hint="save one first, or check the root")
+        for n, (s, tier) in enumerate(candidates):
+            try:
+                return self._checkpointer.load(tier.step_url(s), device=device, verify=verify, into=into,
+                                               storage_options=tier.storage_options, distributed=self.distributed,
+                                               allow_pickle=self.allow_pickle)
+            except _DAMAGED as exc:
+                if n == len(candidates) - 1:
+                    raise
+                following = candidates[n + 1]
+                log.warning("step %d under %s does not load (%s); loading step %d from %s instead", s, tier.url, exc,
+                            following[0], following[1].url)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _tiers_holding(self, step: int) -> list[_Tier]:
+        """The tiers where ``step`` is committed, local first (a tier that cannot be asked is skipped, logged)."""
+        held = []
+        for tier in (self._tier, self._remote):
+            if tier is None:
+                continue
+            try:
+                if tier.step_store(step).size(mf.MANIFEST_NAME) is not None:
+                    held.append(tier)
+            except (OSError, StorageIOError) as exc:
+                if tier is self._tier:
+                    raise
+                log.warning("the remote tier %s could not be asked for step %d: %s", tier.url, step, exc)
+        return held
 
     def delete(self, step: int) -> None:
-        """Remove the committed ``step`` (its manifest first, so it is never half listed).
+        """Remove the committed ``step`` from every tier holding it (its manifest first, so it is never
+        half listed).
 
         Raises:
             StepNotFoundError: ``step`` is not committed here.
         """
         self._check_open()
         step = _check_step(step)
-        if step not in self.steps():
+        tiers = self._tiers_holding(step)
+        if not tiers:
             raise StepNotFoundError(f"step {step} is not a committed checkpoint under {self.root}; "
                                     f"{_describe_steps(self.steps())}")
-        self._tier.remove_step(step, "deleted")
+        for tier in tiers:
+            tier.remove_step(step, "deleted")
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for a save in flight (and its retention), then free the staging arena. Idempotent."""
+        """Wait for a save in flight (and its retention), then for the copy to the remote tier of the
+        last step due (one more attempt where it failed; a step left uncopied is logged), then free
+        the staging arena. Idempotent."""
         if self._closed:
             return
         self.wait()
+        if self._drainer is not None:
+            self._drainer.close()
+            self._drain_buffers.close()
         self._checkpointer.close()
         self._closed = True
 
@@ -382,7 +550,26 @@ class CheckpointManager:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self.root!r}, keep_last={self.keep_last})"
+        if self._remote is None:
+            return f"CheckpointManager({self.root!r}, keep_last={self.keep_last})"
+        return (f"CheckpointManager({self.root!r}, keep_last={self.keep_last}, remote={self._remote.url!r}, "
+                f"remote_every={self.remote_every}, keep_remote={self.keep_remote})")
+
+
+#: What a copy that fails to load raises: the next copy (the remote one, an older step) is tried.
+_DAMAGED = (CorruptCheckpointError, NotACheckpointError, StorageIOError, OSError)
+
+
+def _check_count(name: str, value: Any, none_means: str | None) -> None:
+    if value is None and none_means is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        alternative = f" or None ({none_means})" if none_means else ""
+        raise UsageError(f"{name} must be a positive integer{alternative}, got {value!r}")
+
+
+def _committed(tier: _Tier) -> set[int]:
+    return {step for step, committed in tier.listing().items() if committed}
 
 
 def _describe_steps(steps: list[int]) -> str:

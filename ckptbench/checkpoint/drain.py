@@ -1,0 +1,399 @@
+"""The drain: committed checkpoints of a fast tier copied to a durable one in the background.
+
+:func:`copy_checkpoint` copies one committed checkpoint from a source store to a target store with
+the commit protocol of a save (``checkpoint/manifest.py``): the target's save lock is taken, the
+shards are written and durable first (``Store.write_files``), then the source's manifest is
+committed as is (``manifest.commit``), the last step; a copy killed at any point leaves the
+target's previous checkpoint, or none, never a half one. Shards are read into a host buffer a
+batch at a time, the next batch read while the previous one is written, and every tensor's CRC-32C
+is checked before its bytes are written: a damaged source is refused, never copied.
+
+:class:`Drainer` runs those copies on one background thread for ``CheckpointManager(remote=...)``:
+one copy at a time, the newest step asked for first (an older one still waiting is skipped); a
+copy that fails (the remote tier unreachable, say) is retried after ``CKPTBENCH_DRAIN_RETRY_S``
+or as soon as another step is submitted, and :meth:`Drainer.status` says what happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ckptbench import interrupts, knobs, native
+from ckptbench.checkpoint import manifest as mf
+from ckptbench.checkpoint.lock import acquire_save_lock
+from ckptbench.errors import CorruptCheckpointError, NotACheckpointError
+from ckptbench.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """One checkpoint copied to the remote tier (``copied`` False: it was there already)."""
+
+    step: int
+    bytes: int
+    files: int
+    seconds: float
+    copied: bool = True
+
+    @property
+    def gbps(self) -> float:
+        """GB/s (1e9 bytes/s) from the start of the copy to its commit."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """Where the drain of a manager stands.
+
+    ``pending_step``: waiting for its copy (or for the retry of a failed one); ``draining_step``: being
+    copied now; ``drained_step``: the newest step this manager copied; ``last_error``: why the latest
+    attempt failed (None after a success); ``failures``: failed attempts since the last success;
+    ``last``: the latest successful copy."""
+
+    pending_step: int | None
+    draining_step: int | None
+    drained_step: int | None
+    last_error: str | None
+    failures: int
+    last: DrainResult | None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing being copied."""
+        return self.pending_step is None and self.draining_step is None
+
+
+def _parts(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    parts = manifest.get("ranks")
+    return [manifest] if parts is None else list(parts)
+
+
+def _checks(part: dict[str, Any], block: int, where: str) -> dict[int, list[tuple[int, int, int]]]:
+    """{shard index: [(offset in the shard, bytes, CRC-32C)]} of every checksummed tensor block."""
+    by_shard: dict[int, list[tuple[int, int, int]]] = {}
+    for entry in part["tensors"]:
+        if entry.get("alias_of") is not None or not entry["nbytes"] or entry.get("crc32c") is None:
+            continue
+        starts = range(0, entry["nbytes"], block)
+        if len(entry["crc32c"]) != len(starts):
+            raise CorruptCheckpointError(f"the manifest of {where} lists {len(entry['crc32c'])} checksums for "
+                                         f"tensor {entry['key']!r}, which needs {len(starts)}")
+        by_shard.setdefault(entry["shard"], []).extend(
+            (entry["offset"] + start, min(block, entry["nbytes"] - start), crc)
+            for start, crc in zip(starts, entry["crc32c"], strict=True))
+    return by_shard
+
+
+class _Shard:
+    __slots__ = ("checks", "name", "nbytes")
+
+    def __init__(self, name: str, nbytes: int, checks: list[tuple[int, int, int]]) -> None:
+        self.name, self.nbytes, self.checks = name, nbytes, checks
+
+
+def _shards(manifest: dict[str, Any], where: str) -> list[_Shard]:
+    checksum = manifest.get("checksum")
+    block = checksum["block_bytes"] if isinstance(checksum, dict) else None
+    shards = []
+    for part in _parts(manifest):
+        checks = _checks(part, block, where) if block else {}
+        shards += [_Shard(s["name"], s["nbytes"], checks.get(index, [])) for index, s in enumerate(part["shards"])]
+    return shards
+
+
+def _batches(shards: list[_Shard], budget_bytes: int) -> list[list[_Shard]]:
+    """Consecutive shards, each batch within ``budget_bytes`` (a larger shard is a batch of its own)."""
+    batches: list[list[_Shard]] = []
+    size = 0
+    for shard in shards:
+        if not batches or size + shard.nbytes > budget_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(shard)
+        size += shard.nbytes
+    return batches
+
+
+class _Buffers:
+    """Two page-aligned host buffers (read one batch while the other is written), kept between copies."""
+
+    def __init__(self) -> None:
+        self._buffers: list[mmap.mmap | None] = [None, None]
+
+    def get(self, slot: int, nbytes: int) -> mmap.mmap:
+        buffer = self._buffers[slot]
+        if buffer is None or len(buffer) < nbytes:
+            if buffer is not None:
+                buffer.close()
+            buffer = mmap.mmap(-1, max(nbytes, 1))
+            self._buffers[slot] = buffer
+        return buffer
+
+    def close(self) -> None:
+        for buffer in self._buffers:
+            if buffer is not None:
+                try:
+                    buffer.close()
+                except BufferError:  # a view of it is still referenced: it is freed with the last one
+                    log.debug("a drain buffer is still viewed; left to the garbage collector")
+        self._buffers = [None, None]
+
+
+def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, threads: int, block_size: int,
+                direct: bool) -> list[tuple[str, memoryview]]:
+    """Read ``batch`` into ``buffer`` and check its CRC-32Cs: the views to write."""
+    view = memoryview(buffer)
+    files, offset, ranges, expected = [], 0, [], []
+    for shard in batch:
+        files.append((shard.name, view[offset:offset + shard.nbytes]))
+        for start, nbytes, crc in shard.checks:
+            ranges.append((offset + start, nbytes))
+            expected.append((shard.name, crc))
+        offset += shard.nbytes
+    try:
+        source.read_files(files, threads=threads, block_size=block_size, direct=direct)
+        crcs = native.crc32c_ranges(buffer, ranges, threads) if ranges else []
+        for got, (name, crc) in zip(crcs, expected, strict=True):
+            if got != crc:
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {name} of {source.url} (crc32c {got:#010x}, manifest {crc:#010x}): "
+                    "the damaged checkpoint is not copied", hint="the remote tier keeps its previous checkpoints")
+    except BaseException:
+        for _, part in files:  # the buffer is reused (or closed) after a failure: no view may outlive it
+            part.release()
+        view.release()
+        raise
+    return files
+
+
+def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: _Buffers,
+                **io: Any) -> Iterator[list[tuple[str, memoryview]]]:
+    """The batches, read and checked, each next one read while the caller writes the previous one."""
+    with ThreadPoolExecutor(1, thread_name_prefix="ckptbench-drain-read") as reader:
+        def read(index: int) -> Future:
+            batch = batches[index]
+            return reader.submit(_read_batch, source, batch, buffers.get(index % 2, sum(s.nbytes for s in batch)),
+                                 **io)
+
+        upcoming = read(0) if batches else None
+        for index in range(len(batches)):
+            assert upcoming is not None
+            files = upcoming.result()
+            upcoming = read(index + 1) if index + 1 < len(batches) else None
+            try:
+                yield files
+            except BaseException:
+                if upcoming is not None:
+                    upcoming.cancel()
+                raise
+            finally:
+                for _, view in files:
+                    view.release()
+
+
+def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, block_size: int, direct: bool,
+                    buffers: _Buffers | None = None, buffer_bytes: int | None = None) -> DrainResult:
+    """Copy the committed checkpoint of ``source`` to ``target``: shards durable, then the manifest.
+
+    Nothing is written when ``target`` already holds this very checkpoint (the same save id). The
+    target's save lock is held throughout (a save or copy already there: CheckpointLockedError);
+    after the commit, files of older or crashed copies there are removed. A copy that fails before
+    its commit removes the shards it wrote.
+
+    Raises:
+        NotACheckpointError: ``source`` holds no committed checkpoint.
+        CorruptCheckpointError: a shard of ``source`` fails its checksum (nothing is committed).
+        OSError / StorageIOError / CheckpointLockedError: from the stores.
+    """
+    started = time.perf_counter()
+    manifest = mf.read_manifest(source)
+    shards = _shards(manifest, source.url)
+    total = sum(s.nbytes for s in shards)
+    try:
+        there = mf.read_manifest(target)
+    except NotACheckpointError:
+        there = None
+    if there is not None and there.get("save_id") == manifest.get("save_id"):
+        return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started, copied=False)
+    own = buffers or _Buffers()
+    budget = buffer_bytes or knobs.DRAIN_BUFFER_BYTES
+    names = [s.name for s in shards]
+    target.prepare()
+    written: list[str] = []
+    committed = False
+    try:
+        with acquire_save_lock(target) as lock:
+            batches = _read_ahead(source, _batches(shards, max(1, budget // 2)), own, threads=threads,
+                                  block_size=block_size, direct=direct)
+            with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
+                for files in batches:
+                    target.write_files(files, threads=threads, block_size=block_size, direct=direct)
+                    written += [name for name, _ in files]
+            with lock.committing(target, names):
+                mf.commit(target, manifest)
+                committed = True
+                target.remove(mf.stale_files(target, set(names)))
+    except BaseException:
+        if not committed and written:
+            try:
+                target.remove(written)
+            except Exception as exc:  # noqa: BLE001 - the next copy or retention sweeps them
+                log.info("could not remove the shards of the failed copy to %s: %s", target.url, exc)
+        raise
+    finally:
+        if buffers is None:
+            own.close()
+    return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started)
+
+
+class Drainer:
+    """One background thread that copies the steps submitted to it, newest first, one at a time.
+
+    ``copy(step)`` does one copy (:func:`copy_checkpoint` with the manager's tiers) and
+    ``after(step)`` runs after each successful one (the remote tier's retention). A failed copy
+    stays pending and is retried after ``retry_s`` seconds, or at once when a newer step is
+    submitted (which replaces it). ``close()`` stops retries and waits for the copy in flight; at
+    the interpreter's exit a copy in flight is finished first (it is never cut inside the engine).
+    """
+
+    def __init__(self, copy: Callable[[int], DrainResult], after: Callable[[int], None], *,
+                 retry_s: float | None = None, name: str = "remote") -> None:
+        self._copy = copy
+        self._after = after
+        self._retry_s = knobs.DRAIN_RETRY_S if retry_s is None else retry_s
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: int | None = None
+        self._draining: int | None = None
+        self._drained: int | None = None
+        self._error: str | None = None
+        self._failures = 0
+        self._last: DrainResult | None = None
+        self._retry_at = 0.0
+        self._submitted = 0  # submissions (and last tries) so far
+        self._failed = -1  # the submission whose latest attempt failed
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        _live.add(self)
+
+    def submit(self, step: int) -> None:
+        """Queue ``step`` for copying (it replaces a step still waiting, which is then skipped)."""
+        with self._cond:
+            if self._stopping:
+                return
+            if self._pending is not None and self._pending != step:
+                log.info("drain to the %s tier: step %d is skipped, step %d is newer", self._name, self._pending, step)
+            self._pending = step
+            self._retry_at = 0.0
+            self._submitted += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = interrupts.QuietThread(target=self._run, name="ckptbench-drain", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def busy_steps(self) -> set[int]:
+        """Steps waiting for a copy or being copied: the local tier must keep them."""
+        with self._cond:
+            return {s for s in (self._pending, self._draining) if s is not None}
+
+    def status(self) -> DrainStatus:
+        with self._cond:
+            return DrainStatus(self._pending, self._draining, self._drained, self._error, self._failures, self._last)
+
+    def wait(self, timeout: float | None = None) -> DrainStatus:
+        """Wait until nothing is pending or being copied, or the latest attempt failed (then its step
+        stays pending for a retry), or ``timeout`` seconds passed; the status then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not (self._draining is None and (self._pending is None or self._failed == self._submitted)):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(interrupts.POLL_S if left is None else min(left, interrupts.POLL_S))
+            return DrainStatus(self._pending, self._draining, self._drained, self._error, self._failures, self._last)
+
+    def close(self, *, last_try: bool = True) -> DrainStatus:
+        """Stop: a step still pending gets one more attempt (``last_try``), the copy in flight is
+        waited for; then no more copies. The final status (a step left undrained is logged)."""
+        with self._cond:
+            if last_try and self._pending is not None and not self._stopping:
+                self._retry_at = 0.0
+                self._submitted += 1
+                self._cond.notify_all()
+        if last_try:
+            self.wait()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            while self._draining is not None:
+                self._cond.wait(interrupts.POLL_S)
+            if self._pending is not None:
+                log.warning("drain to the %s tier: step %d was not copied (%s)", self._name, self._pending,
+                            self._error or "closed before its copy")
+        _live.discard(self)
+        return self.status()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (self._pending is None or time.monotonic() < self._retry_at):
+                    wait_s = None if self._pending is None else self._retry_at - time.monotonic()
+                    self._cond.wait(wait_s)
+                if self._stopping:
+                    return
+                step, self._pending, self._draining = self._pending, None, self._pending
+                submission = self._submitted
+            assert step is not None
+            error: BaseException | None = None
+            result: DrainResult | None = None
+            try:
+                result = self._copy(step)
+                self._after(step)
+            except BaseException as exc:  # noqa: BLE001 - reported through status() and the log
+                error = exc
+            with self._cond:
+                self._draining = None
+                if error is None:
+                    assert result is not None
+                    self._drained, self._last, self._error, self._failures = step, result, None, 0
+                    log.info("drained step %d to the %s tier: %d bytes in %.2f s", step, self._name, result.bytes,
+                             result.seconds)
+                else:
+                    self._error = f"step {step}: {error}"
+                    self._failures += 1
+                    self._failed = submission
+                    if self._pending is None:  # nothing newer came meanwhile: retry this one later
+                        self._pending = step
+                        self._retry_at = time.monotonic() + self._retry_s
+                    log.warning("drain to the %s tier failed (attempt %d; retried in %g s or at the next save): %s",
+                                self._name, self._failures, self._retry_s, self._error)
+                self._cond.notify_all()
+
+
+#: Drainers not closed yet: the interpreter's exit stops their retries and lets a copy in flight finish.
+_live: set[Drainer] = set()
+
+
+def _stop_at_exit() -> None:
+    for drainer in list(_live):
+        drainer.close(last_try=False)
+
+
+# A threading exit hook, as checkpoint/at_exit.py explains: it runs before concurrent.futures' own (the
+# S3 store's part uploads need its pools) and before daemon threads are cut off mid-call.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_stop_at_exit)
+else:  # pragma: no cover - CPython before 3.9
+    import atexit
+
+    atexit.register(_stop_at_exit)

@@ -1,0 +1,229 @@
+"""``CheckpointManager(remote=...)``: every k-th local step drained to a remote tier, loads across tiers.
+
+The remote tier here is another directory; on S3 (Ceph RGW): tests/storage/test_manager_s3.py.
+This file is also the worker of the SIGKILL test: ``python test_manager_remote.py LOCAL REMOTE``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptbench
+from ckptbench import knobs
+from ckptbench.checkpoint.drain import copy_checkpoint
+from ckptbench.errors import CorruptCheckpointError, StepNotFoundError, UsageError
+from ckptbench.storage.store import LocalStore
+
+HERE = Path(__file__).resolve()
+
+
+def state(step: int, n: int = 64) -> dict:
+    generator = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn((n, n), generator=generator), "b": torch.arange(8) + step}, "step": step}
+
+
+def assert_state(loaded: dict, step: int, n: int = 64) -> None:
+    expected = state(step, n)
+    assert loaded["step"] == step
+    assert torch.equal(loaded["model"]["w"], expected["model"]["w"])
+    assert torch.equal(loaded["model"]["b"], expected["model"]["b"])
+
+
+def steps_in(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_every_kth_step_is_drained_and_each_tier_keeps_its_own(tmp_path: Path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptbench.CheckpointManager(local, keep_last=2, remote=remote, remote_every=3, keep_remote=2) as manager:
+        for step in range(1, 10):
+            manager.save(step, state(step), async_=step % 2 == 0)
+            manager.wait_remote()
+        status = manager.remote_status()
+        assert status.idle and status.last_error is None and status.drained_step == 9
+        assert status.last.bytes > 0 and status.last.copied
+        assert manager.steps("local") == [8, 9]
+        assert manager.steps("remote") == [6, 9]
+        assert manager.steps() == [6, 8, 9] and manager.latest() == 9
+        assert_state(manager.load(6), 6)  # only remote
+    # the remote copy is an ordinary checkpoint, bit-exact, with the very manifest of the local one
+    assert_state(ckptbench.load(remote / "step-00000009"), 9)
+    assert (remote / "step-00000009" / "manifest.json").read_bytes() == \
+        (local / "step-00000009" / "manifest.json").read_bytes()
+    assert steps_in(remote) == ["step-00000006", "step-00000009"]
+    assert not any(p.name.startswith(".") for p in (remote / "step-00000009").iterdir())
+
+
+def test_a_deleted_local_tier_loads_from_the_remote_one(tmp_path: Path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptbench.CheckpointManager(local, remote=remote) as manager:
+        for step in (1, 2):
+            manager.save(step, state(step))
+    shutil.rmtree(local)
+    with ckptbench.CheckpointManager(local, remote=remote) as manager:
+        assert manager.steps("local") == [] and manager.latest() == 2
+        assert_state(manager.load(), 2)
+        into = state(0)
+        assert manager.load(1, into=into) is into
+        assert_state(into, 1)
+
+
+def test_a_damaged_local_copy_falls_back_to_the_remote_one(tmp_path: Path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptbench.CheckpointManager(local, remote=remote, remote_every=2) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, state(step))
+        manager.wait_remote()
+        assert manager.steps("remote") == [2]
+        # step 2: one flipped byte in its local shard -> the remote copy is loaded
+        shard = next((local / "step-00000002").glob("shard-*.bin"))
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        assert_state(manager.load(2), 2)
+        # step 3 (local only) loses its manifest: the latest loadable one is step 2, from the remote tier
+        (local / "step-00000003" / "manifest.json").unlink()
+        assert manager.latest() == 2
+        assert_state(manager.load(), 2)
+        # a damaged local step is never copied: the drain checks every checksum first
+        target = LocalStore(tmp_path / "elsewhere")
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+            copy_checkpoint(LocalStore(local / "step-00000002"), target, step=2, threads=2, block_size=1 << 20,
+                            direct=False)
+        assert not (tmp_path / "elsewhere" / "manifest.json").exists()
+        assert not list((tmp_path / "elsewhere").glob("shard-*"))
+
+
+def test_local_saves_go_on_while_the_remote_tier_is_unreachable(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(knobs, "DRAIN_RETRY_S", 0.2)
+    mount = tmp_path / "mount"
+    mount.write_text("the remote tier's mount point is not there")  # a file: nothing can be made under it
+    local, remote = tmp_path / "local", mount / "remote"
+    with ckptbench.CheckpointManager(local, keep_last=1, remote=remote) as manager:
+        manager.save(1, state(1))
+        manager.save(2, state(2), async_=True).result()
+        status = manager.wait_remote()
+        assert status.pending_step == 2 and status.drained_step is None and status.failures >= 1
+        assert "step 2" in status.last_error
+        assert manager.steps("local") == [2] and manager.latest() == 2
+        assert_state(manager.load(), 2)
+        # the remote tier comes back: the retry copies step 2 without another save
+        mount.unlink()
+        mount.mkdir()
+        deadline = time.monotonic() + 60
+        while manager.remote_status().drained_step != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = manager.wait_remote()
+        assert status.idle and status.drained_step == 2 and status.last_error is None
+        # and the next save is drained at once
+        manager.save(3, state(3))
+        assert manager.wait_remote().drained_step == 3
+        assert manager.steps("remote") == [2, 3]
+    assert_state(ckptbench.load(remote / "step-00000002"), 2)
+    assert_state(ckptbench.load(remote / "step-00000003"), 3)
+
+
+def test_the_local_tier_keeps_a_step_until_its_copy_is_done(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(knobs, "DRAIN_RETRY_S", 3600.0)
+    mount = tmp_path / "mount"
+    mount.write_text("")
+    local, remote = tmp_path / "local", mount / "remote"
+    manager = ckptbench.CheckpointManager(local, keep_last=1, remote=remote, remote_every=2)
+    for step in (1, 2, 3):
+        manager.save(step, state(step))
+    assert manager.wait_remote().pending_step == 2
+    assert manager.steps("local") == [2, 3]  # keep_last=1, and step 2 still waits for its copy
+    mount.unlink()
+    mount.mkdir()
+    manager.close()  # one last try at close
+    assert steps_in(remote) == ["step-00000002"]
+    assert_state(ckptbench.load(remote / "step-00000002"), 2)
+
+
+def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_DRAIN_BUFFER_BYTES": str(64 * 1024)}
+    worker = subprocess.Popen([sys.executable, str(HERE), str(local), str(remote)], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert line.strip() == "draining step 2", line
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == -signal.SIGKILL
+    partial = remote / "step-00000002"
+    assert list(partial.glob("shard-*.bin")) and not (partial / "manifest.json").exists()
+    with ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024) as manager:
+        assert manager.steps("remote") == [1] and manager.steps("local") == [1, 2]
+        assert_state(manager.load(), 2, 128)
+        shutil.rmtree(local / "step-00000002")
+        assert_state(manager.load(), 1, 128)  # the half-copied step is not a checkpoint
+        manager.save(3, state(3, 128))  # the next drain commits step 3 and sweeps the leftovers of step 2
+        manager.wait_remote()
+        assert manager.steps("remote") == [1, 3]
+    assert steps_in(remote) == ["step-00000001", "step-00000003"]
+    assert_state(ckptbench.load(remote / "step-00000003"), 3, 128)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"remote_every": 0}, "remote_every must be a positive integer, got 0"),
+        ({"remote_every": 1.5}, "remote_every must be a positive integer, got 1.5"),
+        ({"keep_remote": 0}, "keep_remote must be a positive integer or None"),
+    ],
+)
+def test_bad_remote_settings_are_refused(tmp_path: Path, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        ckptbench.CheckpointManager(tmp_path / "local", remote=tmp_path / "remote", **kwargs)
+
+
+def test_a_remote_tier_that_is_the_local_one_is_refused(tmp_path: Path):
+    for remote in (tmp_path / "local", tmp_path / "local" / "remote", tmp_path, f"{tmp_path}/local/"):
+        with pytest.raises(UsageError, match="is the local tier"):
+            ckptbench.CheckpointManager(tmp_path / "local", remote=remote)
+    with pytest.raises(UsageError, match="remote_every need remote=URL"):
+        ckptbench.CheckpointManager(tmp_path / "local", remote_every=2)
+    with ckptbench.CheckpointManager(tmp_path / "local") as manager:
+        assert manager.remote is None and manager.remote_status() is None
+        with pytest.raises(UsageError, match="no remote tier"):
+            manager.steps("remote")
+        with pytest.raises(StepNotFoundError, match="no committed step"):
+            manager.load()
+
+
+def _worker(local: str, remote: str) -> None:
+    """Save step 1 (drained), then step 2, and say so once its drain has written a shard; the copy
+    then stalls until the test kills this process."""
+    real_write = LocalStore.write_files
+
+    def slow_write(self, files, **kwargs):
+        report = real_write(self, files, **kwargs)
+        if str(self.local_path).startswith(remote) and "step-00000002" in str(self.local_path):
+            print("draining step 2", flush=True)
+            time.sleep(600)
+        return report
+
+    LocalStore.write_files = slow_write  # type: ignore[method-assign]
+    manager = ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024)
+    manager.save(1, state(1, 128))
+    manager.wait_remote()
+    manager.save(2, state(2, 128))
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])
