@@ -440,8 +440,6 @@ def _two_level(
         q, q_source = q_peer, f"{q_source}, with a peer replica"
     notes.append("two levels: the top-level single-level fields describe the local checkpoint with every failure "
                  "restarting locally; two_level holds the answer with local losses")
-    if opts["plot_path"] is not None:
-        notes.append("--plot draws the single-level curve of the local checkpoint only, not the two-level schedule")
     two = twolevel.TwoLevelCost(cost, drain_s, drain_f, restart_s, remote_restart, q)
     analysis = twolevel.analyse(two, failures.mtbf_s, opts["every_s"], opts.get("remote_every"))
     if analysis.every is not None and analysis.interval_s <= two.min_interval_s(analysis.every) * (1 + 1e-9) and (
@@ -610,6 +608,15 @@ def _cost(doc: dict[str, Any]) -> model.CheckpointCost:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
+    if doc["two_level"] is not None:
+        from ckptbench.model import twolevel
+        from ckptbench.report.twolevel_plot import plot_two_level_waste
+
+        two = doc["two_level"]
+        cost = twolevel.TwoLevelCost(_cost(doc), two["remote_ckpt_s"], two["drain_interference"],
+                                     two["local_restart_s"], two["remote_restart_s"], two["local_loss"])
+        plot_two_level_waste(path, cost, doc["mtbf_s"], two)
+        return
     from ckptbench.report.waste_plot import plot_waste_curve
 
     plot_waste_curve(path, _cost(doc), doc["mtbf_s"], doc["restart_s"], doc)

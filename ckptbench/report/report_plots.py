@@ -151,12 +151,7 @@ def plot_waste_points(document: dict[str, Any], curve: Sequence[dict[str, Any]],
         ax.axvline(interval_s / 60.0, color=f"C{k + 1}", lw=1.2, ls=("-", "--", ":", "-.")[k % 4],
                    label=f"{label} {format_duration(interval_s)}")
     if len(points) > 1 and points[0][0] > 0 and points[-1][0] / points[0][0] > 20:
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda minutes, _: format_duration(minutes * 60.0)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        interval_axis(ax)
     best = waste[lowest]
     ax.set_ylim(0, min(100.0, max(max(best * 3.0, best + 5.0), 1.0)))
     ax.set_xlabel("interval: compute time between checkpoints")
@@ -165,6 +160,17 @@ def plot_waste_points(document: dict[str, Any], curve: Sequence[dict[str, Any]],
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, document, path)
+
+
+def interval_axis(ax: Any) -> None:
+    """The x axis of every waste-versus-interval plot: intervals in minutes on a log scale, ticks at 1, 2
+    and 5 of each decade labelled as durations (``30s``, ``2m``, ``1h``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda minutes, _: format_duration(minutes * 60.0)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_tiers(rows: Sequence[tuple[str, float | None, float | None]], footer: str, path: Path) -> Path:

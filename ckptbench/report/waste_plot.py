@@ -9,6 +9,7 @@ from typing import Any
 
 from ckptbench import safeio
 from ckptbench.model.interval import CheckpointCost, waste_curve
+from ckptbench.report.report_plots import interval_axis
 from ckptbench.units import format_duration
 
 
@@ -53,8 +54,8 @@ def plot_waste_curve(
         ax.axvspan(lo / 60.0, cost.min_interval_s / 60.0, color="0.85", label="two checkpoints in flight")
     best = min(exact)
     ax.set_ylim(0, min(100.0, max(best * 3.0, best + 5.0)))
-    ax.set_xscale("log")
-    ax.set_xlabel("interval: compute time between checkpoints (minutes)")
+    interval_axis(ax)
+    ax.set_xlabel("interval: compute time between checkpoints")
     ax.set_ylabel("waste (% of wall time)")
     mode = "async" if cost.is_async else "sync"
     ax.set_title(f"Checkpoint interval ({mode}): MTBF {format_duration(mtbf_s)}, "

@@ -159,3 +159,52 @@ def test_weibull_simulation_has_no_z_score_against_the_exponential_model() -> No
     assert sim["weibull_shape"] == 0.7
     assert sim["z_score"] is None
     assert 0 < sim["waste_fraction"] < 1
+
+
+@pytest.mark.parametrize("loss", ["30%", "0%", "100%"])
+def test_plot_draws_both_schedules(tmp_path, loss: str) -> None:
+    from matplotlib.image import imread
+
+    path = tmp_path / "two.png"
+    doc = run_json(*TWO_LEVEL, "--local-loss", loss, "--plot", str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert imread(path).shape[1] > 600
+    assert not any("single-level curve" in note for note in doc["notes"])
+
+
+def test_two_level_plot_marks_the_chosen_schedule_and_both_plateaus(tmp_path) -> None:
+    from matplotlib.axes import Axes
+
+    from ckptbench.model import twolevel
+    from ckptbench.model.interval import CheckpointCost
+    from ckptbench.report import twolevel_plot
+
+    two = run_json(*TWO_LEVEL, "--local-loss", "30%")["two_level"]
+    drawn: dict[str, list] = {"spans": [], "points": []}
+    real_span, real_plot = Axes.axvspan, Axes.plot
+
+    def span(self, low, high, **kwargs):
+        drawn["spans"].append((low * 60, high * 60, kwargs.get("label")))
+        return real_span(self, low, high, **kwargs)
+
+    def plot(self, xs, ys, *args, **kwargs):
+        if len(xs) == 1:
+            drawn["points"].append((xs[0] * 60, ys[0], kwargs.get("label")))
+        return real_plot(self, xs, ys, *args, **kwargs)
+
+    cost = twolevel.TwoLevelCost(CheckpointCost(2.0, 60.0, two["drain_interference"]), 600.0,
+                                 two["drain_interference"], 300.0, 900.0, 0.3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Axes, "axvspan", span)
+        patch.setattr(Axes, "plot", plot)
+        twolevel_plot.plot_two_level_waste(tmp_path / "p.png", cost, 6 * 3600.0, two)
+    best = two["two_level_schedule"]
+    tau, every = best["levels"][0]["interval_s"], best["levels"][1]["every"]
+    (chosen_x, chosen_y, chosen_label), (single_x, single_y, _) = drawn["points"]
+    assert chosen_x == pytest.approx(tau) and chosen_y == pytest.approx(100 * best["waste_fraction"])
+    assert f"k {every}" in chosen_label
+    assert single_x == pytest.approx(two["remote_only_schedule"]["levels"][0]["interval_s"])
+    assert single_y == pytest.approx(100 * two["single_level_waste_fraction"])
+    (low, high, _), (single_low, single_high, _) = drawn["spans"]
+    assert (low, high) == pytest.approx(tuple(best["interval_plateau_s"]))
+    assert single_low <= single_x <= single_high
