@@ -124,7 +124,7 @@ def _batches(shards: list[_Shard], budget_bytes: int) -> list[list[_Shard]]:
     return batches
 
 
-class _Buffers:
+class DrainBuffers:
     """Two page-aligned host buffers (read one batch while the other is written), kept between copies."""
 
     def __init__(self) -> None:
@@ -176,7 +176,7 @@ def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, thread
     return files
 
 
-def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: _Buffers,
+def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: DrainBuffers,
                 **io: Any) -> Iterator[list[tuple[str, memoryview]]]:
     """The batches, read and checked, each next one read while the caller writes the previous one."""
     with ThreadPoolExecutor(1, thread_name_prefix="ckptbench-drain-read") as reader:
@@ -202,7 +202,7 @@ def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: _Buffers,
 
 
 def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, block_size: int, direct: bool,
-                    buffers: _Buffers | None = None, buffer_bytes: int | None = None) -> DrainResult:
+                    buffers: DrainBuffers | None = None, buffer_bytes: int | None = None) -> DrainResult:
     """Copy the committed checkpoint of ``source`` to ``target``: shards durable, then the manifest.
 
     Nothing is written when ``target`` already holds this very checkpoint (the same save id). The
@@ -225,7 +225,7 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
         there = None
     if there is not None and there.get("save_id") == manifest.get("save_id"):
         return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started, copied=False)
-    own = buffers or _Buffers()
+    own = buffers or DrainBuffers()
     budget = buffer_bytes or knobs.DRAIN_BUFFER_BYTES
     names = [s.name for s in shards]
     target.prepare()

@@ -34,7 +34,7 @@ from typing import Any
 
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, _world_for
-from ckptbench.checkpoint.drain import Drainer, DrainResult, DrainStatus, _Buffers, copy_checkpoint
+from ckptbench.checkpoint.drain import DrainBuffers, Drainer, DrainResult, DrainStatus, copy_checkpoint
 from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_save_lock
 from ckptbench.errors import (
     CorruptCheckpointError,
@@ -273,7 +273,7 @@ class CheckpointManager:
                 raise UsageError(f"the remote tier {self._remote.url} is the local tier {self._tier.url} or inside "
                                  "it (or holds it)", hint="give remote= another directory or bucket")
             self._drainer = Drainer(self._drain, self._retain_remote)
-            self._drain_buffers = _Buffers()
+            self._drain_buffers = DrainBuffers()
         self._committed_here = 0  # local commits by this manager: every remote_every-th is drained
         self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
                                           direct=direct, checksum=checksum)

@@ -11,7 +11,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.bench import DEFAULT_MODEL, storage_options_from
-from ckptbench.cli.interval import pct
+from ckptbench.cli.interval import _local_loss, pct
 from ckptbench.cli.options import failure_options, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
@@ -70,9 +70,20 @@ DEFAULT_RUN_TIME = "30d"
 @click.option("--storage-option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a storage option for every object-storage target, over a tier's own "
                    "(repeatable): part_size=32MiB, key=..., secret=... (never written to output).")
+@click.option("--local", "local_dir", default=None, metavar="DIR",
+              help="Two levels: the fast local tier (a directory), with --remote: both tiers measured, the drain "
+                   "from one to the other too, and single level or two levels recommended.")
+@click.option("--remote", "remote_url", default=None, metavar="DIR|URL",
+              help="Two levels: the durable remote tier (a directory or s3://bucket/prefix), with --local.")
+@click.option("--local-loss", default=None, metavar="FRACTION|PRESET",
+              help="Two levels: the share of failures that lose the node's local copy (30%, or a failure preset that "
+                   "gives it: llama3)  [default: the --failures preset's].")
+@click.option("--remote-every", type=params.POSITIVE_INT, default=None,
+              help="Two levels: with --every, evaluate a remote copy every this many local checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
-              help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file.")
+              help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file; "
+                   "with --local/--remote also both schedules' waste versus interval to NAME-two-level.png.")
 @click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
 def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple[Path, ...], workload: str, model: str | None, size: int,
@@ -80,7 +91,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
             ranks: int, mtbf: float | None, gpu_mtbf: float | None, node_mtbf: float | None,
             faults_per_day: float | None, failures: str | None, gpus: int | None, nodes: int | None,
             restart: float | None, mode: str, interference: float | None, every: float | None, run_time: float,
-            keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], as_json: bool,
+            keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], local_dir: str | None,
+            remote_url: str | None, local_loss: str | None, remote_every: int | None, as_json: bool,
             plot_path: Path | None, output_dir: Path | None) -> None:
     """The same checkpoint workload on every tier, side by side, and what each costs the job.
 
@@ -93,6 +105,11 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     Example:
       ckptbench compare /mnt/nvme /mnt/cephfs s3://ckpt/run1 --endpoint-url http://rgw:8080 \\
         --model llama3-70b --ranks 64 --failures llama3 --gpus 1024 --restart 10m --plot tiers.png
+
+    \b
+    Two levels (local every interval, every k-th drained to the remote tier in the background):
+      ckptbench compare --local /mnt/nvme --remote s3://ckpt/run1 --endpoint-url http://rgw:8080 \\
+        --failures llama3 --gpus 1024 --restart 10m
     """
     from ckptbench.bench.shootout import CheckpointBenchSpec, plan
     from ckptbench.bench.tier_comparison import JobSpec, check_targets, resolve_compare_target, run_compare, saved_tiers
@@ -102,7 +119,13 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     tier_args, param_count = tier, params  # (the flags' names, so --config TOML keys match them)
     ctx = click.get_current_context()
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-    if not targets and not tier_args and not from_results:
+    two_levels = local_dir is not None or remote_url is not None
+    if two_levels:
+        _check_two_level_flags(local_dir, remote_url, targets, tier_args, from_results, every, remote_every)
+    elif {"local_loss", "remote_every"} & given:
+        raise UsageError(f"--{next(iter({'local_loss', 'remote_every'} & given)).replace('_', '-')} applies to two "
+                         "levels: add --local DIR --remote URL")
+    if not targets and not tier_args and not from_results and not two_levels:
         raise UsageError("give the tiers to compare: directories, s3:// URLs or tier names",
                          hint="e.g. ckptbench compare /mnt/nvme /mnt/cephfs s3://bucket/prefix")
     if {"scale", "size"} <= given:
@@ -122,6 +145,13 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
                                                        else ASSUMED.point if mode == "async" else 0.0), every_s=every,
                   run_s=run_time, keep=keep)
     options = storage_options_from(endpoint_url, storage_option)
+    if two_levels:
+        assert local_dir is not None and remote_url is not None
+        loss = _local_loss(local_loss, failures)
+        if failure_model is None:
+            raise UsageError("--local/--remote need a failure rate (--mtbf, --failures, ...): the choice between one "
+                             "and two levels is a choice of waste")
+        targets = (local_dir, remote_url)
     resolved = [resolve_compare_target(t, options) for t in targets]
     resolved += [resolve_compare_target(t, options, as_tier=True) for t in tier_args]
     if options and not any(t.on_objects for t in resolved):
@@ -129,6 +159,24 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     saved = [tier for path in from_results for tier in saved_tiers(str(path), read_result(path))]
     if len(resolved) + len(saved) < 1:
         raise UsageError("nothing to compare")
+    if two_levels:
+        _check_tiers_apart(resolved)
+        check_targets(resolved, work)
+
+        def run_two(progress: Any) -> Any:
+            from ckptbench.bench.drain import run_drain_bench
+            from ckptbench.decide.twolevel import decide
+
+            report = run_compare(spec, job, resolved, workload=work, progress=progress)
+            drain = run_drain_bench(work, resolved[0].storage, resolved[1].storage, repeat=repeat, warmup=warmup,
+                                    threads=threads, progress=progress)
+            local, remote = report.tiers
+            return _TwoLevelReport(report, decide(job, local, remote, drain, local_loss=loss[0],
+                                                  local_loss_source=loss[1], remote_every=remote_every))
+
+        run_and_emit(run_two, output=open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
+                     plot=_plot, print_tables=lambda report, document: _print_two_levels(document))
+        return
     check_targets(resolved, work)
     run_and_emit(
         lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress, saved=saved),
@@ -141,6 +189,104 @@ def _plot(document: dict[str, Any], path: Path) -> None:
     from ckptbench.report.compare_plot import plot_compare
 
     plot_compare(document, path)
+    if document.get("two_level") is not None:
+        from ckptbench.report.twolevel_plot import plot_measured_two_level
+
+        plot_measured_two_level(document, two_level_plot_path(path))
+
+
+def two_level_plot_path(path: Path) -> Path:
+    """Where ``--plot NAME.png`` with --local/--remote draws both schedules: ``NAME-two-level.png``."""
+    return path.with_name(f"{path.stem}-two-level.png")
+
+
+# -- two levels ---------------------------------------------------------------------------------------
+
+
+def _check_two_level_flags(local_dir: str | None, remote_url: str | None, targets: tuple[str, ...],
+                           tier_args: tuple[str, ...], from_results: tuple[Path, ...], every: float | None,
+                           remote_every: int | None) -> None:
+    if local_dir is None or remote_url is None:
+        raise UsageError(f"{'--local' if local_dir is not None else '--remote'} needs "
+                         f"{'--remote URL' if local_dir is not None else '--local DIR'}: two levels are two tiers")
+    if targets or tier_args or from_results:
+        raise UsageError("--local/--remote compare exactly those two tiers; give other targets in another run")
+    if remote_every is not None and every is None:
+        raise UsageError("--remote-every applies with --every (the local interval it evaluates)")
+
+
+def _check_tiers_apart(resolved: list[Any]) -> None:
+    local, remote = resolved
+    if local.on_objects:
+        raise UsageError(f"--local {local.given}: the local tier is a directory on this machine")
+    if local.location == remote.location or (not remote.on_objects and _nested(local.location, remote.location)):
+        raise UsageError(f"--remote {remote.given} is the --local tier ({local.location}) or inside it",
+                         hint="give the remote tier another directory or a bucket")
+
+
+def _nested(a: str, b: str) -> bool:
+    first, second = Path(a).resolve(), Path(b).resolve()
+    return first == second or first in second.parents or second in first.parents
+
+
+class _TwoLevelReport:
+    """A comparison of the two tiers with the drain measured and the decision added (``two_level``)."""
+
+    def __init__(self, report: Any, decision: dict[str, Any]) -> None:
+        self.report = report
+        self.decision = decision
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.report.to_dict(), "two_level": self.decision}
+
+
+def _print_two_levels(document: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    _print_tables(document)
+    console = stdout_console()
+    two = document["two_level"]
+    drain = two["drain"]
+    console.print(
+        f"[bold]drain[/] {two['local']} -> {two['remote']}: {drain['drain_gbps']:.2f} GB/s "
+        f"[dim]{min(drain['runs_drain_gbps']):.2f}–{max(drain['runs_drain_gbps']):.2f}[/], "
+        f"{drain['drain_vs_direct']:.2f}x a save straight to the remote tier ({drain['direct_save_gbps']:.2f} GB/s)"
+        f"  ·  local save stall {format_duration(drain['stall_alone_s'])} alone, "
+        f"{format_duration(drain['stall_during_s'])} during a drain ({drain['stall_ratio']:.2f}x)")
+    table = Table(header_style="bold")
+    for column in ("schedule", "local every", "remote every", "waste", "range"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    one, best = two["single_level"], two["two_level"]
+
+    def waste_range(r: list[float] | None) -> str:
+        return "-" if r is None else f"{pct(r[0], 2)}–{pct(r[1], 2)}"
+
+    table.add_row(f"single level ({one['tier']})", "-", _seconds(one["interval_s"]),
+                  "-" if one["waste_fraction"] is None else pct(one["waste_fraction"], 2),
+                  waste_range(one["waste_fraction_range"]))
+    local_level, remote_level = best["levels"]
+    every = "-" if remote_level["every"] is None else (
+        f"{_seconds(remote_level['interval_s'])} (k={remote_level['every']})")
+    table.add_row(f"two levels ({two['local']} + {two['remote']})", _seconds(local_level["interval_s"]), every,
+                  pct(best["waste_fraction"], 2), waste_range(best["waste_fraction_range"]))
+    console.print(table)
+    console.print(two_level_takeaway(two))
+
+
+def two_level_takeaway(two: dict[str, Any]) -> str:
+    """One sentence: the recommended schedule, its waste and range, and why."""
+    best, one = two["two_level"], two["single_level"]
+    local_level, remote_level = best["levels"]
+    if two["recommendation"] == "two-level":
+        drained = ("" if remote_level["every"] is None
+                   else f" and drain every {remote_level['every']} to {two['remote']}")
+        low, high = best["waste_fraction_range"] or (best["waste_fraction"],) * 2
+        return (f"Two levels: checkpoint to {two['local']} every {format_duration(best['recommended_interval_s'])}"
+                f"{drained}: about {pct(best['waste_fraction'])} of wall time lost ({pct(low)}–{pct(high)}); "
+                f"{two['reason']}.")
+    low, high = one["waste_fraction_range"] or (one["waste_fraction"],) * 2
+    return (f"Single level: checkpoint to {two['remote']} every {format_duration(one['interval_s'])}: about "
+            f"{pct(one['waste_fraction'])} of wall time lost ({pct(low)}–{pct(high)}); {two['reason']}.")
 
 
 # -- the table ---------------------------------------------------------------------------------------

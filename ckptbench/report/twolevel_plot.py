@@ -80,3 +80,12 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, document or {}, path)
+
+
+def plot_measured_two_level(document: dict[str, Any], path: Path) -> Path:
+    """Both schedules of a ``compare --local --remote`` document (its ``two_level.model``), as PNG."""
+    model = document["two_level"]["model"]
+    c = model["cost"]
+    cost = twolevel.TwoLevelCost(single.CheckpointCost(c["stall_s"], c["persist_s"], c["interference"]), c["drain_s"],
+                                 c["drain_interference"], c["local_restart_s"], c["remote_restart_s"], c["local_loss"])
+    return plot_two_level_waste(path, cost, model["mtbf_s"], model, document)

@@ -1,0 +1,195 @@
+"""Two tiers measured as two levels: the drain and its interference with local saves.
+
+With the real writer and the real drain (``checkpoint/drain.py``), in rounds, each round in both
+orders so that drift in a shared machine's load falls on both sides alike:
+
+- **drain vs direct**: the committed local checkpoint copied to the remote tier
+  (``copy_checkpoint``: read, checked, written, committed) against ``ckptbench.save`` of the same
+  state_dict straight to the remote tier (sync, durable); each timed from its call to its commit.
+- **stall with and without a drain**: an async local save (``Checkpointer.save(async_=True)``)
+  alone, and one started while a drain of the same checkpoint runs; its stall (the time training
+  is blocked) and persist.
+
+Everything is written inside the two targets' scratch directories or prefixes, removed at the end
+(Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckptbench.bench.progress import Progress
+from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict
+from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.store import Store, open_store
+
+
+@dataclass(frozen=True)
+class DrainBench:
+    """The runs of one drain measurement (seconds per run; rates in GB/s = 1e9 bytes/s).
+
+    ``runs_drain_s``: drains of the committed local checkpoint to the remote tier;
+    ``runs_direct_save_s``: sync saves of the same state_dict straight to the remote tier, in the
+    same rounds; ``runs_stall_alone_s``/``runs_persist_alone_s``: async local saves with no drain;
+    ``runs_stall_during_s``/``runs_persist_during_s``: async local saves while a drain runs.
+    """
+
+    workload_bytes: int
+    runs_drain_s: tuple[float, ...]
+    runs_direct_save_s: tuple[float, ...]
+    runs_stall_alone_s: tuple[float, ...]
+    runs_stall_during_s: tuple[float, ...]
+    runs_persist_alone_s: tuple[float, ...]
+    runs_persist_during_s: tuple[float, ...]
+
+    @property
+    def drain_gbps(self) -> float:
+        return self.workload_bytes / statistics.median(self.runs_drain_s) / 1e9
+
+    @property
+    def runs_drain_gbps(self) -> tuple[float, ...]:
+        return tuple(self.workload_bytes / s / 1e9 for s in self.runs_drain_s)
+
+    @property
+    def direct_save_gbps(self) -> float:
+        return self.workload_bytes / statistics.median(self.runs_direct_save_s) / 1e9
+
+    @property
+    def drain_vs_direct_by_round(self) -> tuple[float, ...]:
+        """Drain rate / direct save rate, per round."""
+        return tuple(d / s for s, d in zip(self.runs_drain_s, self.runs_direct_save_s, strict=True))
+
+    @property
+    def stall_ratio_by_round(self) -> tuple[float, ...]:
+        """Stall of a local save during a drain / without one, per round."""
+        return tuple(during / alone if alone > 0 else float("nan")
+                     for alone, during in zip(self.runs_stall_alone_s, self.runs_stall_during_s, strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "drain_gbps": self.drain_gbps,
+            "runs_drain_gbps": list(self.runs_drain_gbps),
+            "direct_save_gbps": self.direct_save_gbps,
+            "drain_vs_direct": statistics.median(self.drain_vs_direct_by_round),
+            "drain_vs_direct_by_round": list(self.drain_vs_direct_by_round),
+            "stall_alone_s": statistics.median(self.runs_stall_alone_s),
+            "stall_during_s": statistics.median(self.runs_stall_during_s),
+            "stall_ratio": statistics.median(self.stall_ratio_by_round),
+            "stall_ratio_by_round": list(self.stall_ratio_by_round),
+        }
+
+
+class _Place:
+    """A scratch location on either kind of target: checkpoint URLs inside it and their Stores."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options or None
+
+    def location(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def store(self, name: str) -> Store:
+        return open_store(self.location(name), self.storage_options)
+
+
+@contextlib.contextmanager
+def _scratch(target: Any) -> Iterator[_Place]:
+    if isinstance(target, LocalDirectory):
+        with target.scratch() as path:
+            yield _Place(str(path), None)
+    else:
+        with target.scratch() as scratch:
+            yield _Place(scratch.url, target.storage_options)
+
+
+def _remove(store: Store) -> None:
+    store.remove(store.list())
+    if store.local_path is not None:
+        with contextlib.suppress(OSError):
+            store.local_path.rmdir()
+
+
+def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote: Any, *, repeat: int = 3,
+                    warmup: int = 1, threads: int | None = None, progress: Progress | None = None) -> DrainBench:
+    """Measure the drain from ``local`` (a directory) to ``remote`` (a directory or an object target) and
+    its interference with local saves, ``warmup`` discarded rounds then ``repeat`` measured ones."""
+    from ckptbench.checkpoint.api import Checkpointer
+    from ckptbench.checkpoint.drain import DrainBuffers, copy_checkpoint
+
+    progress = progress or Progress()
+    state_dict = build_state_dict(workload)
+    runs: dict[str, list[float]] = {k: [] for k in ("drain", "direct", "stall_alone", "stall_during",
+                                                    "persist_alone", "persist_during")}
+    buffers = DrainBuffers()
+    with _scratch(local) as here, _scratch(remote) as there, Checkpointer(threads=threads) as ckpt:
+        io = {"threads": ckpt.threads, "block_size": ckpt.block_size, "direct": bool(ckpt.direct)}
+        progress.phase("drain: the local checkpoint to drain")
+        ckpt.save(state_dict, here.location("source"))
+        source = here.store("source")
+
+        def drain(name: str) -> float:
+            started = time.perf_counter()
+            copy_checkpoint(source, there.store(name), step=0, buffers=buffers, **io)
+            return time.perf_counter() - started
+
+        def direct(name: str) -> float:
+            started = time.perf_counter()
+            ckpt.save(state_dict, there.location(name), storage_options=there.storage_options)
+            return time.perf_counter() - started
+
+        def local_save(name: str) -> tuple[float, float]:
+            result = ckpt.save(state_dict, here.location(name), async_=True, overwrite=True).result()
+            return result.stall_s, result.persist_s
+
+        def local_save_during_drain(name: str, remote_name: str) -> tuple[float, float]:
+            failure: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    drain(remote_name)
+                except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
+                    failure.append(exc)
+
+            thread = threading.Thread(target=run, name="ckptbench-drain-bench", daemon=True)
+            thread.start()
+            try:
+                return local_save(name)
+            finally:
+                thread.join()
+                if failure:
+                    raise failure[0]
+
+        try:
+            for n in range(warmup + repeat):
+                measured = n >= warmup
+                progress.phase(f"drain: round {n + 1 - warmup if measured else n + 1}"
+                               f"{'' if measured else ' (warm-up)'}")
+                pairs = [("direct", lambda n=n: direct(f"direct-{n}")), ("drain", lambda n=n: drain(f"drain-{n}"))]
+                for key, run_one in pairs if n % 2 == 0 else pairs[::-1]:
+                    seconds = run_one()
+                    if measured:
+                        runs[key].append(seconds)
+                saves = [("alone", lambda: local_save("alone")),
+                         ("during", lambda n=n: local_save_during_drain("during", f"during-{n}"))]
+                for key, run_one in saves if n % 2 == 0 else saves[::-1]:
+                    stall_s, persist_s = run_one()
+                    if measured:
+                        runs[f"stall_{key}"].append(stall_s)
+                        runs[f"persist_{key}"].append(persist_s)
+                for name in (f"direct-{n}", f"drain-{n}", f"during-{n}"):
+                    _remove(there.store(name))
+        finally:
+            buffers.close()
+    return DrainBench(workload_bytes=workload.total_bytes, runs_drain_s=tuple(runs["drain"]),
+                      runs_direct_save_s=tuple(runs["direct"]), runs_stall_alone_s=tuple(runs["stall_alone"]),
+                      runs_stall_during_s=tuple(runs["stall_during"]),
+                      runs_persist_alone_s=tuple(runs["persist_alone"]),
+                      runs_persist_during_s=tuple(runs["persist_during"]))

@@ -1,0 +1,160 @@
+"""``ckptbench compare --local DIR --remote DIR|URL``: both tiers and the drain measured with the real writer,
+single level or two levels recommended with ranges, bad input (one line, exit 2, nothing written), and the
+pure decision. Small I/O, never asserts timings. On S3 (Ceph RGW): tests/storage/test_manager_s3.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
+from ckptbench.bench.drain import DrainBench
+from ckptbench.decide.twolevel import decide
+from ckptbench.model import sizing
+from ckptbench.model.failures import FailureModel
+from ckptbench.model.tiers import TierPrices
+
+QUICK = ["--size", "8MiB", "--repeat", "2", "--warmup", "0"]
+
+
+@pytest.fixture
+def tiers(tmp_path: Path) -> tuple[Path, Path]:
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local.mkdir()
+    remote.mkdir()
+    (local / "keep.bin").write_bytes(b"keep me")
+    return local, remote
+
+
+def test_both_tiers_the_drain_and_a_recommendation(cli, tiers, tmp_path: Path):
+    local, remote = tiers
+    png = tmp_path / "tiers.png"
+    doc = cli.json("compare", "--local", str(local), "--remote", str(remote), *QUICK, "--mtbf", "6h",
+                   "--restart", "5m", "--local-loss", "30%", "--plot", str(png))
+    assert [t["label"] for t in doc["tiers"]] == [str(local), str(remote)]
+    two = doc["two_level"]
+    drain = two["drain"]
+    assert len(drain["runs_drain_s"]) == 2 and len(drain["runs_direct_save_s"]) == 2
+    assert len(drain["runs_stall_alone_s"]) == 2 and len(drain["runs_stall_during_s"]) == 2
+    assert drain["drain_gbps"] == pytest.approx(drain["workload_bytes"] / sorted(drain["runs_drain_s"])[0] / 1e9,
+                                                rel=1) and drain["drain_gbps"] > 0
+    job = doc["job"]
+    assert two["drain_s"] == pytest.approx(job["rank_bytes"] / (drain["drain_gbps"] * 1e9))
+    assert two["local_loss"] == 0.3 and two["local_loss_source"] == "given (--local-loss)"
+    local_model, remote_model = (t["model"] for t in doc["tiers"])
+    assert two["local_restart_s"] == pytest.approx(300 + local_model["restore_s"])
+    assert two["remote_restart_s"] == pytest.approx(300 + remote_model["restore_s"])
+    best = two["two_level"]
+    low, high = best["waste_fraction_range"]
+    assert low <= best["waste_fraction"] <= high
+    one = two["single_level"]
+    assert one["waste_fraction"] == remote_model["waste_fraction"]
+    assert one["waste_fraction_range"][0] <= one["waste_fraction"] <= one["waste_fraction_range"][1]
+    assert two["recommendation"] in ("single-level", "two-level")
+    if two["recommendation"] == "two-level":
+        assert not two["tied"] and best["waste_fraction"] < one["waste_fraction"]
+    assert png.exists() and (tmp_path / "tiers-two-level.png").read_bytes()[:4] == b"\x89PNG"
+    # the scratch directories are gone, what was there stays
+    assert sorted(p.name for p in local.iterdir()) == ["keep.bin"] and list(remote.iterdir()) == []
+
+
+def test_the_table_says_what_to_run(cli, tiers):
+    local, remote = tiers
+    result = cli("compare", "--local", str(local), "--remote", str(remote), *QUICK, "--failures", "llama3",
+                 "--gpus", "16384")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())  # the table wraps cells to the terminal's width
+    assert f"drain {local} -> {remote}:" in text and "x a save straight to the remote tier" in text
+    assert "single level" in text and "two levels" in text
+    assert ("Single level: checkpoint to" in text) != ("Two levels: checkpoint to" in text)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--local", "{a}", "--remote", "{b}", "--remote-every", "0"], "--remote-every"),
+        (["--local", "{a}", "--remote", "{b}", "--local-loss", "150%", "--mtbf", "6h"], "--local-loss"),
+        (["--local", "{a}", "--remote", "{a}", "--local-loss", "30%", "--mtbf", "6h"], "is the --local tier"),
+        (["--local", "{a}", "--remote", "{a}/inside", "--local-loss", "30%", "--mtbf", "6h"], "does not exist"),
+        (["--local", "{a}", "--remote", "{b}", "--local-loss", "30%"], "need a failure rate"),
+        (["--local", "{a}", "--remote", "{b}", "--mtbf", "6h"], "need --local-loss"),
+        (["--local", "{a}", "--mtbf", "6h"], "--local needs --remote URL"),
+        (["{a}", "--remote", "{b}"], "--remote needs --local DIR"),
+        (["{a}", "--local", "{a}", "--remote", "{b}"], "compare exactly those two tiers"),
+        (["{a}", "{b}", "--local-loss", "30%"], "--local-loss applies to two levels"),
+        (["--local", "{a}", "--remote", "{b}", "--local-loss", "30%", "--mtbf", "6h", "--remote-every", "2"],
+         "--remote-every applies with --every"),
+        (["--local", "{a}", "--remote", "s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9",
+          "--storage-option", "key=k", "--storage-option", "secret=s", "--local-loss", "30%", "--mtbf", "6h"],
+         "127.0.0.1:9"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_anything_is_measured(cli, tiers, args, needle):
+    a, b = tiers
+    start = time.monotonic()
+    result = cli("compare", *[arg.format(a=a, b=b) for arg in args])
+    assert result.exit_code == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error:"), result.stderr
+    assert needle in lines[0]
+    assert time.monotonic() - start < 60  # checked before any tier is measured
+    assert sorted(p.name for p in a.iterdir()) == ["keep.bin"] and list(b.iterdir()) == []
+
+
+def _tier(label: str, save_gbps: float, load_gbps: float, job: JobSpec, spread: float = 0.0) -> TierResult:
+    def measured(scale: float) -> Measured:
+        return Measured(workload_bytes=10**9, save_gbps=save_gbps * scale, load_gbps=load_gbps * scale,
+                        stall_s=0.5, persist_s=1 / (save_gbps * scale), interference=None, save_cached=False,
+                        load_cached=False, files=2, disk_bytes=10**9)
+
+    point, best, worst = measured(1.0), measured(1 + spread), measured(1 - spread)
+    from ckptbench.bench.tier_comparison import CompareTarget
+
+    models = tuple(model_tier(job, m, TierPrices(), part_bytes=None) for m in (point, best, worst))
+    return TierResult(CompareTarget(label, label, storage=None), report=None, measured=point, model=models[0],
+                      model_ends=models[1:])
+
+
+def _job(local_restart_s: float = 300.0) -> JobSpec:
+    size = sizing.checkpoint_size(70e9, sizing.TrainingRecipe(), sizing.Parallelism(dp=64, sharding="fsdp"))
+    return JobSpec(size=size, model=None, failures=FailureModel(mtbf_s=3 * 3600.0, source="test"),
+                   restart_s=local_restart_s, interference=0.02)
+
+
+def _drain(gbps: float, spread: float = 0.0, stall_ratio: float = 1.0) -> DrainBench:
+    runs = tuple(10**9 / (gbps * (1 + d)) / 1e9 for d in (-spread, 0.0, spread))
+    return DrainBench(10**9, runs, runs, (0.1, 0.1, 0.1), (0.1 * stall_ratio,) * 3, (1.0,) * 3, (1.0,) * 3)
+
+
+def test_a_slow_remote_tier_and_frequent_node_loss_choose_by_the_tie_rule():
+    job = _job()
+    local, slow_remote = _tier("nvme", 5.0, 5.0, job), _tier("s3", 0.2, 0.2, job)
+    two = decide(job, local, slow_remote, _drain(0.2), local_loss=0.3, local_loss_source="test")
+    assert two["recommendation"] == "two-level" and not two["tied"]
+    assert two["two_level"]["waste_fraction"] < two["single_level"]["waste_fraction"]
+    local_level, remote_level = two["two_level"]["levels"]
+    assert remote_level["every"] >= 1
+    assert remote_level["interval_s"] == pytest.approx(remote_level["every"] * local_level["interval_s"])
+    # every failure loses the local copy: the local tier cannot pay for itself
+    every_loss = decide(job, local, slow_remote, _drain(0.2), local_loss=1.0, local_loss_source="test")
+    assert every_loss["recommendation"] == "single-level"
+
+
+def test_overlapping_ranges_are_a_tie_and_the_single_level_is_recommended():
+    job = _job()
+    local, remote = _tier("nvme", 2.0, 2.0, job, spread=0.5), _tier("fast", 1.8, 1.8, job, spread=0.5)
+    two = decide(job, local, remote, _drain(1.8, spread=0.5), local_loss=0.5, local_loss_source="test")
+    assert two["tied"] and two["recommendation"] == "single-level"
+    assert "tied" in two["reason"]
+
+
+def test_the_pessimistic_end_counts_the_stall_measured_during_a_drain():
+    job = _job()
+    local, remote = _tier("nvme", 5.0, 5.0, job), _tier("s3", 0.2, 0.2, job)
+    calm = decide(job, local, remote, _drain(0.2, stall_ratio=1.0), local_loss=0.3, local_loss_source="test")
+    busy = decide(job, local, remote, _drain(0.2, stall_ratio=3.0), local_loss=0.3, local_loss_source="test")
+    assert busy["stall_scale_pessimistic"] == pytest.approx(3.0)
+    assert busy["two_level"]["waste_fraction"] == calm["two_level"]["waste_fraction"]
+    assert busy["two_level"]["waste_fraction_range"][1] > calm["two_level"]["waste_fraction_range"][1]
