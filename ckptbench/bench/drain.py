@@ -7,8 +7,9 @@ orders so that drift in a shared machine's load falls on both sides alike:
   (``copy_checkpoint``: read, checked, written, committed) against ``ckptbench.save`` of the same
   state_dict straight to the remote tier (sync, durable); each timed from its call to its commit.
 - **stall with and without a drain**: an async local save (``Checkpointer.save(async_=True)``)
-  alone, and one started while a drain of the same checkpoint runs; its stall (the time training
-  is blocked) and persist.
+  alone, and one started while a drain of the same checkpoint runs (on a thread of its own, at the
+  priority ``CheckpointManager`` gives its drains); its stall (the time training is blocked) and
+  persist.
 
 Everything is written inside the two targets' scratch directories or prefixes, removed at the end
 (Ctrl-C included).
@@ -122,7 +123,7 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
     """Measure the drain from ``local`` (a directory) to ``remote`` (a directory or an object target) and
     its interference with local saves, ``warmup`` discarded rounds then ``repeat`` measured ones."""
     from ckptbench.checkpoint.api import Checkpointer
-    from ckptbench.checkpoint.drain import DrainBuffers, copy_checkpoint
+    from ckptbench.checkpoint.drain import DrainBuffers, copy_checkpoint, lower_priority
 
     progress = progress or Progress()
     state_dict = build_state_dict(workload)
@@ -152,7 +153,8 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
         def local_save_during_drain(name: str, remote_name: str) -> tuple[float, float]:
             failure: list[BaseException] = []
 
-            def run() -> None:
+            def run() -> None:  # as CheckpointManager's drain runs: in the background, at its priority
+                lower_priority()
                 try:
                     drain(remote_name)
                 except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread

@@ -11,7 +11,8 @@ is checked before its bytes are written: a damaged source is refused, never copi
 :class:`Drainer` runs those copies on one background thread for ``CheckpointManager(remote=...)``:
 one copy at a time, the newest step asked for first (an older one still waiting is skipped); a
 copy that fails (the remote tier unreachable, say) is retried after ``CKPTBENCH_DRAIN_RETRY_S``
-or as soon as another step is submitted, and :meth:`Drainer.status` says what happened.
+or as soon as another step is submitted, and :meth:`Drainer.status` says what happened. Its thread
+runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``): local saves stall no longer for it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -256,6 +258,20 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started)
 
 
+def lower_priority() -> None:
+    """Lower the calling thread's CPU priority by ``CKPTBENCH_DRAIN_NICE`` (on Linux a thread's nice value
+    is its own, and the threads it starts inherit it: the engine's and the S3 uploads' workers). A
+    drain in the background then takes the CPU that local saves and training leave; it is not slowed
+    on a machine with idle cores."""
+    if knobs.DRAIN_NICE <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + knobs.DRAIN_NICE))
+    except OSError as exc:
+        log.debug("could not lower the drain's priority: %s", exc)
+
+
 class Drainer:
     """One background thread that copies the steps submitted to it, newest first, one at a time.
 
@@ -344,6 +360,7 @@ class Drainer:
         return self.status()
 
     def _run(self) -> None:
+        lower_priority()
         while True:
             with self._cond:
                 while not self._stopping and (self._pending is None or time.monotonic() < self._retry_at):

@@ -502,9 +502,10 @@ class CheckpointManager:
             try:
                 if tier.step_store(step).size(mf.MANIFEST_NAME) is not None:
                     held.append(tier)
-            except (OSError, StorageIOError) as exc:
+            except Exception as exc:
                 if tier is self._tier:
                     raise
+                # an unreachable remote tier must not stop a load that the local tier can serve
                 log.warning("the remote tier %s could not be asked for step %d: %s", tier.url, step, exc)
         return held
 

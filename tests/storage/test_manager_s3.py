@@ -30,3 +30,39 @@ def test_manager_on_s3(s3_server, s3_bucket):
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket).get("Contents", []))
     assert {k.split("/")[1] for k in keys} == {"step-00000002", "step-00000003"}
     assert not any(k.endswith(".ckptbench.lock") for k in keys)
+
+
+def test_a_remote_tier_on_s3_serves_the_steps_the_local_one_lost(s3_server, s3_bucket, tmp_path):
+    import shutil
+
+    options = s3_server.options()
+    client = s3_server.client()
+    remote = f"s3://{s3_bucket}/remote"
+    local = tmp_path / "local"
+
+    def state(step: int) -> dict:
+        return {"w": torch.full((8192,), float(step)), "b": torch.arange(16) + step, "step": step}
+
+    with ckptbench.CheckpointManager(local, keep_last=1, remote=remote, remote_every=2, keep_remote=2,
+                                     remote_storage_options=options) as manager:
+        for step in range(1, 8):
+            manager.save(step, state(step), async_=step % 2 == 1)
+            manager.wait_remote()
+        assert manager.remote_status().last_error is None
+        assert manager.steps("remote") == [4, 6] and manager.steps("local") == [7]
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket).get("Contents", []))
+    assert {k.split("/")[1] for k in keys} == {"step-00000004", "step-00000006"}
+    assert not any(k.endswith(".ckptbench.lock") for k in keys)
+    shutil.rmtree(local)
+    with ckptbench.CheckpointManager(local, remote=remote, remote_storage_options=options) as manager:
+        assert manager.latest() == 6
+        loaded = manager.load()
+        assert loaded["step"] == 6 and torch.equal(loaded["w"], state(6)["w"]) and torch.equal(loaded["b"],
+                                                                                              state(6)["b"])
+    # an unreachable remote tier: local saves go on, the status says why the copy waits
+    unreachable = {**options, "endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}
+    with ckptbench.CheckpointManager(tmp_path / "other", remote=remote, remote_storage_options=unreachable) as manager:
+        manager.save(1, state(1))
+        status = manager.wait_remote()
+        assert status.pending_step == 1 and status.last_error is not None
+        assert manager.load()["step"] == 1

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The drain's goals, on a local directory and an S3 server: rate and interference, rounds interleaved.
+
+With ckptbench's writer and drain (``ckptbench.bench.drain.run_drain_bench``, the measurement of
+``compare --local --remote``), each round in both orders (A B, then B A):
+
+- the drain of a committed local checkpoint to s3:// against ``ckptbench.save`` of the same
+  state_dict straight to s3:// (wall clock from the call to the commit). Goal: drain >= 0.9x;
+- the stall of an async local save while a drain runs against one with no drain. Goal: <= 1.2x.
+
+Prints every round's ratio and the medians as JSON (exit 1 when a goal's median misses).
+
+    eval "$(tests/servers/ceph.sh start /tmp/ceph)"   # or any S3 endpoint and credentials
+    export CKPTBENCH_TEST_S3_ENDPOINT AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+    python tests/perf/drain_compare.py --local /var/tmp --size 512MiB --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import uuid
+
+from ckptbench.units import parse_size
+
+DRAIN_GOAL = 0.9
+STALL_GOAL = 1.2
+
+
+def measure(local: str, endpoint: str, size: int, rounds: int) -> dict:
+    import boto3
+
+    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
+    from ckptbench.bench.drain import run_drain_bench
+    from ckptbench.storage.local import LocalDirectory
+    from ckptbench.storage.objects import ObjectTarget
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    bucket = f"ckptbench-drain-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    try:
+        workload = plan(CheckpointBenchSpec(model="llama3-8b", size_bytes=size, writers=("ckptbench",)))
+        bench = run_drain_bench(workload, LocalDirectory.from_string(local),
+                                ObjectTarget(f"s3://{bucket}/drain", {"endpoint_url": endpoint}), repeat=rounds,
+                                warmup=1)
+    finally:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket)
+    doc = bench.to_dict()
+    doc["goals"] = {
+        "drain_vs_direct": {"goal": f">= {DRAIN_GOAL}", "median": statistics.median(bench.drain_vs_direct_by_round),
+                            "met": statistics.median(bench.drain_vs_direct_by_round) >= DRAIN_GOAL},
+        "stall_ratio": {"goal": f"<= {STALL_GOAL}", "median": statistics.median(bench.stall_ratio_by_round),
+                        "met": statistics.median(bench.stall_ratio_by_round) <= STALL_GOAL},
+    }
+    doc["load_average"] = os.getloadavg()
+    return doc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local", default="/var/tmp", help="the local tier: a directory")
+    parser.add_argument("--endpoint", default=os.environ.get("CKPTBENCH_TEST_S3_ENDPOINT"))
+    parser.add_argument("--size", default="512MiB")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if not args.endpoint:
+        parser.error("give --endpoint or set CKPTBENCH_TEST_S3_ENDPOINT")
+    doc = measure(args.local, args.endpoint, parse_size(args.size), args.rounds)
+    print(json.dumps(doc, indent=2))
+    return 0 if all(goal["met"] for goal in doc["goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
