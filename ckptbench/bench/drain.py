@@ -7,7 +7,7 @@ orders so that drift in a shared machine's load falls on both sides alike:
   (``copy_checkpoint``: read, checked, written, committed) against ``ckptbench.save`` of the same
   state_dict straight to the remote tier (sync, durable); each timed from its call to its commit.
 - **stall with and without a drain**: an async local save (``Checkpointer.save(async_=True)``)
-  alone, and one started while a drain of the same checkpoint runs (on a thread of its own, at the
+  alone, and one started while a drain of the same checkpoint runs (in the drain process, at the
   priority ``CheckpointManager`` gives its drains); its stall (the time training is blocked) and
   persist.
 
@@ -18,6 +18,7 @@ Everything is written inside the two targets' scratch directories or prefixes, r
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import threading
 import time
@@ -104,8 +105,8 @@ class _Place:
 @contextlib.contextmanager
 def _scratch(target: Any) -> Iterator[_Place]:
     if isinstance(target, LocalDirectory):
-        with target.scratch() as path:
-            yield _Place(str(path), None)
+        with target.scratch() as path:  # the real path, not /proc/self/fd/N: the drain process opens it too
+            yield _Place(os.path.realpath(path), None)
     else:
         with target.scratch() as scratch:
             yield _Place(scratch.url, target.storage_options)
@@ -123,22 +124,22 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
     """Measure the drain from ``local`` (a directory) to ``remote`` (a directory or an object target) and
     its interference with local saves, ``warmup`` discarded rounds then ``repeat`` measured ones."""
     from ckptbench.checkpoint.api import Checkpointer
-    from ckptbench.checkpoint.drain import DrainBuffers, copy_checkpoint, lower_priority
+    from ckptbench.checkpoint.drain import DrainProcess
 
     progress = progress or Progress()
     state_dict = build_state_dict(workload)
     runs: dict[str, list[float]] = {k: [] for k in ("drain", "direct", "stall_alone", "stall_during",
                                                     "persist_alone", "persist_during")}
-    buffers = DrainBuffers()
+    drainer = DrainProcess()  # started by the first drain, on this thread (it lives as long as the thread)
     with _scratch(local) as here, _scratch(remote) as there, Checkpointer(threads=threads) as ckpt:
         io = {"threads": ckpt.threads, "block_size": ckpt.block_size, "direct": bool(ckpt.direct)}
         progress.phase("drain: the local checkpoint to drain")
         ckpt.save(state_dict, here.location("source"))
-        source = here.store("source")
+        source = (here.location("source"), here.storage_options)
 
         def drain(name: str) -> float:
             started = time.perf_counter()
-            copy_checkpoint(source, there.store(name), step=0, buffers=buffers, **io)
+            drainer.copy(source, (there.location(name), there.storage_options), step=0, **io)
             return time.perf_counter() - started
 
         def direct(name: str) -> float:
@@ -153,8 +154,7 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
         def local_save_during_drain(name: str, remote_name: str) -> tuple[float, float]:
             failure: list[BaseException] = []
 
-            def run() -> None:  # as CheckpointManager's drain runs: in the background, at its priority
-                lower_priority()
+            def run() -> None:  # as CheckpointManager's drain runs: a thread waiting for the drain process
                 try:
                     drain(remote_name)
                 except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
@@ -189,7 +189,7 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                 for name in (f"direct-{n}", f"drain-{n}", f"during-{n}"):
                     _remove(there.store(name))
         finally:
-            buffers.close()
+            drainer.close()
     return DrainBench(workload_bytes=workload.total_bytes, runs_drain_s=tuple(runs["drain"]),
                       runs_direct_save_s=tuple(runs["direct"]), runs_stall_alone_s=tuple(runs["stall_alone"]),
                       runs_stall_during_s=tuple(runs["stall_during"]),

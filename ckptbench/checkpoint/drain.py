@@ -272,6 +272,66 @@ def lower_priority() -> None:
         log.debug("could not lower the drain's priority: %s", exc)
 
 
+_worker_buffers: DrainBuffers | None = None
+
+
+def _start_worker() -> None:
+    """In the drain process: die with the thread that started it (Linux; a parent killed by SIGKILL takes
+    its drain along, as a thread would go), lower its priority, keep one pair of buffers."""
+    global _worker_buffers
+    with contextlib.suppress(Exception):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    lower_priority()
+    _worker_buffers = DrainBuffers()
+
+
+def _copy_in_worker(source: tuple[str, dict | None], target: tuple[str, dict | None], step: int,
+                    io: dict[str, Any]) -> DrainResult:
+    from ckptbench.storage.store import open_store
+
+    return copy_checkpoint(open_store(*source), open_store(*target), step=step, buffers=_worker_buffers, **io)
+
+
+class DrainProcess:
+    """Copies run in a process of their own, started on the first copy and kept for the next ones.
+
+    Why a process: a copy to object storage runs Python (the S3 client signs and sends every part),
+    and on a thread of the training process it would contend for the GIL with every save's staging,
+    which takes the GIL back once per tensor: local saves would stall longer while a drain runs. The
+    process runs at the drain's lower priority (``CKPTBENCH_DRAIN_NICE``) and ends with the thread that
+    started it (``close()``, or that thread's death). Locations go to it as (URL, storage options).
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def copy(self, source: tuple[str, dict | None], target: tuple[str, dict | None], *, step: int, threads: int,
+             block_size: int, direct: bool) -> DrainResult:
+        """:func:`copy_checkpoint` from ``source`` to ``target`` in the drain process; its error, raised here."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_worker)
+        io = {"threads": threads, "block_size": block_size, "direct": direct}
+        try:
+            return self._pool.submit(_copy_in_worker, source, target, step, io).result()
+        except BrokenProcessPool:
+            self.close()  # the process died (killed): the next copy starts another
+            raise
+
+    def close(self) -> None:
+        """End the process (after the copy in flight, if any)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 class Drainer:
     """One background thread that copies the steps submitted to it, newest first, one at a time.
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, _world_for
-from ckptbench.checkpoint.drain import DrainBuffers, Drainer, DrainResult, DrainStatus, copy_checkpoint
+from ckptbench.checkpoint.drain import Drainer, DrainProcess, DrainResult, DrainStatus
 from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_save_lock
 from ckptbench.errors import (
     CorruptCheckpointError,
@@ -273,7 +273,7 @@ class CheckpointManager:
                 raise UsageError(f"the remote tier {self._remote.url} is the local tier {self._tier.url} or inside "
                                  "it (or holds it)", hint="give remote= another directory or bucket")
             self._drainer = Drainer(self._drain, self._retain_remote)
-            self._drain_buffers = DrainBuffers()
+            self._drain_process = DrainProcess()
         self._committed_here = 0  # local commits by this manager: every remote_every-th is drained
         self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
                                           direct=direct, checksum=checksum)
@@ -412,9 +412,9 @@ class CheckpointManager:
     def _drain(self, step: int) -> DrainResult:
         assert self._remote is not None
         ckpt = self._checkpointer
-        return copy_checkpoint(self._tier.step_store(step), self._remote.step_store(step), step=step,
-                               threads=ckpt.threads, block_size=ckpt.block_size, direct=bool(ckpt.direct),
-                               buffers=self._drain_buffers)
+        return self._drain_process.copy((self._tier.step_url(step), self._tier.storage_options),
+                                        (self._remote.step_url(step), self._remote.storage_options), step=step,
+                                        threads=ckpt.threads, block_size=ckpt.block_size, direct=bool(ckpt.direct))
 
     def _retain_remote(self, step: int) -> None:
         assert self._remote is not None
@@ -536,7 +536,7 @@ class CheckpointManager:
         self.wait()
         if self._drainer is not None:
             self._drainer.close()
-            self._drain_buffers.close()
+            self._drain_process.close()
         self._checkpointer.close()
         self._closed = True
 

@@ -114,7 +114,8 @@ def test_local_saves_go_on_while_the_remote_tier_is_unreachable(tmp_path: Path, 
         status = manager.wait_remote()
         assert status.pending_step == 2 and status.drained_step is None and status.failures >= 1
         assert "step 2" in status.last_error
-        assert manager.steps("local") == [2] and manager.latest() == 2
+        # keep_last=1, and step 1 stays only while its copy was under way when step 2 committed
+        assert manager.steps("local")[-1] == 2 and manager.latest() == 2
         assert_state(manager.load(), 2)
         # the remote tier comes back: the retry copies step 2 without another save
         mount.unlink()
@@ -127,7 +128,7 @@ def test_local_saves_go_on_while_the_remote_tier_is_unreachable(tmp_path: Path, 
         # and the next save is drained at once
         manager.save(3, state(3))
         assert manager.wait_remote().drained_step == 3
-        assert manager.steps("remote") == [2, 3]
+        assert manager.steps("remote") == [2, 3] and manager.steps("local") == [3]
     assert_state(ckptbench.load(remote / "step-00000002"), 2)
     assert_state(ckptbench.load(remote / "step-00000003"), 3)
 
@@ -150,8 +151,10 @@ def test_the_local_tier_keeps_a_step_until_its_copy_is_done(tmp_path: Path, monk
 
 
 def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path):
+    # SIGKILL to the saving process takes its drain process along, midway through a copy
     local, remote = tmp_path / "local", tmp_path / "remote"
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_DRAIN_BUFFER_BYTES": str(64 * 1024)}
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_DRAIN_BUFFER_BYTES": str(64 * 1024),
+           "CKPTBENCH_TEST_SLOW_DRAIN": str(remote)}
     worker = subprocess.Popen([sys.executable, str(HERE), str(local), str(remote)], stdout=subprocess.PIPE,
                               text=True, env=env)
     try:
@@ -205,9 +208,8 @@ def test_a_remote_tier_that_is_the_local_one_is_refused(tmp_path: Path):
             manager.load()
 
 
-def _worker(local: str, remote: str) -> None:
-    """Save step 1 (drained), then step 2, and say so once its drain has written a shard; the copy
-    then stalls until the test kills this process."""
+def _slow_down_the_drain(remote: str) -> None:
+    """In the drain process: say so once the copy of step 2 has written a shard, then stall until killed."""
     real_write = LocalStore.write_files
 
     def slow_write(self, files, **kwargs):
@@ -218,6 +220,10 @@ def _worker(local: str, remote: str) -> None:
         return report
 
     LocalStore.write_files = slow_write  # type: ignore[method-assign]
+
+
+def _worker(local: str, remote: str) -> None:
+    """Save step 1 (drained), then step 2, whose drain stalls (above) until the test kills this process."""
     manager = ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024)
     manager.save(1, state(1, 128))
     manager.wait_remote()
@@ -227,3 +233,5 @@ def _worker(local: str, remote: str) -> None:
 
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2])
+elif __name__ == "__mp_main__" and os.environ.get("CKPTBENCH_TEST_SLOW_DRAIN"):  # the worker's drain process
+    _slow_down_the_drain(os.environ["CKPTBENCH_TEST_SLOW_DRAIN"])
