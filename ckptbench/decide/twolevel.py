@@ -67,6 +67,7 @@ def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, 
               {"name": "remote", "interval_s": None if point.every is None else point.every * point.interval_s,
                "every": point.every}]
     single_model = remote.model
+    single_cost = _local_cost(job, single_model, job.interference, 1.0)  # the remote tier's own save
     single_waste = [single_model.waste_fraction, *(m.waste_fraction for m in remote_ends)]
     out: dict[str, Any] = {
         "local": local.label,
@@ -94,7 +95,8 @@ def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, 
         "single_level": {
             "tier": remote.label,
             "interval_s": single_model.optimal_interval_s,
-            "interval_s_range": (remote.model_range() or {}).get("optimal_interval_s") if remote.model_ends else None,
+            "interval_s_range": span([single_model.optimal_interval_s,
+                                      *(m.optimal_interval_s for m in remote_ends)]),
             "waste_fraction": single_model.waste_fraction,
             "waste_fraction_range": span(single_waste) if single_model.waste_fraction is not None else None,
             "error": single_model.error,
@@ -105,12 +107,14 @@ def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, 
                      "drain_interference": cost.drain_interference, "local_restart_s": cost.local_restart_s,
                      "remote_restart_s": cost.remote_restart_s, "local_loss": cost.local_loss},
             "mtbf_s": job.failures.mtbf_s,
-            "schedule": point.schedule,
             "two_level_schedule": {"levels": levels, "waste_fraction": point.waste_fraction,
                                    "interval_plateau_s": list(point.interval_plateau_s)},
-            "remote_only_schedule": {"levels": [{"name": "remote", "interval_s": point.single_level_interval_s,
+            # the single level as measured on the remote tier (not the model's drain-as-persist stand-in)
+            "single_cost": {"stall_s": single_cost.stall_s, "persist_s": single_cost.persist_s,
+                            "interference": single_cost.interference, "restart_s": single_model.restart_s},
+            "remote_only_schedule": {"levels": [{"name": "remote", "interval_s": single_model.optimal_interval_s,
                                                  "every": 1}],
-                                     "waste_fraction": point.single_level_waste_fraction},
+                                     "waste_fraction": single_model.waste_fraction},
         },
     }
     if single_model.waste_fraction is None:
@@ -133,4 +137,6 @@ def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, 
         else:
             reason = "the remote tier alone wastes less: the local tier does not pay for its drains"
     out |= {"recommendation": choice, "tied": tied, "reason": reason}
+    out["model"]["schedule"] = "two-level" if choice == "two-level" and point.every is not None else (
+        "local-only" if choice == "two-level" else "remote-only")
     return out

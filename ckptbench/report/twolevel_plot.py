@@ -16,14 +16,17 @@ from ckptbench.units import format_duration
 
 
 def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float, two: dict[str, Any],
-                         document: dict[str, Any] | None = None) -> Path:
+                         document: dict[str, Any] | None = None, *,
+                         measured_single: tuple[single.CheckpointCost, float] | None = None) -> Path:
     """Waste (% of wall time) versus interval for both schedules of ``two`` (the ``two_level`` section of
     ``ckptbench interval --json``), written as PNG.
 
     The two-level curve is drawn at the chosen remote period k (x: the local interval tau); the
     single-level curve is the remote-only schedule (x: its interval). The chosen (tau, k) and the
     remote-only optimum are marked; each plateau (intervals within 0.1 pp of its minimum) is shaded.
-    ``document``: where the numbers were measured (adds the usual footer), if anywhere.
+    ``document``: where the numbers were measured (adds the usual footer), if anywhere. ``measured_single``:
+    the remote tier's own (cost, restart) for the single-level curve, where it was measured (else the
+    model's: a checkpoint persisted in the drain's time, restarted in ``remote_restart_s``).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -33,7 +36,7 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
     tau, every = local_level["interval_s"], remote_level["every"]
     remote_only = two["remote_only_schedule"]
     single_tau = remote_only["levels"][0]["interval_s"]
-    single_cost = cost.remote_only()
+    single_cost, single_restart_s = measured_single or (cost.remote_only(), cost.remote_restart_s)
     points = [p for p in (tau, single_tau, *best["interval_plateau_s"]) if p]
     lo = min(points) / 8.0
     hi = min(max(points) * 8.0, 20.0 * mtbf_s)
@@ -45,7 +48,7 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
     ax = fig.add_subplot()
     minutes = [t / 60.0 for t in grid]
     remote_waste = [100.0 * w if t >= single_cost.min_interval_s else math.nan
-                    for t, w, _ in single.waste_curve(single_cost, mtbf_s, cost.remote_restart_s, grid)]
+                    for t, w, _ in single.waste_curve(single_cost, mtbf_s, single_restart_s, grid)]
     ax.plot(minutes, remote_waste, color="C1", lw=2, label="single level: straight to the remote tier")
     if every is not None:
         two_waste = [100.0 * w for _, w in twolevel.waste_curve(cost, mtbf_s, every, grid)]
@@ -59,7 +62,7 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
     low, high = best["interval_plateau_s"]
     ax.axvspan(low / 60.0, high / 60.0, color="C0", alpha=0.12,
                label=f"two-level plateau {format_duration(low)}-{format_duration(high)}")
-    single_low, single_high = single.optimum_plateau(single_cost, mtbf_s, cost.remote_restart_s)
+    single_low, single_high = single.optimum_plateau(single_cost, mtbf_s, single_restart_s)
     ax.axvspan(single_low / 60.0, single_high / 60.0, color="C1", alpha=0.12,
                label=f"single-level plateau {format_duration(single_low)}-{format_duration(single_high)}")
     chosen = f"tau {format_duration(tau)}" + (f", k {every}" if every is not None else "")
@@ -88,4 +91,6 @@ def plot_measured_two_level(document: dict[str, Any], path: Path) -> Path:
     c = model["cost"]
     cost = twolevel.TwoLevelCost(single.CheckpointCost(c["stall_s"], c["persist_s"], c["interference"]), c["drain_s"],
                                  c["drain_interference"], c["local_restart_s"], c["remote_restart_s"], c["local_loss"])
-    return plot_two_level_waste(path, cost, model["mtbf_s"], model, document)
+    s = model["single_cost"]
+    measured = (single.CheckpointCost(s["stall_s"], s["persist_s"], s["interference"]), s["restart_s"])
+    return plot_two_level_waste(path, cost, model["mtbf_s"], model, document, measured_single=measured)

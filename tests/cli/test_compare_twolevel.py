@@ -52,6 +52,7 @@ def test_both_tiers_the_drain_and_a_recommendation(cli, tiers, tmp_path: Path):
     one = two["single_level"]
     assert one["waste_fraction"] == remote_model["waste_fraction"]
     assert one["waste_fraction_range"][0] <= one["waste_fraction"] <= one["waste_fraction_range"][1]
+    assert one["interval_s_range"][0] <= one["interval_s"] <= one["interval_s_range"][1]
     assert two["recommendation"] in ("single-level", "two-level")
     if two["recommendation"] == "two-level":
         assert not two["tied"] and best["waste_fraction"] < one["waste_fraction"]
