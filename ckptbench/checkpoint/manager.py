@@ -202,7 +202,8 @@ class CheckpointManager:
 
     **Two tiers.** With ``remote``, saves still go to ``root`` (the fast, local tier) and return as
     before; every ``remote_every``-th step this manager commits there is then copied to ``remote``
-    (the durable tier: a directory or ``s3://...``) by a background thread, its shards first and its
+    (the durable tier: a directory or ``s3://...``) in the background (a thread that hands the copy to a
+    process of its own, :class:`~ckptbench.checkpoint.drain.DrainProcess`), its shards first and its
     manifest last, so the remote tier only ever lists whole checkpoints. One copy runs at a time:
     when a newer step is due before the previous copy started, the newer one is copied instead. A
     copy that fails (the remote tier unreachable) does not stop the saves: it is retried

@@ -76,8 +76,8 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
     ax.set_ylim(0, min(100.0, max(highest * 2.0, lowest + 5.0)))
     ax.set_xlabel("interval: compute time between checkpoints (two levels: between local checkpoints)")
     ax.set_ylabel("waste (% of wall time)")
-    winner = {"two-level": "two levels win", "remote-only": "single level wins",
-              "local-only": "local only"}.get(two["schedule"], two["schedule"])
+    winner = {"two-level": "two levels recommended", "remote-only": "single level recommended",
+              "local-only": "local only recommended"}.get(two["schedule"], two["schedule"])
     ax.set_title(f"Two-level checkpointing: MTBF {format_duration(mtbf_s)}, local loss {100 * cost.local_loss:.3g}%, "
                  f"drain {format_duration(cost.drain_s)} ({winner})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
