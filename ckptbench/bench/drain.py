@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict
-from ckptbench.storage.local import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.storage.store import Store, open_store
 
 

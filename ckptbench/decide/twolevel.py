@@ -1,6 +1,6 @@
 """Single level or two levels, decided from measurements (``ckptbench compare --local --remote``).
 
-Inputs: the job on each tier as ``compare`` models it (:class:`~ckptbench.bench.compare.TierResult`:
+Inputs: the job on each tier as ``compare`` models it (:class:`~ckptbench.bench.tier_comparison.TierResult`:
 the measured rates scaled to the job, at the runs' median and at their best and worst ends), and the
 measured drain (:class:`~ckptbench.bench.drain.DrainBench`). The two-level schedule is the model of
 ``ckptbench interval`` (:mod:`ckptbench.model.twolevel`) with

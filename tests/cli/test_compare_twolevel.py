@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
 from ckptbench.bench.drain import DrainBench
+from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
 from ckptbench.decide.twolevel import decide
 from ckptbench.model import sizing
 from ckptbench.model.failures import FailureModel

@@ -33,10 +33,10 @@ STALL_GOAL = 1.2
 def measure(local: str, endpoint: str, size: int, rounds: int) -> dict:
     import boto3
 
-    from ckptbench.bench.checkpoint import CheckpointBenchSpec, plan
     from ckptbench.bench.drain import run_drain_bench
-    from ckptbench.storage.local import LocalDirectory
-    from ckptbench.storage.objects import ObjectTarget
+    from ckptbench.bench.shootout import CheckpointBenchSpec, plan
+    from ckptbench.storage.local_target import LocalDirectory
+    from ckptbench.storage.object_target import ObjectTarget
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     bucket = f"ckptbench-drain-{uuid.uuid4().hex[:8]}"
