@@ -18,6 +18,7 @@ import numpy as np
 
 from ckptbench import __version__, knobs, safeio
 from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
+from ckptbench.bench.timeline import LatencyHistogram, SteadyState, Timeline, detect
 from ckptbench.errors import UsageError
 from ckptbench.units import format_rate, format_size
 
@@ -140,11 +141,36 @@ class PhaseResult(Timings):
     direct_used: bool
     sync: str
     fallback_reason: str
+    timelines: tuple[Timeline, ...] = ()  # per run: bytes per interval
+    histogram: LatencyHistogram | None = None  # every measured run's operations
+    runs_bytes: tuple[int, ...] = ()  # per run, when runs by time moved different amounts
+
+    @property
+    def runs_gbps(self) -> list[float]:
+        if not self.runs_bytes:
+            return super().runs_gbps
+        return [n / s / 1e9 if s > 0 else float("inf") for n, s in zip(self.runs_bytes, self.runs_s, strict=True)]
+
+    @property
+    def steady_state(self) -> SteadyState | None:
+        """The burst/sustained split of the run of median length (None without timelines)."""
+        if not self.timelines:
+            return None
+        ordered = sorted(self.timelines, key=lambda t: t.duration_s)
+        return detect(ordered[(len(ordered) - 1) // 2])
 
     def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
+        steady = self.steady_state
         return {
             **super().to_dict(memcpy_bps),
+            **({"runs_bytes": list(self.runs_bytes)} if self.runs_bytes else {}),
             "latency_ms": latency_percentiles_ms(self.latencies_ns),
+            "latency_histogram": self.histogram.to_dict() if self.histogram else None,
+            "timeline": {
+                "interval_s": self.timelines[0].interval_s,
+                "runs": [{**t.to_dict(), "steady_state": detect(t).to_dict()} for t in self.timelines],
+            } if self.timelines else None,
+            "steady_state": steady.to_dict() if steady else None,
             "threads_per_run": [
                 [{"start_s": a, "end_s": b, "bytes": n} for a, b, n in run] for run in self.thread_spans
             ],
