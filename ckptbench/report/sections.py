@@ -296,6 +296,25 @@ def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 
 # -- the bench schemas ------------------------------------------------------------------------------------
 
 
+def _steady_lines(result: dict[str, Any]) -> list[str]:
+    """The burst/sustained lines of a sweep result's write and read (``report.timeseries.steady_text``)."""
+    from ckptbench.report.timeseries import steady_text
+
+    texts = [steady_text(op, (result.get(op) or {}).get("steady_state")) for op in ("write", "read")]
+    return [t for t in texts if t]
+
+
+def _series_figures(document: dict[str, Any]) -> list[Figure]:
+    """The best configuration's bandwidth over time and latency histogram, when the document has them."""
+    from ckptbench.report.timeseries import best_phases, has_series, plot_series
+
+    phases = best_phases(document)
+    if not has_series(phases):
+        return []
+    return [Figure("best configuration: bandwidth over time (median run) and per-operation latency histogram",
+                   _png(lambda p: plot_series(document, phases, "best configuration over time", p)))]
+
+
 @section("ckptbench.bench.fs/1")
 def fs_sweep(document: dict[str, Any]) -> Section:
     """``ckptbench bench DIR``: threads x block size (x schedule), durable writes and cold reads."""
@@ -326,6 +345,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
     lines.append(f"best (highest median write): {_plural(b['config']['threads'], 'thread')} x "
                  f"{format_size(b['config']['block_size'])} blocks, {b['config']['schedule']}: "
                  f"write {b['write']['gbps']:.2f} GB/s{read_text}")
+    lines += _steady_lines(b)
     tables = [Table("sweep (median of the runs, GB/s = 1e9 B/s)", tuple(columns), tuple(rows),
                     highlight=frozenset({best}) if len(results) > 1 else frozenset())]
     if document.get("metadata"):
@@ -342,6 +362,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
     if heat_cells(panels) > 1:
         figures.append(Figure("heat map: threads x block size, median GB/s (best write outlined)",
                               _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    figures += _series_figures(document)
     headline = Headline("filesystem sweep", f"{b['config']['threads']} thr x {format_size(b['config']['block_size'])}",
                         b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
     return Section(title=f"Filesystem sweep: {document['target']}", lines=tuple(lines), tables=tuple(tables),
@@ -374,6 +395,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
              + ("1 PUT" if c["parts_per_object"] == 1 else f"{format_size(c['part_size_bytes'])} parts"))
     read_text = f", read {b['read']['gbps'] * 1e3:.0f} MB/s" if b["read"] else ""
     lines.append(f"best (highest median write): {label}: write {b['write']['gbps'] * 1e3:.0f} MB/s{read_text}")
+    lines += _steady_lines(b)
     tables = (Table("sweep (median of the runs, MB/s = 1e6 B/s)", tuple(columns), tuple(rows),
                     highlight=frozenset({best}) if len(results) > 1 else frozenset()),)
     figures = [Figure("write and read GB/s per configuration (median, min–max whiskers; best in bold)",
@@ -385,6 +407,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
     if heat_cells(panels) > 1:
         figures.append(Figure("heat map: requests in flight x object size, median GB/s (best write outlined)",
                               _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    figures += _series_figures(document)
     headline = Headline("object sweep", f"{format_size(c['object_size_bytes'])} x{c['concurrency']}",
                         b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
     return Section(title=f"Object-storage sweep: {document['target']}", lines=tuple(lines), tables=tables,
