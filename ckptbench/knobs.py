@@ -103,3 +103,7 @@ LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
 #: arenas kept for the next save, at most this many, each freed after this many seconds unused.
 DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)
 DCP_ARENA_IDLE_S = _env_float("DCP_ARENA_IDLE_S", 300.0)
+#: preflight's sustained-write probe (past the write-back cache): the most it writes, and the share of the
+#: target's free space it may take.
+SUSTAINED_PROBE_MAX_BYTES = _env_int("SUSTAINED_PROBE_MAX_BYTES", 4 << 30)
+SUSTAINED_PROBE_FREE_FRACTION = _env_float("SUSTAINED_PROBE_FREE_FRACTION", 0.25)
