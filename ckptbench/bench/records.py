@@ -18,7 +18,7 @@ import numpy as np
 
 from ckptbench import __version__, knobs, safeio
 from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
-from ckptbench.bench.timeline import LatencyHistogram, SteadyState, Timeline, detect
+from ckptbench.bench.timeline import LatencyHistogram, SteadyState, Timeline, detect, series_dict
 from ckptbench.errors import UsageError
 from ckptbench.units import format_rate, format_size
 
@@ -160,17 +160,11 @@ class PhaseResult(Timings):
         return detect(ordered[(len(ordered) - 1) // 2])
 
     def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
-        steady = self.steady_state
         return {
             **super().to_dict(memcpy_bps),
             **({"runs_bytes": list(self.runs_bytes)} if self.runs_bytes else {}),
             "latency_ms": latency_percentiles_ms(self.latencies_ns),
-            "latency_histogram": self.histogram.to_dict() if self.histogram else None,
-            "timeline": {
-                "interval_s": self.timelines[0].interval_s,
-                "runs": [{**t.to_dict(), "steady_state": detect(t).to_dict()} for t in self.timelines],
-            } if self.timelines else None,
-            "steady_state": steady.to_dict() if steady else None,
+            **series_dict(self.timelines, self.histogram),
             "threads_per_run": [
                 [{"start_s": a, "end_s": b, "bytes": n} for a, b, n in run] for run in self.thread_spans
             ],

@@ -273,3 +273,31 @@ def steady_state(
 def detect(timeline: Timeline, **kwargs: Any) -> SteadyState:
     """:func:`steady_state` of a timeline's whole intervals."""
     return steady_state(timeline.full_intervals(), timeline.interval_s, **kwargs)
+
+
+def series_dict(timelines: Sequence[Timeline], histogram: LatencyHistogram | None) -> dict[str, Any]:
+    """The JSON keys every measured phase carries: ``timeline`` (per run: bytes per interval and its
+    steady state), ``latency_histogram`` and ``steady_state`` (of the run of median length); None where
+    nothing was recorded."""
+    if timelines:
+        ordered = sorted(timelines, key=lambda t: t.duration_s)
+        steady: dict[str, Any] | None = detect(ordered[(len(ordered) - 1) // 2]).to_dict()
+        timeline: dict[str, Any] | None = {
+            "interval_s": timelines[0].interval_s,
+            "runs": [{**t.to_dict(), "steady_state": detect(t).to_dict()} for t in timelines],
+        }
+    else:
+        steady = timeline = None
+    return {"latency_histogram": histogram.to_dict() if histogram else None, "timeline": timeline,
+            "steady_state": steady}
+
+
+def from_engine_calls(calls: Sequence[Any], start_ns: int, duration_s: float) -> tuple[Timeline, LatencyHistogram] | None:
+    """One run's timeline and histogram from the engine calls it made (``IoResult``s, one after another or
+    at once), placed at their start after ``start_ns`` (``time.monotonic_ns()``); None without calls."""
+    if not calls:
+        return None
+    timeline = merge_timelines([Timeline.from_engine(c) for c in calls],
+                               [max(c.start_ns - start_ns, 0) / 1e9 for c in calls])
+    timeline = Timeline(timeline.interval_s, timeline.bytes, max(duration_s, timeline.duration_s))
+    return timeline, merge_histograms(LatencyHistogram.from_counts(c.latency_histogram) for c in calls)

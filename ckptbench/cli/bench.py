@@ -196,9 +196,9 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         if "workload" in given and workload != "checkpoint":
             raise UsageError("under a distributed launch bench measures the checkpoint workload",
                              hint="drop --workload fs (the filesystem sweep runs in one process)")
-        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device"}))
+        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device", "sample_every"}))
         if misplaced:
-            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device"}[misplaced[0]]
+            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device", "sample_every": "--sample-every"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
                            as_json=as_json, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
@@ -209,6 +209,9 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         raise UsageError("--runtime runs the filesystem sweep (a directory, --workload fs) by time; "
                          f"{'the checkpoint workload' if workload == 'checkpoint' else 'the s3:// sweep'} runs by size",
                          hint="drop --runtime and give --size")
+    if workload == "checkpoint" and "sample_every" in given:
+        raise UsageError("--sample-every sets the sweeps' timeline interval; the checkpoint workload records "
+                         "its timeline every second", hint="drop --sample-every")
     if workload == "checkpoint":
         misplaced = sorted(given & set(OBJECT_ONLY))
         if misplaced:

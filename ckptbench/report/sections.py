@@ -304,6 +304,29 @@ def _steady_lines(result: dict[str, Any]) -> list[str]:
     return [t for t in texts if t]
 
 
+def _writer_series_figures(document: dict[str, Any], result: dict[str, Any] | None) -> list[Figure]:
+    """The ckptbench writer's save and load over time and their latency histograms, when recorded."""
+    from ckptbench.report.timeseries import has_series, plot_series
+
+    phases = {"save": result.get("save"), "load": result.get("load")} if result else {}
+    if not has_series(phases):
+        return []
+    return [Figure("ckptbench writer: bandwidth over time (median run) and per-block latency histogram",
+                   _png(lambda p: plot_series(document, phases, "ckptbench writer over time", p)))]
+
+
+def _distributed_series_figures(document: dict[str, Any]) -> list[Figure]:
+    """All ranks' save and load bandwidth over time (summed) and their latency histogram, when recorded."""
+    from ckptbench.report.timeseries import has_series, plot_series
+
+    summary = document.get("summary") or {}
+    phases = {op: summary.get(op) for op in ("save", "load")}
+    if not has_series(phases):
+        return []
+    return [Figure("all ranks together: bandwidth over time (median round) and per-block latency histogram",
+                   _png(lambda p: plot_series(document, phases, "all ranks over time", p)))]
+
+
 def _series_figures(document: dict[str, Any]) -> list[Figure]:
     """The best configuration's bandwidth over time and latency histogram, when the document has them."""
     from ckptbench.report.timeseries import best_phases, has_series, plot_series
@@ -462,7 +485,8 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
     tables.append(Table("how each writer saves and loads", ("writer", "durable", "load"),
                         tuple((r["writer"], r["durable"], r["load_how"]) for r in results)))
     figures = (Figure("save and load GB/s per writer (median, min–max whiskers); async stall and persist",
-                      _png(lambda p: plot_shootout(document, p))),)
+                      _png(lambda p: plot_shootout(document, p))),
+               *_writer_series_figures(document, results[ours] if ours is not None else None))
     head = results[ours] if ours is not None else max(results, key=lambda r: r["save"]["gbps"])
     headline = Headline("checkpoint save/load", f"{head['writer']} writer, {format_size(workload['total_bytes'])}",
                         head["save"]["gbps"], head["load"]["gbps"])
@@ -567,7 +591,7 @@ def distributed(document: dict[str, Any]) -> Section:
                         for s in timeline_ranks(round_["ranks"])),
                   failed=frozenset({0}) if round_["rank_spread"] > 0.2 else frozenset())
     figures = (Figure("aggregate GB/s per operation; every rank's save timeline from the barrier",
-                      _png(lambda p: plot_distributed(document, p))),)
+                      _png(lambda p: plot_distributed(document, p))), *_distributed_series_figures(document))
     headline = Headline("checkpoint save/load, all ranks", f"{launch['world_size']} ranks",
                         summary["save"]["gbps"]["median"], summary["load"]["gbps"]["median"])
     return Section(title=f"Distributed checkpoint, {launch['world_size']} ranks: {document['target']}", lines=lines,

@@ -57,3 +57,22 @@ def test_runtime_where_a_run_goes_by_size_is_one_line_exit_2(cli, tmp_path: Path
 def test_bad_sample_interval_is_one_line_exit_2(cli, tmp_path: Path):
     result = cli("bench", str(tmp_path), "--sample-every", "0")
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_checkpoint_workload_records_the_engine_series_of_the_ckptbench_writer(cli, tmp_path: Path):
+    doc = cli.json("bench", str(tmp_path), "--workload", "checkpoint", "--size", "8MiB", "--writers",
+                   "ckptbench,torch", "--repeat", "2", "--warmup", "0")
+    by_writer = {r["writer"]: r for r in doc["results"]}
+    for op in ("save", "load"):
+        ours = by_writer["ckptbench"][op]
+        runs = ours["timeline"]["runs"]
+        assert len(runs) == 2 and all(sum(run["bytes"]) >= ours["bytes_per_run"] for run in runs)
+        assert ours["latency_histogram"]["count"] > 0 and ours["steady_state"]["state"]
+        # torch.save does not go through the engine: nothing recorded, said as such
+        theirs = by_writer["torch"][op]
+        assert theirs["timeline"] is None and theirs["latency_histogram"] is None
+
+
+def test_sample_every_is_refused_where_it_does_not_apply(cli, tmp_path: Path):
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--sample-every", "2s")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1

@@ -181,6 +181,12 @@ def test_a_node_of_several_ranks_is_measured_with_that_many_writers_at_once(cli,
     assert scaling["writers"] == 2 and scaling["sizes_bytes"][1] == sum(together["rank_bytes"])
     durations = [r["duration_s"] for r in together["rounds"]["save"]]
     assert scaling["runs_s"]["save"][1] == durations
+    # every rank's engine timeline, and their sum per round in the summary
+    for op in ("save", "load"):
+        rounds, runs = together["rounds"][op], together["summary"][op]["timeline"]["runs"]
+        assert [sum(run["bytes"]) for run in runs] == [
+            sum(sum(rank["timeline"]["bytes"]) for rank in r["ranks"]) for r in rounds]
+        assert all(sum(rank["timeline"]["bytes"]) >= rank["bytes"] for r in rounds for rank in r["ranks"])
     assert m["measured_bytes"] == scaling["target_bytes"] == p["checkpoint_per_node_bytes"]
     assert p["extrapolation_factor"] > 1  # 2 writers measured for a node of 4 ranks
     assert m["bottleneck"]["limit"] in ("writer", "storage", "unknown") and m["bottleneck"]["writer_ceiling_bps"] > 0
