@@ -3,6 +3,20 @@
 A JSON document has ``schema``, ``tool``, ``created``, ``target``, ``spec``, ``units``,
 ``environment``, ``memcpy_gbps``, ``results`` (one record per configuration, raw samples kept),
 ``best`` (index into results), ``metadata`` and ``warnings`` (each with a remedy).
+
+Every measured phase (a result's ``write``/``read`` here and in the object sweep, a writer's
+``save``/``load`` in the shoot-out, each operation's ``summary`` under a launch) also carries, as
+``bench.timeline.series_dict`` writes them (None where nothing was recorded):
+
+- ``timeline``: ``interval_s`` and ``runs``, one per measured run: ``bytes`` (completed in each interval
+  since the run's start), ``duration_s`` (the last interval may be partial) and that run's ``steady_state``;
+- ``latency_histogram``: ``unit`` ("ns"), ``count``, ``buckets`` as ``[low_ns, high_ns, operations]`` (log-linear:
+  8 buckets per power of two, only those with operations) and ``p50_ms``, ``p90_ms``, ``p99_ms``, ``p99_9_ms``;
+- ``steady_state`` of the run of median length: ``state`` (``burst``, ``steady``, ``drifting``, ``too-short``),
+  ``burst_gbps``, ``sustained_gbps``, ``burst_bytes`` and ``change_s`` (null unless ``burst``).
+
+A filesystem sweep run by time (``spec.runtime_s``) adds ``runs_bytes``: what each run moved. Under a launch
+every rank's span also has its own ``timeline`` and ``latency_ms`` (p50, p99).
 """
 
 from __future__ import annotations
