@@ -32,7 +32,7 @@ import numpy as np
 
 from ckptbench import __version__, knobs, safeio
 from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
-from ckptbench.bench.timeline import LatencyHistogram, SteadyState, Timeline, detect, series_dict
+from ckptbench.bench.timeline import LatencyHistogram, Timeline, series_dict
 from ckptbench.errors import UsageError
 from ckptbench.units import format_rate, format_size
 
@@ -164,14 +164,6 @@ class PhaseResult(Timings):
         if not self.runs_bytes:
             return super().runs_gbps
         return [n / s / 1e9 if s > 0 else float("inf") for n, s in zip(self.runs_bytes, self.runs_s, strict=True)]
-
-    @property
-    def steady_state(self) -> SteadyState | None:
-        """The burst/sustained split of the run of median length (None without timelines)."""
-        if not self.timelines:
-            return None
-        ordered = sorted(self.timelines, key=lambda t: t.duration_s)
-        return detect(ordered[(len(ordered) - 1) // 2])
 
     def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
         return {

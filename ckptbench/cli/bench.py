@@ -430,6 +430,12 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         m = b.durable_modes
         console.print(f"durable modes there: write {m['write_reason']}"
                       + (f"; cold read {m['read_reason']}" if "read_reason" in m else ""))
+    from ckptbench.report.timeseries import steady_text
+
+    for op in ("write", "read"):
+        text = steady_text(op, (document["results"][best].get(op) or {}).get("steady_state"))
+        if text and "too short" not in text:
+            console.print(text)
     for m in document["metadata"]:
         lat = m["latency_ms"]
         console.print(f"metadata: {m['threads']} thr: {m['ops_per_s']:.0f} files/s "
