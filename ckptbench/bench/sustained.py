@@ -11,6 +11,8 @@ burst rate, which a longer write shows too.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,16 +75,18 @@ def read_dirty_limits(proc: Path = Path("/proc")) -> DirtyLimits | None:
     return DirtyLimits(*limits, available_bytes=available)
 
 
-def probe_bytes(limits: DirtyLimits | None, *, direct: bool, sample_bytes: int, free_bytes: int | None,
-                cap_bytes: int | None = None) -> tuple[int, str]:
+def probe_bytes(limits: DirtyLimits | None, *, direct: bool, sample_bytes: int, rate_bps: float,
+                free_bytes: int | None, cap_bytes: int | None = None) -> tuple[int, str]:
     """How much the sustained probe writes, and why: twice the dirty limit for buffered writes (the cache
-    fills, then the rest goes at the storage's rate), twice the sample for O_DIRECT (no page cache: only
-    a device cache smaller than that shows); at least the sample, at most ``cap_bytes``
-    (``knobs.SUSTAINED_PROBE_MAX_BYTES``) and a share of the free space."""
+    fills, then the rest goes at the storage's rate); under O_DIRECT (no page cache, only a device's cache)
+    ``knobs.SUSTAINED_PROBE_DIRECT_S`` at the sample's ``rate_bps``, at least twice the sample. At least the
+    sample, at most ``cap_bytes`` (``knobs.SUSTAINED_PROBE_MAX_BYTES``) and a share of the free space."""
     cap = knobs.SUSTAINED_PROBE_MAX_BYTES if cap_bytes is None else cap_bytes
     threshold = limits.threshold_bytes if limits is not None else None
     if direct:
-        wanted, why = 2 * sample_bytes, "O_DIRECT bypasses the page cache: twice the sample, for a device cache"
+        seconds = knobs.SUSTAINED_PROBE_DIRECT_S
+        wanted = max(2 * sample_bytes, int(rate_bps * seconds))
+        why = f"O_DIRECT bypasses the page cache: about {seconds:g} s at the sample's rate, for a device cache"
     elif threshold is None:
         wanted, why = cap, "the dirty-page limit is unknown here: the most the probe writes"
     else:
@@ -95,6 +99,12 @@ def probe_bytes(limits: DirtyLimits | None, *, direct: bool, sample_bytes: int, 
         why += f", cut to {format_size(size)} (the probe's bound or the free space)"
     align = knobs.ALIGNMENT_BYTES
     return max(size // align * align, align), why
+
+
+def interval_for(nbytes: int, rate_bps: float) -> float:
+    """A timeline interval that cuts a write of ``nbytes`` at ``rate_bps`` into about 20 (0.1 s to 1 s)."""
+    expected_s = nbytes / rate_bps if rate_bps > 0 else math.inf
+    return min(1.0, max(0.1, round(expected_s / 20, 1)))
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,8 @@ def run_sustained_write(target: LocalDirectory, nbytes: int, *, threads: int, bl
                         reason: str, interval_s: float = 1.0, progress: Progress | None = None,
                         limits: DirtyLimits | None = None) -> SustainedWrite:
     """Write ``nbytes`` durably (one file per thread, fdatasync each) in a scratch directory of ``target``,
-    recording a timeline every ``interval_s``; the files are removed afterwards."""
+    recording a timeline every ``interval_s``, for at most ``knobs.SUSTAINED_PROBE_MAX_S`` (a slow target stops
+    early, the files written so far synced); the files are removed afterwards."""
     progress = progress or Progress()
     threads = max(threads, 1)
     source = native.AlignedBuffer(min(_SOURCE_BYTES, nbytes))
@@ -135,7 +146,8 @@ def run_sustained_write(target: LocalDirectory, nbytes: int, *, threads: int, bl
         progress.phase(f"sustained write: {format_size(nbytes)} ({reason})")
         result = native.run_interruptible(
             native.write, jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
-            schedule="per-file", sample_interval_ns=max(int(interval_s * 1e9), 1), on_progress=progress.advance)
+            schedule="per-file", sample_interval_ns=max(int(interval_s * 1e9), 1),
+            deadline_ns=time.monotonic_ns() + int(knobs.SUSTAINED_PROBE_MAX_S * 1e9), on_progress=progress.advance)
         progress.end_step(result.bytes)
     timeline = Timeline.from_engine(result)
     steady = detect(timeline)

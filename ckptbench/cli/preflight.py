@@ -425,7 +425,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         if not steady.burst or largest_bytes <= (steady.burst_bytes or 0):
             slower = write_slowdown(steady, target, target / save.point_s)
         doc["sustained"] = {**sustained.to_dict(), "used": slower > 1, "slowdown": slower,
-                            "sample_write_bps": target / save.point_s}
+                            "fitted_write_bps": target / save.point_s}
     measurements = Measurements(
         measured_bytes=target, write_bps=target / save.point_s / slower, read_bps=target / load.point_s,
         stall_s=stall.point_s, persist_s=persist.point_s * slower,
@@ -474,15 +474,17 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
 
 def _sustained_write(storage: Any, ours: Any, sample_bytes: int, writers: int, progress: Any) -> Any:
     """The sample's writer settings writing long enough to pass the write-back cache
-    (:mod:`ckptbench.bench.sustained`), with a per-second timeline."""
-    from ckptbench.bench.sustained import probe_bytes, read_dirty_limits, run_sustained_write
+    (:mod:`ckptbench.bench.sustained`), with a timeline of about 20 intervals (1 s at most)."""
+    from ckptbench.bench.sustained import interval_for, probe_bytes, read_dirty_limits, run_sustained_write
 
     direct = bool(ours.details.get("direct"))
     limits = read_dirty_limits()
-    size, why = probe_bytes(limits, direct=direct, sample_bytes=sample_bytes, free_bytes=storage.free_bytes())
+    rate = ours.save.gbps * 1e9
+    size, why = probe_bytes(limits, direct=direct, sample_bytes=sample_bytes, rate_bps=rate,
+                            free_bytes=storage.free_bytes())
     return run_sustained_write(storage, size, threads=max(ours.details.get("threads") or 1, writers),
                                block_size=ours.details.get("block_size_bytes") or 4 << 20, direct=direct,
-                               reason=why, progress=progress, limits=limits)
+                               reason=why, interval_s=interval_for(size, rate), progress=progress, limits=limits)
 
 
 def _single_runs(report: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:

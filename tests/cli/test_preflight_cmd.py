@@ -40,7 +40,7 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     # a write past the write-back cache, with its per-second timeline; a drop to a sustained rate slows the save
     sustained = m["sustained"]
     assert sustained["bytes"] >= large and sum(sustained["timeline"]["bytes"]) == sustained["bytes"]
-    assert sustained["timeline"]["interval_s"] == 1.0 and sustained["steady_state"]["state"]
+    assert 0.1 <= sustained["timeline"]["interval_s"] <= 1.0 and sustained["steady_state"]["state"]
     assert sustained["used"] == (sustained["slowdown"] > 1)
     slower = sustained["slowdown"]
     assert m["write_bps"] == pytest.approx(m["measured_bytes"] / fitted["point_s"] / slower)
@@ -223,7 +223,7 @@ def test_a_drop_to_a_sustained_rate_is_what_the_prediction_uses(cli, tmp_path: P
     s, m = doc["measurements"]["sustained"], doc["measurements"]
     assert s["steady_state"]["state"] == "burst" and s["steady_state"]["burst_bytes"] == 300_000_000
     assert s["used"] and s["slowdown"] > 1
-    assert m["write_bps"] == pytest.approx(s["sample_write_bps"] / s["slowdown"])
+    assert m["write_bps"] == pytest.approx(s["fitted_write_bps"] / s["slowdown"])
     assert s["timeline"]["bytes"] == list(burst.bytes)
     text = cli(*args).stdout
     assert "write-back cache" in text and "sustained" in text

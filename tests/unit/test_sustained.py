@@ -31,19 +31,33 @@ def test_the_dirty_limit_is_the_ratio_of_available_memory_or_dirty_bytes(tmp_pat
 
 def test_buffered_writes_go_twice_past_the_dirty_limit_within_the_bounds(tmp_path: Path):
     limits = sustained.read_dirty_limits(_proc(tmp_path, dirty_bytes=GiB))
-    size, why = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, free_bytes=None, cap_bytes=8 * GiB)
+    size, why = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, rate_bps=1e9, free_bytes=None, cap_bytes=8 * GiB)
     assert size == 2 * GiB and "dirty-page limit" in why
-    size, why = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, free_bytes=None, cap_bytes=GiB)
+    size, why = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, rate_bps=1e9, free_bytes=None, cap_bytes=GiB)
     assert size == GiB and "cut" in why
-    size, _ = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, free_bytes=2 * GiB, cap_bytes=8 * GiB)
+    size, _ = sustained.probe_bytes(limits, direct=False, sample_bytes=GiB // 4, rate_bps=1e9, free_bytes=2 * GiB, cap_bytes=8 * GiB)
     assert size == 2 * GiB // 4  # a quarter of the free space (knobs.SUSTAINED_PROBE_FREE_FRACTION)
 
 
-def test_direct_writes_need_only_twice_the_sample_and_never_less_than_it():
-    size, why = sustained.probe_bytes(None, direct=True, sample_bytes=GiB // 2, free_bytes=None, cap_bytes=8 * GiB)
-    assert size == GiB and "O_DIRECT" in why
-    size, _ = sustained.probe_bytes(None, direct=True, sample_bytes=GiB // 2, free_bytes=GiB // 8, cap_bytes=8 * GiB)
+def test_direct_writes_last_seconds_at_the_sample_rate_and_never_less_than_the_sample(monkeypatch):
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "SUSTAINED_PROBE_DIRECT_S", 10.0)
+    size, why = sustained.probe_bytes(None, direct=True, sample_bytes=GiB // 2, rate_bps=2**27, free_bytes=None,
+                                      cap_bytes=8 * GiB)
+    assert size == 10 * 2**27 and "O_DIRECT" in why  # 10 s at 128 MiB/s
+    size, _ = sustained.probe_bytes(None, direct=True, sample_bytes=GiB // 2, rate_bps=1e6, free_bytes=None,
+                                    cap_bytes=8 * GiB)
+    assert size == GiB  # a slow sample: twice its size
+    size, _ = sustained.probe_bytes(None, direct=True, sample_bytes=GiB // 2, rate_bps=1e6, free_bytes=GiB // 8,
+                                    cap_bytes=8 * GiB)
     assert size == GiB // 2
+
+
+def test_the_probe_timeline_has_about_twenty_intervals_of_at_most_a_second():
+    assert sustained.interval_for(40 * 10**9, 1e9) == 1.0
+    assert sustained.interval_for(4 * 10**9, 1e9) == 0.2
+    assert sustained.interval_for(10**6, 1e9) == 0.1
 
 
 def test_a_write_past_the_burst_is_slower_by_the_bytes_at_the_sustained_rate():
