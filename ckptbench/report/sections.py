@@ -535,8 +535,35 @@ def preflight(document: dict[str, Any]) -> Section:
                    tuple((a["setting"], format_value(a["setting"], a["value"]), a["reason"])
                          for a in document["recommendation"]))
     headline = Headline("preflight (checkpoint writer)", job["model"], m["write_bps"] / 1e9, m["read_bps"] / 1e9)
+    lines, figures = (*lines, *_sustained_lines(m.get("sustained"))), _sustained_figures(document)
     return Section(title=f"Pre-flight: {document['target']}", lines=lines, tables=(predicted, advice),
-                   headline=headline)
+                   figures=figures, headline=headline)
+
+
+def _sustained_lines(sustained: dict[str, Any] | None) -> tuple[str, ...]:
+    """What preflight's write past the write-back cache found, and whether the prediction used it."""
+    from ckptbench.report.timeseries import steady_text
+
+    if not sustained:
+        return ()
+    text = steady_text(f"sustained write of {format_size(sustained['bytes'])}", sustained["steady_state"], "")
+    used = (f"; the node's bytes past the burst are predicted at the sustained rate (save x{sustained['slowdown']:.2f})"
+            if sustained["used"] else "")
+    return (f"{text}{used}",) if text else ()
+
+
+def _sustained_figures(document: dict[str, Any]) -> tuple[Figure, ...]:
+    """The sustained write's bandwidth over time, when preflight made one."""
+    from ckptbench.report.timeseries import plot_series
+
+    sustained = document["measurements"].get("sustained")
+    if not sustained:
+        return ()
+    timeline = sustained["timeline"]
+    phases = {"write": {"timeline": {"interval_s": timeline["interval_s"],
+                                     "runs": [{**timeline, "steady_state": sustained["steady_state"]}]}}}
+    return (Figure("the write past the write-back cache: bandwidth over time",
+                   _png(lambda p: plot_series(document, phases, "sustained write", p))),)
 
 
 @section("ckptbench.compare/1")

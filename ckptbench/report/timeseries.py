@@ -31,8 +31,10 @@ def has_series(phases: dict[str, dict[str, Any] | None]) -> bool:
     return any(p and (p.get("timeline") or p.get("latency_histogram")) for p in phases.values())
 
 
-def steady_text(op: str, steady: dict[str, Any] | None) -> str | None:
-    """One line about a phase's steady state, or None when there is nothing to say."""
+def steady_text(op: str, steady: dict[str, Any] | None,
+                too_short: str = "use --runtime or a larger --size") -> str | None:
+    """One line about a phase's steady state (``too_short``: what to do when the run was too short), or None
+    when there is nothing to say."""
     if not steady:
         return None
     if steady["state"] == "burst":
@@ -40,7 +42,7 @@ def steady_text(op: str, steady: dict[str, Any] | None) -> str | None:
                 f"({steady['change_s']:.1f} s), then sustained {steady['sustained_gbps']:.2f} GB/s")
     return {"steady": f"{op}: steady rate through the run",
             "drifting": f"{op}: the rate drifts during the run (no single drop)",
-            "too-short": f"{op}: run too short to tell burst from sustained rate (use --runtime or a larger --size)",
+            "too-short": f"{op}: run too short to tell burst from sustained rate" + (f" ({too_short})" if too_short else ""),
             }.get(steady["state"])
 
 
@@ -120,9 +122,12 @@ def plot_series(document: dict[str, Any], phases: dict[str, dict[str, Any] | Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    draw_timeline(left, phases)
-    draw_histogram(right, phases)
+    histograms = any(p and p.get("latency_histogram") for p in phases.values())
+    fig, axes = plt.subplots(1, 2 if histograms else 1, figsize=(10 if histograms else 6, 4), dpi=120,
+                             squeeze=False)
+    draw_timeline(axes[0][0], phases)
+    if histograms:
+        draw_histogram(axes[0][1], phases)
     fig.suptitle(title, fontsize=10)
     return save_with_footer(fig, document, path, top=0.93)
 
