@@ -114,9 +114,13 @@ def _timed(what: str, call: Callable[..., native.IoResult], jobs: list, runtime_
     if runtime_s is None:
         return _run_of([_engine(what, call, jobs, **kwargs)])
     deadline = time.monotonic_ns() + int(runtime_s * 1e9)
-    passes = []
+    on_progress = kwargs.pop("on_progress", None)
+    passes: list[native.IoResult] = []
     while True:
-        result = _engine(what, call, jobs, deadline_ns=deadline, **kwargs)
+        done = sum(p.bytes for p in passes)  # progress counts the run's bytes, not each pass's
+        result = _engine(what, call, jobs, deadline_ns=deadline,
+                         on_progress=(lambda n, done=done: on_progress(done + n)) if on_progress else None,
+                         **kwargs)
         passes.append(result)
         if result.deadline_reached or result.bytes == 0 or time.monotonic_ns() >= deadline:
             return _run_of(passes)
