@@ -430,7 +430,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         m = b.durable_modes
         console.print(f"durable modes there: write {m['write_reason']}"
                       + (f"; cold read {m['read_reason']}" if "read_reason" in m else ""))
-    from ckptbench.report.timeseries import steady_text
+    from ckptbench.report.timeseries_plot import steady_text
 
     for op in ("write", "read"):
         text = steady_text(op, (document["results"][best].get(op) or {}).get("steady_state"))

@@ -23,7 +23,7 @@ def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
     waste = [100 * pt["waste_fraction"] for pt in curve]
     sustained = document["measurements"].get("sustained")
     if sustained:
-        from ckptbench.report.timeseries import draw_timeline
+        from ckptbench.report.timeseries_plot import draw_timeline
 
         fig, (ax, right) = plt.subplots(1, 2, figsize=(13, 4.5), dpi=120, width_ratios=(1.4, 1))
         timeline = sustained["timeline"]

@@ -297,8 +297,8 @@ def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 
 
 
 def _steady_lines(result: dict[str, Any]) -> list[str]:
-    """The burst/sustained lines of a sweep result's write and read (``report.timeseries.steady_text``)."""
-    from ckptbench.report.timeseries import steady_text
+    """The burst/sustained lines of a sweep result's write and read (``report.timeseries_plot.steady_text``)."""
+    from ckptbench.report.timeseries_plot import steady_text
 
     texts = [steady_text(op, (result.get(op) or {}).get("steady_state")) for op in ("write", "read")]
     return [t for t in texts if t]
@@ -306,7 +306,7 @@ def _steady_lines(result: dict[str, Any]) -> list[str]:
 
 def _writer_series_figures(document: dict[str, Any], result: dict[str, Any] | None) -> list[Figure]:
     """The ckptbench writer's save and load over time and their latency histograms, when recorded."""
-    from ckptbench.report.timeseries import has_series, plot_series
+    from ckptbench.report.timeseries_plot import has_series, plot_series
 
     phases = {"save": result.get("save"), "load": result.get("load")} if result else {}
     if not has_series(phases):
@@ -317,7 +317,7 @@ def _writer_series_figures(document: dict[str, Any], result: dict[str, Any] | No
 
 def _distributed_series_figures(document: dict[str, Any]) -> list[Figure]:
     """All ranks' save and load bandwidth over time (summed) and their latency histogram, when recorded."""
-    from ckptbench.report.timeseries import has_series, plot_series
+    from ckptbench.report.timeseries_plot import has_series, plot_series
 
     summary = document.get("summary") or {}
     phases = {op: summary.get(op) for op in ("save", "load")}
@@ -329,7 +329,7 @@ def _distributed_series_figures(document: dict[str, Any]) -> list[Figure]:
 
 def _series_figures(document: dict[str, Any]) -> list[Figure]:
     """The best configuration's bandwidth over time and latency histogram, when the document has them."""
-    from ckptbench.report.timeseries import best_phases, has_series, plot_series
+    from ckptbench.report.timeseries_plot import best_phases, has_series, plot_series
 
     phases = best_phases(document)
     if not has_series(phases):
@@ -542,7 +542,7 @@ def preflight(document: dict[str, Any]) -> Section:
 
 def _sustained_lines(sustained: dict[str, Any] | None) -> tuple[str, ...]:
     """What preflight's write past the write-back cache found, and whether the prediction used it."""
-    from ckptbench.report.timeseries import steady_text
+    from ckptbench.report.timeseries_plot import steady_text
 
     if not sustained:
         return ()
@@ -554,7 +554,7 @@ def _sustained_lines(sustained: dict[str, Any] | None) -> tuple[str, ...]:
 
 def _sustained_figures(document: dict[str, Any]) -> tuple[Figure, ...]:
     """The sustained write's bandwidth over time, when preflight made one."""
-    from ckptbench.report.timeseries import plot_series
+    from ckptbench.report.timeseries_plot import plot_series
 
     sustained = document["measurements"].get("sustained")
     if not sustained:

@@ -19,7 +19,7 @@ def plot_shootout(document: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ckptbench.report.timeseries import draw_histogram, draw_timeline, has_series
+    from ckptbench.report.timeseries_plot import draw_histogram, draw_timeline, has_series
 
     results, runs = document["results"], document["async"]
     ours = next((r for r in results if r["writer"] == "ckptbench"), None)

@@ -1,6 +1,6 @@
 """PNGs of a sweep (filesystem or object storage): write and read GB/s per configuration, median with
 min–max whiskers, the best configuration's label in bold; below, when the document has them, the best
-configuration's bandwidth over time and latency histogram (``report.timeseries``)."""
+configuration's bandwidth over time and latency histogram (``report.timeseries_plot``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
-from ckptbench.report.timeseries import best_phases, draw_histogram, draw_timeline, has_series
+from ckptbench.report.timeseries_plot import best_phases, draw_histogram, draw_timeline, has_series
 from ckptbench.units import format_size
 
 
