@@ -115,16 +115,32 @@ class IoResult:
     def cancelled(self) -> bool: ...
 
     @property
+    def deadline_reached(self) -> bool: ...
+
+    @property
+    def interval_ns(self) -> int: ...
+
+    @property
     def latencies_ns(self) -> Annotated[NDArray[numpy.uint64], dict(shape=(None,), writable=False)]: ...
 
-def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, after: Snapshot | None = None) -> IoResult:
+    @property
+    def timeline_bytes(self) -> Annotated[NDArray[numpy.uint64], dict(shape=(None,), writable=False)]:
+        """Bytes completed in each interval_ns since start_ns."""
+
+    @property
+    def latency_histogram(self) -> Annotated[NDArray[numpy.uint64], dict(shape=(None,), writable=False)]:
+        """
+        Operations per latency bucket: one per nanosecond below 8 ns, then 8 equal buckets per power of two.
+        """
+
+def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, after: Snapshot | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
     """
-    Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, they are written as they are: its finish() raises).
+    Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. `deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.
     """
 
-def read(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, drop_cache: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None) -> IoResult:
+def read(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, drop_cache: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
     """
-    Read each (writable buffer, path, offset) job, filling the buffer completely.
+    Read each (writable buffer, path, offset) job, filling the buffer completely (or until `deadline_ns`, CLOCK_MONOTONIC, when not 0). `sample_interval_ns`: the timeline's interval.
     """
 
 def metadata_bench(directory: str, files: int, file_size: int = 4096, threads: int = 1, sync: SyncMode = SyncMode.fsync, control: Control | None = None) -> IoResult:

@@ -25,6 +25,9 @@ MAX_BLOCK_BYTES = 2**40
 #: memory before any I/O (a file list of tens of millions), or runs for days.
 MAX_FILES = 100_000
 MAX_CONFIGS = 1_000
+#: A run by time lasts at most a week; the timeline's interval is at least a millisecond.
+MAX_RUNTIME_S = 7 * 86400.0
+MIN_SAMPLE_EVERY_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,15 @@ class FsBenchSpec:
     warmup: int = 1
     metadata: bool = False
     schedules: tuple[str, ...] = ("shared",)
+    runtime_s: float | None = None  # each run lasts this long, over and over the same files (None: once)
+    sample_every_s: float = 1.0  # the bandwidth timeline's interval
 
     def __post_init__(self) -> None:
+        if self.runtime_s is not None and not 0 < self.runtime_s <= MAX_RUNTIME_S:
+            raise UsageError(f"runtime {self.runtime_s!r} s must be positive and at most {MAX_RUNTIME_S:.0f} s")
+        if not MIN_SAMPLE_EVERY_S <= self.sample_every_s <= MAX_RUNTIME_S:
+            raise UsageError(f"sample interval {self.sample_every_s!r} s must lie between "
+                             f"{MIN_SAMPLE_EVERY_S * 1e3:.0f} ms and {MAX_RUNTIME_S:.0f} s")
         if self.size_bytes <= 0:
             raise UsageError(f"size {self.size_bytes} must be positive")
         if self.files < 1:

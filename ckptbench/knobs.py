@@ -110,3 +110,9 @@ DRAIN_NICE = _env_int("DRAIN_NICE", 10)
 #: arenas kept for the next save, at most this many, each freed after this many seconds unused.
 DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)
 DCP_ARENA_IDLE_S = _env_float("DCP_ARENA_IDLE_S", 300.0)
+#: preflight's sustained-write probe (past the write-back cache): the most it writes, the share of the
+#: target's free space it may take, how long it writes under O_DIRECT (at the sample's rate) and at most.
+SUSTAINED_PROBE_MAX_BYTES = _env_int("SUSTAINED_PROBE_MAX_BYTES", 4 << 30)
+SUSTAINED_PROBE_FREE_FRACTION = _env_float("SUSTAINED_PROBE_FREE_FRACTION", 0.25)
+SUSTAINED_PROBE_DIRECT_S = _env_float("SUSTAINED_PROBE_DIRECT_S", 10.0)
+SUSTAINED_PROBE_MAX_S = _env_float("SUSTAINED_PROBE_MAX_S", 30.0)

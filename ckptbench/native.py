@@ -112,10 +112,15 @@ def write(
     schedule: str | Schedule = "shared",
     control: Control | None = None,
     after: Snapshot | None = None,
+    sample_interval_ns: int = 1_000_000_000,
+    deadline_ns: int = 0,
 ) -> IoResult:
-    """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``)."""
+    """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``).
+
+    ``deadline_ns`` is a ``time.monotonic_ns()`` time (the engine's clock) after which no block starts.
+    """
     return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
-                         _member("schedule", schedule, Schedule), control, after)
+                         _member("schedule", schedule, Schedule), control, after, sample_interval_ns, deadline_ns)
 
 
 def read(
@@ -127,9 +132,12 @@ def read(
     record_latency: bool = True,
     schedule: str | Schedule = "shared",
     control: Control | None = None,
+    sample_interval_ns: int = 1_000_000_000,
+    deadline_ns: int = 0,
 ) -> IoResult:
     """Read each (writable buffer, path, offset) job, filling the buffer completely (see ``_native.read``)."""
-    return _native.read(jobs, threads, block_size, direct, drop_cache, record_latency, _member("schedule", schedule, Schedule), control)
+    return _native.read(jobs, threads, block_size, direct, drop_cache, record_latency, _member("schedule", schedule, Schedule),
+                        control, sample_interval_ns, deadline_ns)
 
 
 def metadata_bench(

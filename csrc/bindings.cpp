@@ -156,8 +156,12 @@ const char *sync_name(ckpt::SyncMode mode) {
 }
 
 ckpt::IoOptions make_options(int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
-                             bool drop_cache, bool record_latency, ckpt::Schedule schedule) {
+                             bool drop_cache, bool record_latency, ckpt::Schedule schedule,
+                             std::int64_t sample_interval_ns, std::int64_t deadline_ns) {
+    if (sample_interval_ns <= 0) throw std::invalid_argument("sample_interval_ns must be > 0");
     ckpt::IoOptions o;
+    o.sample_interval_ns = sample_interval_ns;
+    o.deadline_ns = deadline_ns;
     o.schedule = schedule;
     o.threads = threads;
     o.block_size = block_size;
@@ -266,21 +270,40 @@ NB_MODULE(_native, m) {
         .def_ro("fallback_reason", &ckpt::IoResult::fallback_reason)
         .def_prop_ro("sync", [](const ckpt::IoResult &r) { return sync_name(r.sync); })
         .def_ro("cancelled", &ckpt::IoResult::cancelled)
+        .def_ro("deadline_reached", &ckpt::IoResult::deadline_reached)
+        .def_ro("interval_ns", &ckpt::IoResult::interval_ns)
         .def_prop_ro(
             "latencies_ns",
             [](ckpt::IoResult &r) {
                 return nb::ndarray<nb::numpy, const std::uint64_t, nb::ndim<1>>(r.latencies_ns.data(),
                                                                                {r.latencies_ns.size()});
             },
-            nb::rv_policy::reference_internal);
+            nb::rv_policy::reference_internal)
+        .def_prop_ro(
+            "timeline_bytes",
+            [](ckpt::IoResult &r) {
+                return nb::ndarray<nb::numpy, const std::uint64_t, nb::ndim<1>>(r.timeline_bytes.data(),
+                                                                               {r.timeline_bytes.size()});
+            },
+            nb::rv_policy::reference_internal, "Bytes completed in each interval_ns since start_ns.")
+        .def_prop_ro(
+            "latency_histogram",
+            [](ckpt::IoResult &r) {
+                return nb::ndarray<nb::numpy, const std::uint64_t, nb::ndim<1>>(r.latency_histogram.data(),
+                                                                               {r.latency_histogram.size()});
+            },
+            nb::rv_policy::reference_internal,
+            "Operations per latency bucket: one per nanosecond below 8 ns, then 8 equal buckets per power of two.");
 
     m.def(
         "write",
         [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
-           bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PySnapshot *after) {
+           bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PySnapshot *after,
+           std::int64_t sample_interval_ns, std::int64_t deadline_ns) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
-            auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule);
+            auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule,
+                                     sample_interval_ns, deadline_ns);
             if (after) {
                 ckpt::Snapshot *snapshot = after->snapshot.get();
                 opts.before_write = [snapshot](const char *end) { snapshot->wait_copied(end); };
@@ -290,25 +313,29 @@ NB_MODULE(_native, m) {
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = ckpt::SyncMode::Fdatasync,
         "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared,
-        "control"_a = nb::none(), "after"_a = nb::none(),
+        "control"_a = nb::none(), "after"_a = nb::none(), "sample_interval_ns"_a = 1000000000, "deadline_ns"_a = 0,
         "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still "
         "copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, "
-        "they are written as they are: its finish() raises).");
+        "they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. "
+        "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.");
 
     m.def(
         "read",
         [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, bool drop_cache, bool record_latency,
-           ckpt::Schedule schedule, ckpt::Control *control) {
+           ckpt::Schedule schedule, ckpt::Control *control, std::int64_t sample_interval_ns,
+           std::int64_t deadline_ns) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, true);
             auto opts = make_options(threads, block_size, direct, ckpt::SyncMode::None, false, drop_cache,
-                                     record_latency, schedule);
+                                     record_latency, schedule, sample_interval_ns, deadline_ns);
             nb::gil_scoped_release release;
             return ckpt::read_jobs(parsed, opts, control);
         },
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "drop_cache"_a = true,
         "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared, "control"_a = nb::none(),
-        "Read each (writable buffer, path, offset) job, filling the buffer completely.");
+        "sample_interval_ns"_a = 1000000000, "deadline_ns"_a = 0,
+        "Read each (writable buffer, path, offset) job, filling the buffer completely (or until `deadline_ns`, "
+        "CLOCK_MONOTONIC, when not 0). `sample_interval_ns`: the timeline's interval.");
 
     m.def("metadata_bench", &ckpt::metadata_bench, "directory"_a, "files"_a, "file_size"_a = 4096, "threads"_a = 1,
           "sync"_a = ckpt::SyncMode::Fsync, "control"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),

@@ -91,37 +91,73 @@ void transfer(Kind kind, int fd, char *buf, std::size_t len, std::uint64_t offse
     }
 }
 
-// parallel_for with one ThreadStat and one list of latency samples per worker; cancellation (the
-// Control's flag) stops the workers between items.
+// What one worker records about its operations: latency samples (when asked), a latency
+// histogram and the bytes completed per timeline interval. Kept per worker and merged at the end,
+// so recording costs a clock read and a few increments per chunk, no lock and no shared line.
+struct WorkerLog {
+    std::int64_t start_ns = 0;     // the call's start: interval 0 begins here
+    std::int64_t interval_ns = 1;  // the timeline's interval
+    std::uint64_t ops = 0;
+    std::vector<std::uint64_t> latencies;
+    std::vector<std::uint64_t> histogram;
+    std::vector<std::uint64_t> timeline;
+
+    // One operation that started at t0, ended at t1 and moved `bytes`.
+    void record(std::int64_t t0, std::int64_t t1, std::uint64_t bytes, bool keep_latency) {
+        auto latency = static_cast<std::uint64_t>(t1 - t0);
+        if (keep_latency) latencies.push_back(latency);
+        ++histogram[latency_bucket(latency)];
+        auto slot = static_cast<std::size_t>(std::max<std::int64_t>(t1 - start_ns, 0) / interval_ns);
+        if (slot >= timeline.size()) timeline.resize(slot + 1, 0);
+        timeline[slot] += bytes;
+        ++ops;
+    }
+};
+
+// parallel_for with one ThreadStat and one WorkerLog per worker; cancellation (the Control's flag)
+// and the deadline stop the workers between items.
 struct WorkerPool {
     std::vector<ThreadStat> stats;
-    std::vector<std::vector<std::uint64_t>> latencies;
+    std::vector<WorkerLog> logs;
     bool cancelled = false;
+    std::atomic<bool> deadline_reached{false};  // set by any worker that saw the deadline pass
 
-    // work(item, latencies) does one item, appends one latency sample per operation it timed
-    // (or none), and returns the bytes it moved.
-    using Work = std::function<std::uint64_t(std::size_t, std::vector<std::uint64_t> &)>;
+    // work(item, log) does one item, records each operation it timed in the log (or none), and
+    // returns the bytes it moved.
+    using Work = std::function<std::uint64_t(std::size_t, WorkerLog &)>;
 
-    void run(int nthreads, std::size_t items, Control *control, const Work &work) {
+    void run(int nthreads, std::size_t items, Control *control, std::int64_t start_ns, std::int64_t interval_ns,
+             std::int64_t deadline_ns, const Work &work) {
         const std::size_t workers = worker_count(items, nthreads);
         stats.assign(workers, ThreadStat{});
-        latencies.assign(workers, {});
+        WorkerLog blank;
+        blank.start_ns = start_ns;
+        blank.interval_ns = std::max<std::int64_t>(interval_ns, 1);
+        blank.histogram.assign(kLatencyBuckets, 0);
+        logs.assign(workers, blank);
         std::size_t ran = parallel_for(
             items, nthreads,
             [&](std::size_t worker, std::size_t i) {
-                auto &lat = latencies[worker];
-                std::size_t before = lat.size();
-                stats[worker].bytes += work(i, lat);
-                stats[worker].ops += lat.size() - before;
+                auto &log = logs[worker];
+                std::uint64_t before = log.ops;
+                stats[worker].bytes += work(i, log);
+                stats[worker].ops += log.ops - before;
             },
-            [&] { return control && control->cancel.load(std::memory_order_relaxed); },
+            [&] {
+                if (control && control->cancel.load(std::memory_order_relaxed)) return true;
+                if (deadline_ns > 0 && now_ns() >= deadline_ns) {
+                    deadline_reached.store(true, std::memory_order_relaxed);
+                    return true;
+                }
+                return false;
+            },
             [&](std::size_t worker, auto &loop) {
                 stats[worker].start_ns = now_ns();
                 loop();
                 stats[worker].end_ns = now_ns();
             });
         stats.resize(ran);
-        latencies.resize(ran);
+        logs.resize(ran);
         cancelled = control && control->cancel.load();
     }
 
@@ -131,18 +167,24 @@ struct WorkerPool {
             r.ops += st.ops;
         }
         r.threads = stats;
-        if (keep_latencies)
-            for (auto &lat : latencies) r.latencies_ns.insert(r.latencies_ns.end(), lat.begin(), lat.end());
+        r.latency_histogram.assign(kLatencyBuckets, 0);
+        for (auto &log : logs) {
+            if (keep_latencies) r.latencies_ns.insert(r.latencies_ns.end(), log.latencies.begin(), log.latencies.end());
+            for (std::size_t b = 0; b < kLatencyBuckets; ++b) r.latency_histogram[b] += log.histogram[b];
+            if (log.timeline.size() > r.timeline_bytes.size()) r.timeline_bytes.resize(log.timeline.size(), 0);
+            for (std::size_t t = 0; t < log.timeline.size(); ++t) r.timeline_bytes[t] += log.timeline[t];
+        }
         r.cancelled = cancelled;
+        r.deadline_reached = deadline_reached.load();
     }
 };
 
-// One timed operation: run op(), record its latency, count its bytes as progress.
+// One timed operation: run op(), record it in the worker's log, count its bytes as progress.
 template <typename Op>
-std::uint64_t timed(std::vector<std::uint64_t> &lat, Control *control, std::uint64_t bytes, Op op) {
+std::uint64_t timed(WorkerLog &log, bool keep_latency, Control *control, std::uint64_t bytes, Op op) {
     std::int64_t t0 = now_ns();
     op();
-    lat.push_back(static_cast<std::uint64_t>(now_ns() - t0));
+    log.record(t0, now_ns(), bytes, keep_latency);
     if (control) control->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
     return bytes;
 }
@@ -153,6 +195,7 @@ struct FileState {
     UniqueFd fd_buffered;
     bool wants_direct = false;
     bool wants_buffered = false;
+    std::size_t chunks = 0;
     std::atomic<std::size_t> remaining{0};
 };
 
@@ -246,6 +289,7 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     for (auto &c : chunks) {
         (c.direct ? c.file->wants_direct : c.file->wants_buffered) = true;
         c.file->remaining.fetch_add(1);
+        ++c.file->chunks;
     }
 
     if (kind == Kind::Read && opts.drop_cache) {
@@ -268,10 +312,10 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
 
     SyncMode sync = result.sync;
     // One chunk: transfer it; the thread that finishes a file's last chunk syncs that file.
-    auto do_chunk = [&](const Chunk &c, std::vector<std::uint64_t> &lat) -> std::uint64_t {
+    auto do_chunk = [&](const Chunk &c, WorkerLog &log) -> std::uint64_t {
         FileState &f = *c.file;
         if (kind == Kind::Write && opts.before_write) opts.before_write(c.buf + c.len);
-        timed(lat, control, c.len, [&] {
+        timed(log, opts.record_latency, control, c.len, [&] {
             transfer(kind, (c.direct ? f.fd_direct : f.fd_buffered).get(), c.buf, c.len, c.offset, f.path);
         });
         if (kind == Kind::Write && f.remaining.fetch_sub(1) == 1)
@@ -285,19 +329,33 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         std::unordered_map<FileState *, std::size_t> index;
         for (std::size_t i = 0; i < files.size(); ++i) index[files[i].get()] = i;
         for (const auto &c : chunks) by_file[index[c.file]].push_back(&c);
-        pool.run(opts.threads, by_file.size(), control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
-            std::uint64_t bytes = 0;
-            for (const Chunk *c : by_file[i]) {
-                if (control && control->cancel.load(std::memory_order_relaxed)) break;
-                bytes += do_chunk(*c, lat);
-            }
-            return bytes;
-        });
+        pool.run(opts.threads, by_file.size(), control, result.start_ns, opts.sample_interval_ns, opts.deadline_ns,
+                 [&](std::size_t i, WorkerLog &log) {
+                     std::uint64_t bytes = 0;
+                     for (const Chunk *c : by_file[i]) {
+                         if (control && control->cancel.load(std::memory_order_relaxed)) break;
+                         if (opts.deadline_ns > 0 && now_ns() >= opts.deadline_ns) {
+                             pool.deadline_reached.store(true, std::memory_order_relaxed);
+                             break;
+                         }
+                         bytes += do_chunk(*c, log);
+                     }
+                     return bytes;
+                 });
     } else {
-        pool.run(opts.threads, chunks.size(), control,
-                 [&](std::size_t i, std::vector<std::uint64_t> &lat) { return do_chunk(chunks[i], lat); });
+        pool.run(opts.threads, chunks.size(), control, result.start_ns, opts.sample_interval_ns, opts.deadline_ns,
+                 [&](std::size_t i, WorkerLog &log) { return do_chunk(chunks[i], log); });
     }
+    result.interval_ns = std::max<std::int64_t>(opts.sample_interval_ns, 1);
     pool.fill(result, opts.record_latency);
+    if (kind == Kind::Write && result.deadline_reached && !result.cancelled) {
+        // Stopped by the deadline: the files it cut short are made durable like the others.
+        for (auto &f : files) {
+            std::size_t left = f->remaining.load();
+            if (left != 0 && left != f->chunks)
+                sync_fd((f->fd_buffered ? f->fd_buffered : f->fd_direct).get(), sync, f->path);
+        }
+    }
     if (result.cancelled) {
         result.end_ns = now_ns();
         return result;
@@ -397,15 +455,16 @@ IoResult metadata_bench(const std::string &directory, std::size_t files, std::si
     result.files = files;
     result.start_ns = now_ns();
     WorkerPool pool;
-    pool.run(threads, files, control, [&](std::size_t i, std::vector<std::uint64_t> &lat) {
+    pool.run(threads, files, control, result.start_ns, 1000000000, 0, [&](std::size_t i, WorkerLog &log) {
         std::string path = directory + "/md-" + std::to_string(i);
-        return timed(lat, control, file_size, [&] {
+        return timed(log, true, control, file_size, [&] {
             UniqueFd fd = open_file(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
             transfer(Kind::Write, fd.get(), payload.data(), file_size, 0, path);
             sync_fd(fd.get(), sync, path);
             if (fd.close() != 0) throw IoError(errno, "close", path);
         });
     });
+    result.interval_ns = 1000000000;
     pool.fill(result, true);
     if (!result.cancelled && sync != SyncMode::None) sync_directory(directory);
     result.end_ns = now_ns();

@@ -77,6 +77,12 @@ struct IoOptions {
     bool sync_dir = true;                 // fsync each parent directory at the end (writes only)
     bool drop_cache = true;               // reads: fdatasync + posix_fadvise(DONTNEED) before timing
     bool record_latency = true;           // keep one latency sample per chunk
+    // The timeline's interval: bytes are counted in the interval (since the call's start) in which
+    // their chunk completed.
+    std::int64_t sample_interval_ns = 1000000000;
+    // CLOCK_MONOTONIC time after which no new chunk starts (0: none); a write stopped by it still
+    // syncs the files it wrote to (a run by time rather than by size).
+    std::int64_t deadline_ns = 0;
     Schedule schedule = Schedule::Shared;
     // Writes: called before each block is written with the end of its bytes in memory; returns once
     // they may be written (a copy-on-write staging still filling the buffer, see snapshot.hpp).
@@ -90,6 +96,20 @@ struct ThreadStat {
     std::uint64_t ops = 0;
 };
 
+// Latency histogram buckets, log-linear like fio's completion-latency buckets: values below
+// 2^kLatencySubBits nanoseconds have a bucket each; above, every power of two is cut into
+// 2^kLatencySubBits equal buckets (a bucket is at most 1/8 of its value wide).
+constexpr int kLatencySubBits = 3;
+constexpr std::size_t kLatencyBuckets = (64 - kLatencySubBits + 1) << kLatencySubBits;
+
+inline std::size_t latency_bucket(std::uint64_t ns) noexcept {
+    constexpr std::uint64_t sub = 1u << kLatencySubBits;
+    if (ns < sub) return static_cast<std::size_t>(ns);
+    int msb = 63 - __builtin_clzll(ns);
+    int shift = msb - kLatencySubBits;
+    return (static_cast<std::size_t>(shift + 1) << kLatencySubBits) + ((ns >> shift) & (sub - 1));
+}
+
 struct IoResult {
     std::uint64_t bytes = 0;
     std::uint64_t ops = 0;
@@ -97,6 +117,10 @@ struct IoResult {
     std::int64_t end_ns = 0;    // last finish, after every requested fsync
     std::vector<ThreadStat> threads;
     std::vector<std::uint64_t> latencies_ns;  // one per chunk (or per file for metadata)
+    std::int64_t interval_ns = 0;               // the timeline's interval
+    std::vector<std::uint64_t> timeline_bytes;  // bytes completed in each interval since start_ns
+    std::vector<std::uint64_t> latency_histogram;  // operations per latency_bucket(), kLatencyBuckets long
+    bool deadline_reached = false;              // stopped by IoOptions::deadline_ns
     std::size_t files = 0;
     bool direct_requested = false;
     bool direct_used = false;

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.layout import layout_notes
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import ConfigResult, FsBenchReport, MetadataResult, PhaseResult
+from ckptbench.bench.timeline import LatencyHistogram, Timeline, merge_histograms, merge_timelines
 from ckptbench.checkpoint import tuning
 from ckptbench.config import FsBenchSpec
 from ckptbench.errors import StorageIOError
@@ -54,22 +57,87 @@ def _jobs(view: memoryview, paths: list[Path], sizes: list[int]) -> list[tuple[m
     return jobs
 
 
-def _phase(op: str, results: list[native.IoResult]) -> PhaseResult:
-    first = results[0]
-    spans = tuple(
-        tuple(((t.start_ns - r.start_ns) / 1e9, (t.end_ns - r.start_ns) / 1e9, t.bytes) for t in r.threads)
-        for r in results
-    )
-    return PhaseResult(
-        op=op,
-        bytes_per_run=first.bytes,
-        runs_s=tuple(r.seconds for r in results),
-        latencies_ns=np.concatenate([np.asarray(r.latencies_ns) for r in results]),
-        thread_spans=spans,
+@dataclass(frozen=True)
+class _Run:
+    """One timed run of a phase: one engine call, or the passes of a run by time one after another."""
+
+    bytes: int
+    seconds: float
+    latencies_ns: np.ndarray
+    histogram: LatencyHistogram
+    timeline: Timeline
+    spans: tuple[tuple[float, float, int], ...]  # (start_s, end_s, bytes) per thread and pass
+    direct_used: bool
+    sync: str
+    fallback_reason: str
+
+
+def _run_of(passes: list[native.IoResult]) -> _Run:
+    """The passes of one run (one, unless it ran by time) as one run, from the first start to the last end."""
+    first, last = passes[0], passes[-1]
+    start = first.start_ns
+    return _Run(
+        bytes=sum(p.bytes for p in passes),
+        seconds=(last.end_ns - start) / 1e9,
+        latencies_ns=np.concatenate([np.asarray(p.latencies_ns) for p in passes]),
+        histogram=merge_histograms(LatencyHistogram.from_counts(p.latency_histogram) for p in passes),
+        timeline=merge_timelines([Timeline.from_engine(p) for p in passes],
+                                 [(p.start_ns - start) / 1e9 for p in passes]),
+        spans=tuple(((t.start_ns - start) / 1e9, (t.end_ns - start) / 1e9, t.bytes) for p in passes for t in p.threads),
         direct_used=first.direct_used,
         sync=first.sync,
         fallback_reason=first.fallback_reason,
     )
+
+
+def _phase(op: str, runs: list[_Run], by_time: bool) -> PhaseResult:
+    first = runs[0]
+    return PhaseResult(
+        op=op,
+        bytes_per_run=first.bytes,
+        runs_s=tuple(r.seconds for r in runs),
+        latencies_ns=np.concatenate([r.latencies_ns for r in runs]),
+        thread_spans=tuple(r.spans for r in runs),
+        direct_used=first.direct_used,
+        sync=first.sync,
+        fallback_reason=first.fallback_reason,
+        timelines=tuple(r.timeline for r in runs),
+        histogram=merge_histograms(r.histogram for r in runs),
+        runs_bytes=tuple(r.bytes for r in runs) if by_time else (),
+    )
+
+
+def _timed(what: str, call: Callable[..., native.IoResult], jobs: list, runtime_s: float | None,
+           **kwargs: Any) -> _Run:
+    """One run of ``call`` over ``jobs``: once, or with ``runtime_s`` pass after pass over the same files
+    (overwriting them, as fio's time_based) until that much time has passed."""
+    if runtime_s is None:
+        return _run_of([_engine(what, call, jobs, **kwargs)])
+    deadline = time.monotonic_ns() + int(runtime_s * 1e9)
+    on_progress = kwargs.pop("on_progress", None)
+    passes: list[native.IoResult] = []
+    while True:
+        done = sum(p.bytes for p in passes)  # progress counts the run's bytes, not each pass's
+        result = _engine(what, call, jobs, deadline_ns=deadline,
+                         on_progress=(lambda n, done=done: on_progress(done + n)) if on_progress else None,
+                         **kwargs)
+        passes.append(result)
+        if result.deadline_reached or result.bytes == 0 or time.monotonic_ns() >= deadline:
+            return _run_of(passes)
+
+
+def _present(jobs: list[tuple[memoryview, str, int]]) -> list[tuple[memoryview, str, int]]:
+    """The read jobs cut to the bytes the files have (a run by time may have stopped inside its first pass)."""
+    out = []
+    sizes: dict[str, int] = {}
+    for view, path, offset in jobs:
+        if path not in sizes:
+            p = Path(path)
+            sizes[path] = p.stat().st_size if p.exists() else 0
+        length = min(len(view), max(sizes[path] - offset, 0))
+        if length:
+            out.append((view[:length], path, offset))
+    return out
 
 
 def _engine(what: str, call: Callable[..., native.IoResult], *args: Any, **kwargs: Any) -> native.IoResult:
@@ -93,6 +161,9 @@ def run_fs_bench(
     memcpy_bps: float | None = None,
 ) -> FsBenchReport:
     """Run ``spec`` inside a scratch directory of ``target`` and return the report.
+
+    With ``spec.runtime_s`` every run lasts that long: pass after pass over the same ``spec.size_bytes`` of
+    files, the read passes over what the write left. The timeline's interval is ``spec.sample_every_s``.
 
     Raises InsufficientSpaceError before writing anything when the target lacks space, or after
     removing the scratch directory when the disk filled up during the run; StorageIOError when an
@@ -128,6 +199,7 @@ def run_fs_bench(
         else:
             log.info("%s is a %s mount: measuring both durable modes", target, mount.fstype)
     progress.begin(len(spec.grid()) * runs * spec.size_bytes * (2 if spec.read else 1) * len(modes))
+    timeline = {"sample_interval_ns": max(int(spec.sample_every_s * 1e9), 1)}
     results: list[ConfigResult] = []
     metadata: list[MetadataResult] = []
     verified = False
@@ -137,7 +209,7 @@ def run_fs_bench(
         read_jobs = _jobs(sink_view, paths, sizes) if sink_view is not None else []
         sync = "fdatasync" if spec.fsync else "none"
         for threads, block_size, schedule in spec.grid():
-            by_mode: dict[bool, tuple[list[native.IoResult], list[native.IoResult]]] = {m: ([], []) for m in modes}
+            by_mode: dict[bool, tuple[list[_Run], list[_Run]]] = {m: ([], []) for m in modes}
             for run, direct in ((run, direct) for run in range(runs) for direct in modes):
                 writes, reads = by_mode[direct]
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
@@ -145,9 +217,10 @@ def run_fs_bench(
                     f" {schedule}" if len(spec.schedules) > 1 else "") + (
                     f" {'O_DIRECT' if direct else 'buffered'}" if len(modes) > 1 else "")
                 progress.phase(f"{name}: write {label}")
-                w = _engine(
-                    f"{name}: write {label}", native.write, write_jobs, threads=threads, block_size=block_size,
-                    direct=direct, sync=sync, sync_dir=spec.fsync, schedule=schedule, on_progress=progress.advance,
+                w = _timed(
+                    f"{name}: write {label}", native.write, write_jobs, spec.runtime_s, threads=threads,
+                    block_size=block_size, direct=direct, sync=sync, sync_dir=spec.fsync, schedule=schedule,
+                    on_progress=progress.advance, **timeline,
                 )
                 progress.end_step(w.bytes)
                 if sink_view is not None:
@@ -155,13 +228,15 @@ def run_fs_bench(
                     if check:
                         native.fill_random(sink_view, _SOURCE_SEED + 1)
                     progress.phase(f"{name}: read {label}")
-                    r = _engine(
-                        f"{name}: read {label}", native.read, read_jobs, threads=threads, block_size=block_size,
-                        direct=direct, drop_cache=True, schedule=schedule, on_progress=progress.advance,
+                    jobs = _present(read_jobs) if spec.runtime_s is not None else read_jobs
+                    r = _timed(
+                        f"{name}: read {label}", native.read, jobs, spec.runtime_s, threads=threads,
+                        block_size=block_size, direct=direct, drop_cache=True, schedule=schedule,
+                        on_progress=progress.advance, **timeline,
                     )
                     progress.end_step(r.bytes)
                     if check:
-                        covered = min(buffer_bytes, max(sizes))
+                        covered = min(buffer_bytes, max(sizes), len(jobs[0][0]) if jobs else 0)
                         if sink_view[:covered] != source_view[:covered]:
                             raise StorageIOError(f"data read back from {scratch} differs from what was written")
                         verified = True
@@ -170,7 +245,7 @@ def run_fs_bench(
                 if run >= spec.warmup:
                     writes.append(w)
                 _remove(paths)
-            results.append(_config_result(threads, block_size, schedule, by_mode,
+            results.append(_config_result(threads, block_size, schedule, by_mode, spec.runtime_s is not None,
                                           tuning.durable_default(mount.fstype if mount else None)))
         if spec.metadata:
             metadata = _metadata(spec, scratch, progress)
@@ -193,11 +268,12 @@ def _environment(target: LocalDirectory, mount: MountInfo | None, streams: int) 
 
 
 def _config_result(threads: int, block_size: int, schedule: str,
-                   by_mode: dict[bool, tuple[list[native.IoResult], list[native.IoResult]]],
+                   by_mode: dict[bool, tuple[list[_Run], list[_Run]]], by_time: bool,
                    default: bool) -> ConfigResult:
     """One row: with both durable modes measured, the faster one's write and read (each beyond the noise,
     else ``default``: ``tuning.durable_default``), and both in ``durable_modes``."""
-    phases = {m: (_phase("write", w), _phase("read", r) if r else None) for m, (w, r) in by_mode.items()}
+    phases = {m: (_phase("write", w, by_time), _phase("read", r, by_time) if r else None)
+              for m, (w, r) in by_mode.items()}
     if len(phases) == 1:
         (write, read), = phases.values()
         return ConfigResult(threads, block_size, schedule, write, read)

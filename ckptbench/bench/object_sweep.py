@@ -34,6 +34,7 @@ from ckptbench.bench.records import (
     setup_warnings,
 )
 from ckptbench.bench.stats import leaders
+from ckptbench.bench.timeline import LatencyHistogram, Timeline
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.storage.object_target import ObjectTarget
 from ckptbench.units import format_size
@@ -58,10 +59,13 @@ class ObjectBenchSpec:
     read: bool = True
     repeat: int = 3
     warmup: int = 1
+    sample_every_s: float = 1.0  # the bandwidth timeline's interval
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0:
             raise UsageError(f"size {self.size_bytes} must be positive")
+        if not self.sample_every_s > 0:
+            raise UsageError(f"sample interval {self.sample_every_s!r} s must be positive")
         for obj in self.object_sizes:
             if obj <= 0:
                 raise UsageError(f"object size {obj} must be positive")
@@ -178,39 +182,45 @@ class _Requests:
         self._lock = threading.Lock()
         self.bytes = 0
         self.latencies_ns: list[int] = []
+        self.start = time.perf_counter()
+        self.completions: list[tuple[float, int]] = []  # (seconds since start, bytes) per request
 
     def __call__(self, nbytes: int, seconds: float) -> None:
+        done_at = time.perf_counter() - self.start
         with self._lock:
             self.bytes += nbytes
             self.latencies_ns.append(int(seconds * 1e9))
+            self.completions.append((done_at, nbytes))
             done = self.bytes
         self._progress.advance(done)
 
 
 def _timed_transfer(progress: Progress, store: Any, transfer: Any, names: list[str], view: memoryview,
-                    concurrency: int, part: int) -> tuple[float, list[int]]:
+                    concurrency: int, part: int, interval_s: float) -> tuple[float, list[int], Timeline]:
     """Upload (``store.write_files``) or download (``read_files``) every object from/into ``view``:
-    (seconds, per-request latencies in ns)."""
+    (seconds, per-request latencies in ns, bytes per interval by request completion)."""
     requests = store.on_request = _Requests(progress)
-    start = time.perf_counter()
     transfer([(n, view) for n in names], threads=concurrency, block_size=part, direct=False)
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - requests.start
     store.on_request = None
     progress.end_step(len(names) * len(view))
-    return elapsed, requests.latencies_ns
+    return elapsed, requests.latencies_ns, Timeline.from_events(requests.completions, interval_s, elapsed)
 
 
-def _record(sample: tuple[list[float], list[list[int]]], measured: bool, timing: tuple[float, list[int]]) -> None:
+def _record(sample: tuple[list[float], list[list[int]], list[Timeline]], measured: bool,
+            timing: tuple[float, list[int], Timeline]) -> None:
     if measured:
-        sample[0].append(timing[0])
-        sample[1].append(timing[1])
+        for kept, value in zip(sample, timing, strict=True):
+            kept.append(value)
 
 
-def _phase(op: str, bytes_per_run: int, runs_s: list[float], latencies: list[list[int]]) -> PhaseResult:
+def _phase(op: str, bytes_per_run: int, runs_s: list[float], latencies: list[list[int]],
+           timelines: list[Timeline]) -> PhaseResult:
+    every = [x for run in latencies for x in run]
     return PhaseResult(op=op, bytes_per_run=bytes_per_run, runs_s=tuple(runs_s),
-                       latencies_ns=np.asarray([x for run in latencies for x in run], dtype=np.int64),
+                       latencies_ns=np.asarray(every, dtype=np.int64),
                        thread_spans=(), direct_used=False, sync="s3-complete" if op == "write" else "none",
-                       fallback_reason="")
+                       fallback_reason="", timelines=tuple(timelines), histogram=LatencyHistogram.from_samples(every))
 
 
 def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: Progress | None = None) -> ObjectBenchReport:
@@ -236,14 +246,16 @@ def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: P
             names = [f"object-{i:05d}" for i in range(count)]
             source_view = memoryview(source)[:obj]
             sink_view = memoryview(sink)[:obj] if sink is not None else None
-            samples: dict[str, tuple[list[float], list[list[int]]]] = {"upload": ([], []), "download": ([], [])}
+            samples: dict[str, tuple[list[float], list[list[int]], list[Timeline]]] = {
+                "upload": ([], [], []), "download": ([], [], [])}
             name = (f"{format_size(obj)} x {conc}" + (f", {format_size(part)} parts" if part < obj else ""))
             for run in range(runs):
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
                 measured = run >= spec.warmup
                 progress.phase(f"{name}: upload {label}")
                 _record(samples["upload"], measured,
-                        _timed_transfer(progress, store, store.write_files, names, source_view, conc, part))
+                        _timed_transfer(progress, store, store.write_files, names, source_view, conc, part,
+                                        spec.sample_every_s))
                 if sink_view is not None:
                     if not verified:
                         native.fill_random(sink_view, _SOURCE_SEED + 1)
@@ -253,12 +265,13 @@ def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: P
                         verified = True
                     progress.phase(f"{name}: download {label}")
                     _record(samples["download"], measured,
-                            _timed_transfer(progress, store, store.read_files, names, sink_view, conc, part))
+                            _timed_transfer(progress, store, store.read_files, names, sink_view, conc, part,
+                                            spec.sample_every_s))
                 store.remove(names)
-            (writes, write_lat), (reads, read_lat) = samples["upload"], samples["download"]
+            (writes, write_lat, write_tl), (reads, read_lat, read_tl) = samples["upload"], samples["download"]
             results.append(ObjectConfigResult(
-                obj, count, conc, part, _phase("write", count * obj, writes, write_lat),
-                _phase("read", count * obj, reads, read_lat) if reads else None))
+                obj, count, conc, part, _phase("write", count * obj, writes, write_lat, write_tl),
+                _phase("read", count * obj, reads, read_lat, read_tl) if reads else None))
             log.info("%s: write %.3f GB/s%s", name, results[-1].write.gbps,
                      f", read {results[-1].read.gbps:.3f} GB/s" if results[-1].read else "")
     environment = collect_environment()

@@ -3,6 +3,20 @@
 A JSON document has ``schema``, ``tool``, ``created``, ``target``, ``spec``, ``units``,
 ``environment``, ``memcpy_gbps``, ``results`` (one record per configuration, raw samples kept),
 ``best`` (index into results), ``metadata`` and ``warnings`` (each with a remedy).
+
+Every measured phase (a result's ``write``/``read`` here and in the object sweep, a writer's
+``save``/``load`` in the shoot-out, each operation's ``summary`` under a launch) also carries, as
+``bench.timeline.series_dict`` writes them (None where nothing was recorded):
+
+- ``timeline``: ``interval_s`` and ``runs``, one per measured run: ``bytes`` (completed in each interval
+  since the run's start), ``duration_s`` (the last interval may be partial) and that run's ``steady_state``;
+- ``latency_histogram``: ``unit`` ("ns"), ``count``, ``buckets`` as ``[low_ns, high_ns, operations]`` (log-linear:
+  8 buckets per power of two, only those with operations) and ``p50_ms``, ``p90_ms``, ``p99_ms``, ``p99_9_ms``;
+- ``steady_state`` of the run of median length: ``state`` (``burst``, ``steady``, ``drifting``, ``too-short``),
+  ``burst_gbps``, ``sustained_gbps``, ``burst_bytes`` and ``change_s`` (null unless ``burst``).
+
+A filesystem sweep run by time (``spec.runtime_s``) adds ``runs_bytes``: what each run moved. Under a launch
+every rank's span also has its own ``timeline`` and ``latency_ms`` (p50, p99).
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ import numpy as np
 
 from ckptbench import __version__, knobs, safeio
 from ckptbench.bench.stats import latency_percentiles_ms, leaders, relative_spread, summarize
+from ckptbench.bench.timeline import LatencyHistogram, Timeline, series_dict
 from ckptbench.errors import UsageError
 from ckptbench.units import format_rate, format_size
 
@@ -140,11 +155,22 @@ class PhaseResult(Timings):
     direct_used: bool
     sync: str
     fallback_reason: str
+    timelines: tuple[Timeline, ...] = ()  # per run: bytes per interval
+    histogram: LatencyHistogram | None = None  # every measured run's operations
+    runs_bytes: tuple[int, ...] = ()  # per run, when runs by time moved different amounts
+
+    @property
+    def runs_gbps(self) -> list[float]:
+        if not self.runs_bytes:
+            return super().runs_gbps
+        return [n / s / 1e9 if s > 0 else float("inf") for n, s in zip(self.runs_bytes, self.runs_s, strict=True)]
 
     def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
         return {
             **super().to_dict(memcpy_bps),
+            **({"runs_bytes": list(self.runs_bytes)} if self.runs_bytes else {}),
             "latency_ms": latency_percentiles_ms(self.latencies_ns),
+            **series_dict(self.timelines, self.histogram),
             "threads_per_run": [
                 [{"start_s": a, "end_s": b, "bytes": n} for a, b, n in run] for run in self.thread_spans
             ],

@@ -27,6 +27,7 @@ from ckptbench.bench.records import (
     setup_warnings,
 )
 from ckptbench.bench.stats import relative_spread, summarize
+from ckptbench.bench.timeline import LatencyHistogram, Timeline, series_dict
 from ckptbench.units import format_rate, format_size
 
 SCHEMA = "ckptbench.bench.checkpoint/1"
@@ -61,14 +62,18 @@ class WriterResult:
     disk_bytes: int
     save_peak_extra_rss_bytes: tuple[int, ...]
     details: dict[str, Any] = field(default_factory=dict)
+    # op ("save", "load") -> (each measured run's timeline, the runs' latency histogram): the engine's
+    # calls inside the timed save or load (none for a writer that does not use the engine)
+    series: dict[str, tuple[tuple[Timeline, ...], LatencyHistogram | None]] = field(default_factory=dict)
 
     def to_dict(self, memcpy_bps: float) -> dict[str, Any]:
+        no_series: tuple[tuple[Timeline, ...], None] = ((), None)
         return {
             "writer": self.writer,
             "durable": self.durable,
             "load_how": self.load_how,
-            "save": self.save.to_dict(memcpy_bps),
-            "load": self.load.to_dict(memcpy_bps),
+            "save": {**self.save.to_dict(memcpy_bps), **series_dict(*self.series.get("save", no_series))},
+            "load": {**self.load.to_dict(memcpy_bps), **series_dict(*self.series.get("load", no_series))},
             "verified": self.verified,
             "files": self.files,
             "disk_bytes": self.disk_bytes,

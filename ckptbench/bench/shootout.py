@@ -39,6 +39,7 @@ from ckptbench import interrupts, knobs, native, safeio
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
+from ckptbench.bench.timeline import LatencyHistogram, Timeline, from_engine_calls, merge_histograms
 from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict, check_device, plan_workload, to_device
 from ckptbench.bench.writers import (
     OBJECT_WRITERS,
@@ -55,6 +56,7 @@ from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.storage.object_target import ObjectScratch, ObjectTarget
+from ckptbench.storage.store import engine_calls
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -291,6 +293,10 @@ class _Samples:
     disk_bytes: int = 0
     verified: bool | None = None
     details: dict[str, Any] | None = None
+    # per op ("save", "load"): each measured run's timeline and latency histogram, where the writer went
+    # through the engine (the ckptbench writer on a directory)
+    series: dict[str, list[tuple[Timeline, LatencyHistogram]]] = field(
+        default_factory=lambda: {"save": [], "load": []})
 
 
 @dataclass
@@ -398,6 +404,8 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
             verified=s.verified, files=s.files, disk_bytes=s.disk_bytes,
             save_peak_extra_rss_bytes=tuple(s.peak_extra),
             details={**(s.details or {}), **(async_samples[w.name].details if w.name in async_samples else {})},
+            series={op: (tuple(t for t, _ in runs), merge_histograms(h for _, h in runs) if runs else None)
+                    for op, runs in s.series.items()},
         ))
     async_results = tuple(
         AsyncResult(writer=w.name, how=w.async_how, stall_s=tuple(a.stall_s), persist_s=tuple(a.persist_s),
@@ -433,14 +441,16 @@ def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str
                 label: str, rss: PeakRss, progress: Progress, nbytes: int) -> None:
     directory = places.location(name)
     progress.phase(f"{w.name}: save {label}")
-    with rss.measure() as peak, writer_failures(w, "save", directory):
+    with rss.measure() as peak, writer_failures(w, "save", directory), engine_calls() as saves:
+        save_start = time.monotonic_ns()
         save_s = w.save(state_dict, directory)
     progress.end_step(nbytes)
     s.files, s.disk_bytes = places.files(directory)
     s.details = w.details()
     places.make_cold(directory)
     progress.phase(f"{w.name}: load {label} (cold)")
-    with writer_failures(w, "load", directory):
+    with writer_failures(w, "load", directory), engine_calls() as loads:
+        load_start = time.monotonic_ns()
         load_s, loaded = w.load(directory)
     progress.end_step(nbytes)
     if loaded is not None:
@@ -453,6 +463,10 @@ def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str
         s.save_s.append(save_s)
         s.load_s.append(load_s)
         s.peak_extra.append(peak["extra_bytes"])
+        for op, calls, start, seconds in (("save", saves, save_start, save_s), ("load", loads, load_start, load_s)):
+            recorded = from_engine_calls(calls, start, seconds)
+            if recorded is not None:
+                s.series[op].append(recorded)
     log.info("%s %s: save %.3f s, load %.3f s", w.name, label, save_s, load_s)
 
 

@@ -46,6 +46,14 @@ from ckptbench.bench.shootout import (
     required_memory_bytes,
 )
 from ckptbench.bench.stats import relative_spread, summarize
+from ckptbench.bench.timeline import (
+    LatencyHistogram,
+    Timeline,
+    from_engine_calls,
+    merge_histograms,
+    merge_timelines,
+    series_dict,
+)
 from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
 from ckptbench.checkpoint.api import Checkpointer
 from ckptbench.checkpoint.distributed import World
@@ -55,6 +63,7 @@ from ckptbench.model.presets import load_model
 from ckptbench.model.sizing import Parallelism
 from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.storage.object_target import ObjectTarget
+from ckptbench.storage.store import engine_calls
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -100,12 +109,19 @@ class RankSpan:
     end_s: float
     barrier_s: float
     stall_s: float | None = None  # async saves: until the call returned
+    timeline: Timeline | None = None  # the engine's bytes per second on this rank, from the barrier
+    histogram: LatencyHistogram | None = None  # this rank's engine operations
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"rank": self.rank, "host": self.host, "bytes": self.nbytes, "io_s": self.io_s, "end_s": self.end_s,
-               "barrier_s": self.barrier_s}
+        out: dict[str, Any] = {"rank": self.rank, "host": self.host, "bytes": self.nbytes, "io_s": self.io_s,
+                               "end_s": self.end_s, "barrier_s": self.barrier_s}
         if self.stall_s is not None:
             out["stall_s"] = self.stall_s
+        if self.timeline is not None:
+            out["timeline"] = self.timeline.to_dict()
+        if self.histogram is not None:
+            out["latency_ms"] = {name: self.histogram.percentile_ns(q) / 1e6 if self.histogram.count else None
+                                 for name, q in (("p50", 50), ("p99", 99))}
         return out
 
 
@@ -139,6 +155,12 @@ class RoundResult:
     def stall_s(self) -> float:
         """Async saves: the longest any rank was blocked."""
         return max(s.stall_s or 0.0 for s in self.spans)
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """Every rank's timeline summed (they start at the same barrier); None when none recorded one."""
+        timelines = [s.timeline for s in self.spans if s.timeline is not None]
+        return merge_timelines(timelines) if timelines else None
 
     def slowest(self) -> RankSpan:
         return max(self.spans, key=lambda s: s.end_s)
@@ -187,6 +209,9 @@ class DistributedBenchReport:
         }
         if op == "async":
             out["stall_s"] = summarize([r.stall_s for r in rounds])
+        timelines = [t for r in rounds if (t := r.timeline) is not None]
+        histograms = [s.histogram for r in rounds for s in r.spans if s.histogram is not None]
+        out.update(series_dict(timelines, merge_histograms(histograms) if histograms else None))
         return out
 
     def warnings(self) -> list[BenchWarning]:
@@ -369,12 +394,16 @@ def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any]) -> tuple[int, 
 def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundResult:
     """barrier -> ``run(*args)`` -> barrier on every rank; every rank's span gathered."""
     world.barrier(f"before the {op}")
-    start = time.perf_counter()
-    nbytes, io_s, stall_s = run(*args)
-    end_s = time.perf_counter() - start
+    with engine_calls() as calls:
+        start_ns = time.monotonic_ns()
+        start = time.perf_counter()
+        nbytes, io_s, stall_s = run(*args)
+        end_s = time.perf_counter() - start
     world.barrier(f"after the {op}")
     b2b_s = time.perf_counter() - start
-    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, b2b_s - end_s, stall_s)
+    recorded = from_engine_calls(calls, start_ns, end_s)
+    timeline, histogram = recorded if recorded is not None else (None, None)
+    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, b2b_s - end_s, stall_s, timeline, histogram)
     spans = world.all_gather(span, f"collecting the {op} timings")
     log.info("%s round %d: rank %d %.3f s (io %.3f s)", op, round_, world.rank, end_s, io_s)
     return RoundResult(op, round_, tuple(spans), world.broadcast(b2b_s, "sharing the barrier time"))

@@ -29,7 +29,7 @@ WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
 #: Options of the filesystem workload only, by parameter name -> flag.
 FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",
            "direct": "--direct/--buffered", "fsync": "--fsync/--no-fsync", "read": "--read/--no-read",
-           "metadata": "--metadata"}
+           "metadata": "--metadata", "runtime": "--runtime"}
 CHECKPOINT_ONLY = {"model": "--model", "scale": "--scale", "writers": "--writers", "device": "--device"}
 #: Options of the object-storage sweep only.
 OBJECT_ONLY = {"object_size": "--object-size", "concurrency": "--concurrency", "part_size": "--part-size"}
@@ -81,6 +81,11 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
               help="Discarded runs before measuring each configuration.")
 @click.option("--metadata/--no-metadata", default=False, show_default=True,
               help="Also measure the small-file create+write+fsync rate (sharded checkpoints create many files).")
+@click.option("--runtime", type=params.RUNTIME, default=None, metavar="DURATION",
+              help="Run each configuration for this long instead of once over --size: pass after pass over the "
+                   "same --size of files (as fio's time_based), e.g. 60s, 5m. Filesystem sweep only.")
+@click.option("--sample-every", "sample_every", type=params.SAMPLE_EVERY, default="1s", show_default=True,
+              metavar="DURATION", help="Interval of the bandwidth timeline recorded in every run (JSON, --plot).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the sweep (GB/s per configuration), or with --workload checkpoint the writers' "
@@ -131,7 +136,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
           storage_option: tuple[str, ...], force: bool, dp: int | None, tp: int | None, pp: int | None,
-          zero: str | None, device: str | None) -> None:
+          zero: str | None, device: str | None, runtime: float | None, sample_every: float) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -191,15 +196,22 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         if "workload" in given and workload != "checkpoint":
             raise UsageError("under a distributed launch bench measures the checkpoint workload",
                              hint="drop --workload fs (the filesystem sweep runs in one process)")
-        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device"}))
+        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device", "sample_every"}))
         if misplaced:
-            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device"}[misplaced[0]]
+            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device", "sample_every": "--sample-every"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
                            as_json=as_json, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
                            writers=writers, storage_options=options, force=force, dp=dp, tp=tp, pp=pp, zero=zero,
                            default_model=DEFAULT_MODEL)
         return
+    if runtime is not None and (workload == "checkpoint" or on_objects):
+        raise UsageError("--runtime runs the filesystem sweep (a directory, --workload fs) by time; "
+                         f"{'the checkpoint workload' if workload == 'checkpoint' else 'the s3:// sweep'} runs by size",
+                         hint="drop --runtime and give --size")
+    if workload == "checkpoint" and "sample_every" in given:
+        raise UsageError("--sample-every sets the sweeps' timeline interval; the checkpoint workload records "
+                         "its timeline every second", hint="drop --sample-every")
     if workload == "checkpoint":
         misplaced = sorted(given & set(OBJECT_ONLY))
         if misplaced:
@@ -214,7 +226,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     if on_objects:
         _bench_objects(target, given, size=size, read=read, repeat=repeat, warmup=warmup, as_json=as_json,
                        plot_path=plot_path, output_dir=output_dir, object_size=object_size, concurrency=concurrency,
-                       part_size=part_size, storage_options=options)
+                       part_size=part_size, storage_options=options, sample_every=sample_every)
         return
     misplaced = sorted(given & set(OBJECT_ONLY))
     if misplaced:
@@ -232,6 +244,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         size_bytes=size, files=nfiles, threads=tuple(threads), block_sizes=tuple(block_size),
         schedules=tuple(dict.fromkeys(schedule)),
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
+        runtime_s=runtime, sample_every_s=sample_every,
     )
     chosen = click.get_current_context().get_parameter_source("block_size") != click.core.ParameterSource.DEFAULT
     spec = fit_block_sizes(spec, chosen=chosen)
@@ -282,7 +295,7 @@ def fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
 def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repeat: int, warmup: int, as_json: bool,
                    plot_path: Path | None, output_dir: Path | None, object_size: list[int] | None,
                    concurrency: list[int] | None, part_size: list[int] | None,
-                   storage_options: dict[str, str]) -> None:
+                   storage_options: dict[str, str], sample_every: float) -> None:
     """The object-storage sweep on ``s3://``: validate everything (URL, options, bucket), then run."""
     from ckptbench.bench.object_sweep import ObjectBenchSpec, run_object_bench
     from ckptbench.cli.params import INT_LIST, SIZE_LIST
@@ -299,7 +312,7 @@ def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repea
         object_sizes=tuple(object_size or [min(size, o) for o in SIZE_LIST.convert(DEFAULT_OBJECT_SIZE, None, None)]),
         concurrency=tuple(concurrency or INT_LIST.convert(DEFAULT_CONCURRENCY, None, None)),
         part_sizes=tuple(part_size or SIZE_LIST.convert(DEFAULT_PART_SIZE, None, None)),
-        read=read, repeat=repeat, warmup=warmup,
+        read=read, repeat=repeat, warmup=warmup, sample_every_s=sample_every,
     )
     storage = resolve_target(target, storage_options)
     storage.prepare()  # a missing bucket or a wrong endpoint fails here, before any allocation
@@ -417,6 +430,12 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
         m = b.durable_modes
         console.print(f"durable modes there: write {m['write_reason']}"
                       + (f"; cold read {m['read_reason']}" if "read_reason" in m else ""))
+    from ckptbench.report.timeseries_plot import steady_text
+
+    for op in ("write", "read"):
+        text = steady_text(op, (document["results"][best].get(op) or {}).get("steady_state"))
+        if text and "too short" not in text:
+            console.print(text)
     for m in document["metadata"]:
         lat = m["latency_ms"]
         console.print(f"metadata: {m['threads']} thr: {m['ops_per_s']:.0f} files/s "

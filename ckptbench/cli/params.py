@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from ckptbench import units
-from ckptbench.config import MAX_BLOCK_BYTES, MAX_FILES, MAX_RUNS, MAX_THREADS
+from ckptbench.config import MAX_BLOCK_BYTES, MAX_FILES, MAX_RUNS, MAX_RUNTIME_S, MAX_THREADS, MIN_SAMPLE_EVERY_S
 from ckptbench.errors import UsageError
 
 
@@ -126,6 +126,21 @@ def _duration_or_zero(value: Any) -> float:
 
 
 BOUNDED_DURATION_OR_ZERO = _UnitType("duration", _duration_or_zero)
+
+
+def _duration_between(low: float, high: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        seconds = units.parse_duration(value)
+        if not low <= seconds <= high:
+            raise ValueError(f"duration {str(value)!r} must lie between {units.format_duration(low)} and "
+                             f"{units.format_duration(high)}")
+        return seconds
+    return parse
+
+
+#: A run by time (``--runtime``) and the timeline's interval (``--sample-every``).
+RUNTIME = _UnitType("duration", _duration_between(MIN_SAMPLE_EVERY_S, MAX_RUNTIME_S))
+SAMPLE_EVERY = _UnitType("duration", _duration_between(MIN_SAMPLE_EVERY_S, MAX_RUNTIME_S))
 
 
 class Bounded(click.ParamType):

@@ -1,4 +1,5 @@
-"""PNG of a preflight: expected waste versus checkpoint interval, with the interval used and the optimum marked."""
+"""PNG of a preflight: expected waste versus checkpoint interval, with the interval used and the optimum marked;
+beside it, when the preflight wrote past the write-back cache, that write's bandwidth over time."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
-from ckptbench.units import format_duration
+from ckptbench.units import format_duration, format_size
 
 
 def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
@@ -20,7 +21,18 @@ def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
     curve = document["model"]["curve"]
     hours = [pt["interval_s"] / 3600 for pt in curve]
     waste = [100 * pt["waste_fraction"] for pt in curve]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    sustained = document["measurements"].get("sustained")
+    if sustained:
+        from ckptbench.report.timeseries_plot import draw_timeline
+
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(13, 4.5), dpi=120, width_ratios=(1.4, 1))
+        timeline = sustained["timeline"]
+        draw_timeline(right, {"write": {"timeline": {"interval_s": timeline["interval_s"], "runs": [
+            {**timeline, "steady_state": sustained["steady_state"]}]}}})
+        right.set_title(f"sustained write: {format_size(sustained['bytes'])}"
+                        + (", sustained rate used" if sustained["used"] else ""), fontsize=9)
+    else:
+        fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     ax.plot(hours, waste, color="#3b6fb6", label=f"expected waste ({p['mode']} checkpoints)")
     ax.axvline(p["optimal_interval_s"] / 3600, color="#2a9d4b", linestyle="--",
                label=f"optimum {format_duration(p['optimal_interval_s'])}")

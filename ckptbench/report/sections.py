@@ -296,6 +296,48 @@ def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 
 # -- the bench schemas ------------------------------------------------------------------------------------
 
 
+def _steady_lines(result: dict[str, Any]) -> list[str]:
+    """The burst/sustained lines of a sweep result's write and read (``report.timeseries_plot.steady_text``)."""
+    from ckptbench.report.timeseries_plot import steady_text
+
+    texts = [steady_text(op, (result.get(op) or {}).get("steady_state")) for op in ("write", "read")]
+    return [t for t in texts if t]
+
+
+def _writer_series_figures(document: dict[str, Any], result: dict[str, Any] | None) -> list[Figure]:
+    """The ckptbench writer's save and load over time and their latency histograms, when recorded."""
+    from ckptbench.report.timeseries_plot import has_series, plot_series
+
+    phases = {"save": result.get("save"), "load": result.get("load")} if result else {}
+    if not has_series(phases):
+        return []
+    return [Figure("ckptbench writer: bandwidth over time (median run) and per-block latency histogram",
+                   _png(lambda p: plot_series(document, phases, "ckptbench writer over time", p)))]
+
+
+def _distributed_series_figures(document: dict[str, Any]) -> list[Figure]:
+    """All ranks' save and load bandwidth over time (summed) and their latency histogram, when recorded."""
+    from ckptbench.report.timeseries_plot import has_series, plot_series
+
+    summary = document.get("summary") or {}
+    phases = {op: summary.get(op) for op in ("save", "load")}
+    if not has_series(phases):
+        return []
+    return [Figure("all ranks together: bandwidth over time (median round) and per-block latency histogram",
+                   _png(lambda p: plot_series(document, phases, "all ranks over time", p)))]
+
+
+def _series_figures(document: dict[str, Any]) -> list[Figure]:
+    """The best configuration's bandwidth over time and latency histogram, when the document has them."""
+    from ckptbench.report.timeseries_plot import best_phases, has_series, plot_series
+
+    phases = best_phases(document)
+    if not has_series(phases):
+        return []
+    return [Figure("best configuration: bandwidth over time (median run) and per-operation latency histogram",
+                   _png(lambda p: plot_series(document, phases, "best configuration over time", p)))]
+
+
 @section("ckptbench.bench.fs/1")
 def fs_sweep(document: dict[str, Any]) -> Section:
     """``ckptbench bench DIR``: threads x block size (x schedule), durable writes and cold reads."""
@@ -326,6 +368,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
     lines.append(f"best (highest median write): {_plural(b['config']['threads'], 'thread')} x "
                  f"{format_size(b['config']['block_size'])} blocks, {b['config']['schedule']}: "
                  f"write {b['write']['gbps']:.2f} GB/s{read_text}")
+    lines += _steady_lines(b)
     tables = [Table("sweep (median of the runs, GB/s = 1e9 B/s)", tuple(columns), tuple(rows),
                     highlight=frozenset({best}) if len(results) > 1 else frozenset())]
     if document.get("metadata"):
@@ -342,6 +385,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
     if heat_cells(panels) > 1:
         figures.append(Figure("heat map: threads x block size, median GB/s (best write outlined)",
                               _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    figures += _series_figures(document)
     headline = Headline("filesystem sweep", f"{b['config']['threads']} thr x {format_size(b['config']['block_size'])}",
                         b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
     return Section(title=f"Filesystem sweep: {document['target']}", lines=tuple(lines), tables=tuple(tables),
@@ -374,6 +418,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
              + ("1 PUT" if c["parts_per_object"] == 1 else f"{format_size(c['part_size_bytes'])} parts"))
     read_text = f", read {b['read']['gbps'] * 1e3:.0f} MB/s" if b["read"] else ""
     lines.append(f"best (highest median write): {label}: write {b['write']['gbps'] * 1e3:.0f} MB/s{read_text}")
+    lines += _steady_lines(b)
     tables = (Table("sweep (median of the runs, MB/s = 1e6 B/s)", tuple(columns), tuple(rows),
                     highlight=frozenset({best}) if len(results) > 1 else frozenset()),)
     figures = [Figure("write and read GB/s per configuration (median, min–max whiskers; best in bold)",
@@ -385,6 +430,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
     if heat_cells(panels) > 1:
         figures.append(Figure("heat map: requests in flight x object size, median GB/s (best write outlined)",
                               _png(lambda p: plot_heatmaps(document, panels, heat_title, p))))
+    figures += _series_figures(document)
     headline = Headline("object sweep", f"{format_size(c['object_size_bytes'])} x{c['concurrency']}",
                         b["write"]["gbps"], b["read"]["gbps"] if b["read"] else None)
     return Section(title=f"Object-storage sweep: {document['target']}", lines=tuple(lines), tables=tables,
@@ -439,7 +485,8 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
     tables.append(Table("how each writer saves and loads", ("writer", "durable", "load"),
                         tuple((r["writer"], r["durable"], r["load_how"]) for r in results)))
     figures = (Figure("save and load GB/s per writer (median, min–max whiskers); async stall and persist",
-                      _png(lambda p: plot_shootout(document, p))),)
+                      _png(lambda p: plot_shootout(document, p))),
+               *_writer_series_figures(document, results[ours] if ours is not None else None))
     head = results[ours] if ours is not None else max(results, key=lambda r: r["save"]["gbps"])
     headline = Headline("checkpoint save/load", f"{head['writer']} writer, {format_size(workload['total_bytes'])}",
                         head["save"]["gbps"], head["load"]["gbps"])
@@ -488,8 +535,35 @@ def preflight(document: dict[str, Any]) -> Section:
                    tuple((a["setting"], format_value(a["setting"], a["value"]), a["reason"])
                          for a in document["recommendation"]))
     headline = Headline("preflight (checkpoint writer)", job["model"], m["write_bps"] / 1e9, m["read_bps"] / 1e9)
+    lines, figures = (*lines, *_sustained_lines(m.get("sustained"))), _sustained_figures(document)
     return Section(title=f"Pre-flight: {document['target']}", lines=lines, tables=(predicted, advice),
-                   headline=headline)
+                   figures=figures, headline=headline)
+
+
+def _sustained_lines(sustained: dict[str, Any] | None) -> tuple[str, ...]:
+    """What preflight's write past the write-back cache found, and whether the prediction used it."""
+    from ckptbench.report.timeseries_plot import steady_text
+
+    if not sustained:
+        return ()
+    text = steady_text(f"sustained write of {format_size(sustained['bytes'])}", sustained["steady_state"], "")
+    used = (f"; the node's bytes past the burst are predicted at the sustained rate (save x{sustained['slowdown']:.2f})"
+            if sustained["used"] else "")
+    return (f"{text}{used}",) if text else ()
+
+
+def _sustained_figures(document: dict[str, Any]) -> tuple[Figure, ...]:
+    """The sustained write's bandwidth over time, when preflight made one."""
+    from ckptbench.report.timeseries_plot import plot_series
+
+    sustained = document["measurements"].get("sustained")
+    if not sustained:
+        return ()
+    timeline = sustained["timeline"]
+    phases = {"write": {"timeline": {"interval_s": timeline["interval_s"],
+                                     "runs": [{**timeline, "steady_state": sustained["steady_state"]}]}}}
+    return (Figure("the write past the write-back cache: bandwidth over time",
+                   _png(lambda p: plot_series(document, phases, "sustained write", p))),)
 
 
 @section("ckptbench.compare/1")
@@ -544,7 +618,7 @@ def distributed(document: dict[str, Any]) -> Section:
                         for s in timeline_ranks(round_["ranks"])),
                   failed=frozenset({0}) if round_["rank_spread"] > 0.2 else frozenset())
     figures = (Figure("aggregate GB/s per operation; every rank's save timeline from the barrier",
-                      _png(lambda p: plot_distributed(document, p))),)
+                      _png(lambda p: plot_distributed(document, p))), *_distributed_series_figures(document))
     headline = Headline("checkpoint save/load, all ranks", f"{launch['world_size']} ranks",
                         summary["save"]["gbps"]["median"], summary["load"]["gbps"]["median"])
     return Section(title=f"Distributed checkpoint, {launch['world_size']} ranks: {document['target']}", lines=lines,

@@ -19,13 +19,23 @@ def plot_shootout(document: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ckptbench.report.timeseries_plot import draw_histogram, draw_timeline, has_series
+
     results, runs = document["results"], document["async"]
+    ours = next((r for r in results if r["writer"] == "ckptbench"), None)
+    series = {"save": ours.get("save"), "load": ours.get("load")} if ours else {}
     widths = [max(4.0, 1.2 * len(results) + 1.5)] + ([max(3.0, 1.2 * len(runs) + 1.5)] if runs else [])
-    fig, axes = plt.subplots(1, len(widths), figsize=(sum(widths) + 0.5, 4.8), dpi=120,
-                             gridspec_kw={"width_ratios": widths}, squeeze=False)
-    _rates(axes[0][0], results)
+    rows = 2 if has_series(series) else 1
+    fig = plt.figure(figsize=(max(sum(widths) + 0.5, 10.0 if rows == 2 else 0.0), 4.8 * rows), dpi=120)
+    outer = fig.add_gridspec(rows, 1)
+    top = outer[0].subgridspec(1, len(widths), width_ratios=widths)
+    _rates(fig.add_subplot(top[0, 0]), results)
     if runs:
-        _async(axes[0][1], runs)
+        _async(fig.add_subplot(top[0, 1]), runs)
+    if rows == 2:  # the ckptbench writer over time, below
+        bottom = outer[1].subgridspec(1, 2)
+        draw_timeline(fig.add_subplot(bottom[0, 0]), series)
+        draw_histogram(fig.add_subplot(bottom[0, 1]), series)
     workload, env = document["workload"], document["environment"]
     shape = workload["shape"]
     fs = (env.get("target") or {}).get("filesystem")

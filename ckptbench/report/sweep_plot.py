@@ -1,5 +1,6 @@
 """PNGs of a sweep (filesystem or object storage): write and read GB/s per configuration, median with
-min–max whiskers, the best configuration's label in bold."""
+min–max whiskers, the best configuration's label in bold; below, when the document has them, the best
+configuration's bandwidth over time and latency histogram (``report.timeseries_plot``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.timeseries_plot import best_phases, draw_histogram, draw_timeline, has_series
 from ckptbench.units import format_size
 
 
@@ -49,7 +51,15 @@ def _plot_bars(document: dict[str, Any], labels: list[str], title: str, path: Pa
     ops = [op for op in ("write", "read") if results[0][op] is not None]
     x = np.arange(len(results))
     width = 0.8 / len(ops)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(results) + 2), 4.5), dpi=120)
+    series = best_phases(document)
+    if has_series(series):
+        fig = plt.figure(figsize=(max(10.0, 1.1 * len(results) + 2), 8.5), dpi=120)
+        grid = fig.add_gridspec(2, 2, height_ratios=(1.1, 1))
+        ax = fig.add_subplot(grid[0, :])
+        draw_timeline(fig.add_subplot(grid[1, 0]), series)
+        draw_histogram(fig.add_subplot(grid[1, 1]), series)
+    else:
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(results) + 2), 4.5), dpi=120)
     colors = {"write": "#3b6fb6", "read": "#e07b39"}
     peak = 0.0
     for i, op in enumerate(ops):

@@ -33,11 +33,13 @@ them does; callers ask them instead of probing for methods:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,33 @@ from typing import Any
 from ckptbench import native, safeio
 
 log = logging.getLogger(__name__)
+
+
+_engine_lock = threading.Lock()
+_engine_calls: list[list[native.IoResult]] = []
+
+
+@contextlib.contextmanager
+def engine_calls() -> Iterator[list[native.IoResult]]:
+    """The engine results of every ``LocalStore`` write and read in this process while the block runs
+    (a benchmark's timelines and latency histograms of a save or a load); nothing is kept otherwise."""
+    calls: list[native.IoResult] = []
+    with _engine_lock:
+        _engine_calls.append(calls)
+    try:
+        yield calls
+    finally:
+        with _engine_lock:
+            _engine_calls.remove(calls)
+
+
+def _engine_result(result: native.IoResult) -> native.IoResult:
+    """``result``, kept by every :func:`engine_calls` block open."""
+    if _engine_calls:
+        with _engine_lock:
+            for calls in _engine_calls:
+                calls.append(result)
+    return result
 
 
 @dataclass(frozen=True)
@@ -233,8 +262,8 @@ class LocalStore(Store):
         try:
             with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT):
                 jobs = [(view, directory.path_of(name), 0) for name, view in files]
-                result = native.write(jobs, threads=threads, block_size=block_size, direct=direct, sync="fdatasync",
-                                      sync_dir=True, after=after)
+                result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
+                                                     sync="fdatasync", sync_dir=True, after=after))
         except OSError as exc:
             self.remove([name for name, _ in files])
             raise self._named(exc) from None
@@ -260,7 +289,7 @@ class LocalStore(Store):
             jobs = [(view, safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name), 0)
                     for (name, view), fd in zip(files, fds, strict=True)]
             try:
-                native.read(jobs, threads=threads, block_size=block_size, direct=direct)
+                _engine_result(native.read(jobs, threads=threads, block_size=block_size, direct=direct))
             except OSError as exc:
                 raise self._named(exc, {safeio.fd_path(fd): name for (name, _), fd in zip(files, fds, strict=True)})\
                     from None

@@ -37,9 +37,15 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     assert m["shape"] == "sample" and m["writers"] == 1 and small < large == m["sampled_bytes"] == m["per_rank_bytes"]
     assert m["measured_bytes"] == p["checkpoint_per_node_bytes"] == scaling["target_bytes"]
     fitted = scaling["fitted"]["save"]
-    assert m["write_bps"] == pytest.approx(m["measured_bytes"] / fitted["point_s"])
-    assert m["write_bps_range"] == pytest.approx([m["measured_bytes"] / fitted["high_s"],
-                                                  m["measured_bytes"] / fitted["low_s"]])
+    # a write past the write-back cache, with its per-second timeline; a drop to a sustained rate slows the save
+    sustained = m["sustained"]
+    assert sustained["bytes"] >= large and sum(sustained["timeline"]["bytes"]) == sustained["bytes"]
+    assert 0.1 <= sustained["timeline"]["interval_s"] <= 1.0 and sustained["steady_state"]["state"]
+    assert sustained["used"] == (sustained["slowdown"] > 1)
+    slower = sustained["slowdown"]
+    assert m["write_bps"] == pytest.approx(m["measured_bytes"] / fitted["point_s"] / slower)
+    assert m["write_bps_range"] == pytest.approx([m["measured_bytes"] / fitted["high_s"] / slower,
+                                                  m["measured_bytes"] / fitted["low_s"] / slower])
     for key in ("sync_checkpoint_s", "async_stall_s", "restore_s", "overhead_fraction", "goodput"):
         low, high = p[f"{key}_range"]
         assert low <= p[key] <= high, key
@@ -175,6 +181,12 @@ def test_a_node_of_several_ranks_is_measured_with_that_many_writers_at_once(cli,
     assert scaling["writers"] == 2 and scaling["sizes_bytes"][1] == sum(together["rank_bytes"])
     durations = [r["duration_s"] for r in together["rounds"]["save"]]
     assert scaling["runs_s"]["save"][1] == durations
+    # every rank's engine timeline, and their sum per round in the summary
+    for op in ("save", "load"):
+        rounds, runs = together["rounds"][op], together["summary"][op]["timeline"]["runs"]
+        assert [sum(run["bytes"]) for run in runs] == [
+            sum(sum(rank["timeline"]["bytes"]) for rank in r["ranks"]) for r in rounds]
+        assert all(sum(rank["timeline"]["bytes"]) >= rank["bytes"] for r in rounds for rank in r["ranks"])
     assert m["measured_bytes"] == scaling["target_bytes"] == p["checkpoint_per_node_bytes"]
     assert p["extrapolation_factor"] > 1  # 2 writers measured for a node of 4 ranks
     assert m["bottleneck"]["limit"] in ("writer", "storage", "unknown") and m["bottleneck"]["writer_ceiling_bps"] > 0
@@ -188,3 +200,30 @@ def test_the_bottleneck_is_named():
     assert bottleneck(0.5e9, [2.0e9])["limit"] == "storage"
     assert bottleneck(0.5e9, None)["limit"] == "unknown"
     assert bottleneck(3.0e9, [2.0e9])["limit"] == "unknown"  # above what the writer does into memory: disturbed
+
+
+def test_a_drop_to_a_sustained_rate_is_what_the_prediction_uses(cli, tmp_path: Path, monkeypatch):
+    """The write past the write-back cache found a burst (a stand-in with a known timeline): the node's
+    bytes past it go at the sustained rate, and the output and the JSON say so."""
+    from ckptbench.bench import sustained
+    from ckptbench.bench.timeline import Timeline, detect
+
+    burst = Timeline(1.0, (100_000_000,) * 3 + (10_000_000,) * 8, 11.0)  # 0.1 GB/s, then 10 MB/s
+
+    def fake(target, nbytes, **kwargs):
+        return sustained.SustainedWrite(burst.total_bytes, 11.0, burst, detect(burst), kwargs["reason"], True,
+                                        kwargs["limits"])
+
+    monkeypatch.setattr(sustained, "run_sustained_write", fake)
+    args = ("preflight", str(tmp_path), *TINY, "--params", "100M", "--ranks", "1", "--mtbf", "1d",
+            "--max-ckpt-time", "1h")
+    result = cli(*args, "--json")
+    assert result.exit_code in (0, 1, 3), result.stderr  # the verdict is not the point here
+    doc = json.loads(result.stdout)
+    s, m = doc["measurements"]["sustained"], doc["measurements"]
+    assert s["steady_state"]["state"] == "burst" and s["steady_state"]["burst_bytes"] == 300_000_000
+    assert s["used"] and s["slowdown"] > 1
+    assert m["write_bps"] == pytest.approx(s["fitted_write_bps"] / s["slowdown"])
+    assert s["timeline"]["bytes"] == list(burst.bytes)
+    text = cli(*args).stdout
+    assert "write-back cache" in text and "sustained" in text

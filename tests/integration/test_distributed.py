@@ -411,6 +411,11 @@ def test_bench_under_torchrun_aggregates_every_rank(tmp_path: Path):
             assert r["gbps"] == pytest.approx(r["total_bytes"] / r["duration_s"] / 1e9)
             assert all(s["io_s"] <= s["end_s"] for s in r["ranks"])
         assert doc["summary"][op]["gbps"]["n"] == 2
+        # each rank's engine timeline from the barrier; the summary's per round is their sum
+        runs = doc["summary"][op]["timeline"]["runs"]
+        assert [sum(run["bytes"]) for run in runs] == [
+            sum(sum(s["timeline"]["bytes"]) for s in r["ranks"]) for r in rounds]
+        assert doc["summary"][op]["latency_histogram"]["count"] > 0
     assert doc["data_verified"] is True
     assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     [result] = list((tmp_path / "out").glob("bench-distributed-*.json"))
@@ -424,6 +429,7 @@ def test_bench_under_torchrun_aggregates_every_rank(tmp_path: Path):
     assert report.exit_code == 0, report.output
     text = (tmp_path / "r.md").read_text()
     assert "Distributed checkpoint, 2 ranks" in text and "| durable save |" in text and "(the median one)" in text
+    assert "all ranks together: bandwidth over time" in text
 
 
 @pytest.mark.slow

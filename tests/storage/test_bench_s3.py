@@ -113,6 +113,10 @@ def test_object_sweep_json_cleanup_and_no_secret(cli, s3_server, s3_bucket, tmp_
         assert r["write"]["gbps"] > 0 and r["read"]["gbps"] > 0
         parts = r["config"]["objects"] * r["config"]["parts_per_object"]
         assert r["write"]["latency_ms"]["count"] == parts  # one latency sample per request
+        # the histogram counts the same requests, the timeline every byte of the run, by request completion
+        assert r["write"]["latency_histogram"]["count"] == parts
+        runs = r["write"]["timeline"]["runs"]
+        assert len(runs) == 1 and sum(runs[0]["bytes"]) == r["write"]["bytes_per_run"]
     target = doc["environment"]["target"]
     assert target["endpoint"] == s3_server.endpoint and "storage_options" in target["credential_source"]
     assert "loopback-endpoint" in {w["code"] for w in doc["warnings"]}
