@@ -409,9 +409,15 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         measured.append(measure(extended))
     sizes = [b for b, _, _ in measured]
     largest_bytes, _, largest_doc = measured[-1]
-    fitted = {q: fit_sizes(sizes, [r[q] for _, r, _ in measured], target) for q in large_runs}
+    # The bytes beyond the largest sample go no faster than the writers into memory (saves) or a memory copy
+    # (loads): a line flattened by noise must not predict a node faster than that.
+    memcpy = report.memcpy_bps or 0.0
+    fastest = {"save": max(ceiling or [memcpy]) * writers, "load": memcpy * writers}
+    fastest["persist"] = fastest["save"]
+    fitted = {q: fit_sizes(sizes, [r[q] for _, r, _ in measured], target,
+                           min_slope=1 / fastest[q] if fastest.get(q) else 0.0) for q in large_runs}
     doc["scaling"] = {"sizes_bytes": sizes, "target_bytes": target, "writers": writers,
-                      "budget_s": budget_s,
+                      "budget_s": budget_s, "fastest_bps": fastest,
                       "runs_s": {q: [r[q] for _, r, _ in measured] for q in large_runs},
                       "fitted": {q: f.as_dict() for q, f in fitted.items()},
                       "measurements": [d for _, _, d in measured] if writers > 1 else None}

@@ -22,15 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def line_time_s(small_bytes: float, small_s: float, large_bytes: float, large_s: float, target_bytes: float) -> float:
+def line_time_s(small_bytes: float, small_s: float, large_bytes: float, large_s: float, target_bytes: float,
+                min_slope: float = 0.0) -> float:
     """The time at ``target_bytes`` on the line through the two measurements. Noise can make the line fall
-    (the larger took less time: the cost is flat, so the larger time stands) or cross zero (a negative
-    fixed part: the per-byte cost alone, in proportion to the larger)."""
+    or flatten below ``min_slope`` (seconds per byte: the fastest the bytes can go, e.g. the writer's own
+    rate into memory): then the larger time stands and the bytes beyond it cost ``min_slope`` each. A line
+    that crosses zero (a negative fixed part) gives the per-byte cost alone, in proportion to the larger."""
     if large_bytes <= small_bytes:
         raise ValueError(f"sizes {small_bytes} and {large_bytes} must grow")
     slope = (large_s - small_s) / (large_bytes - small_bytes)
-    if slope <= 0:
-        return max(small_s, large_s)
+    if slope <= min_slope:
+        return max(small_s, large_s) + max(target_bytes - large_bytes, 0.0) * min_slope
     fixed = small_s - slope * small_bytes
     if fixed < 0:
         return large_s * target_bytes / large_bytes
@@ -50,11 +52,12 @@ class Fitted:
 
 
 def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: float, large_runs_s: Sequence[float],
-             target_bytes: float) -> Fitted:
-    """The point through both sizes' medians; the range over the lines through every pair of extreme runs."""
+             target_bytes: float, min_slope: float = 0.0) -> Fitted:
+    """The point through both sizes' medians; the range over the lines through every pair of extreme runs
+    (``min_slope``: see :func:`line_time_s`)."""
     point = line_time_s(small_bytes, statistics.median(small_runs_s), large_bytes, statistics.median(large_runs_s),
-                        target_bytes)
-    ends = [line_time_s(small_bytes, a, large_bytes, b, target_bytes)
+                        target_bytes, min_slope)
+    ends = [line_time_s(small_bytes, a, large_bytes, b, target_bytes, min_slope)
             for a in (min(small_runs_s), max(small_runs_s)) for b in (min(large_runs_s), max(large_runs_s))]
     return Fitted(point, min([point, *ends]), max([point, *ends]))
 
@@ -64,10 +67,11 @@ def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: flo
 SAME_SIZE = 0.05
 
 
-def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_bytes: float) -> Fitted:
+def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_bytes: float,
+              min_slope: float = 0.0) -> Fitted:
     """The time at ``target_bytes`` from runs at any number of ``sizes`` (each with its runs): the runs at
-    the target when a size is the target's (:data:`SAME_SIZE`); else the line (:func:`fit_time`) through the two sizes
-    nearest it on its side; one size alone, in proportion."""
+    the target when a size is the target's (:data:`SAME_SIZE`); else the line (:func:`fit_time`, no flatter
+    than ``min_slope``) through the two sizes nearest it on its side; one size alone, in proportion."""
     if len(sizes) != len(runs_s) or not sizes:
         raise ValueError("one list of runs per size, at least one size")
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
@@ -79,7 +83,7 @@ def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_
         return Fitted(statistics.median(ys[i]) * k, min(ys[i]) * k, max(ys[i]) * k)
     above = next((i for i, x in enumerate(xs) if x > target_bytes), len(xs))
     i = min(max(above - 1, 0), len(xs) - 2)
-    return fit_time(xs[i], ys[i], xs[i + 1], ys[i + 1], target_bytes)
+    return fit_time(xs[i], ys[i], xs[i + 1], ys[i + 1], target_bytes, min_slope)
 
 
 def extended_size(target_bytes: float, sampled_bytes: float, run_seconds: float, *, runs: int, memory_bytes: float,

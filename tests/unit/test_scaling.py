@@ -86,3 +86,17 @@ def test_the_extended_size_is_bounded_by_the_target_memory_time_and_workload():
     assert extended_size(16 * GiB, 512 * MiB, 10.0, memory_bytes=64 * GiB, budget_s=30, **kw) is None
     with pytest.raises(ValueError):
         extended_size(16 * GiB, 0, 1.0, memory_bytes=64 * GiB, budget_s=30, **kw)
+
+
+def test_a_line_flattened_by_noise_goes_no_faster_than_the_floor():
+    # the larger sample took hardly longer than the smaller: the bare line reads a node of 14 GB at 35 GB/s
+    GB = 1e9
+    bare = line_time_s(0.032 * GB, 0.249, 0.128 * GB, 0.25, 14 * GB)
+    assert 14 * GB / bare > 20 * GB
+    floored = line_time_s(0.032 * GB, 0.249, 0.128 * GB, 0.25, 14 * GB, min_slope=1 / (2 * GB))
+    assert floored == pytest.approx(0.25 + (14 - 0.128) / 2)
+    # a steeper line than the floor is left alone
+    steep = line_time_s(0.032 * GB, 0.05, 0.128 * GB, 0.25, 14 * GB, min_slope=1 / (2 * GB))
+    assert steep == pytest.approx(line_time_s(0.032 * GB, 0.05, 0.128 * GB, 0.25, 14 * GB))
+    f = fit_sizes([0.032 * GB, 0.128 * GB], [[0.24, 0.26], [0.25, 0.27]], 14 * GB, min_slope=1 / (2 * GB))
+    assert 14 * GB / f.low_s <= 2 * GB * 1.001
