@@ -133,9 +133,9 @@ class IoResult:
         Operations per latency bucket: one per nanosecond below 8 ns, then 8 equal buckets per power of two.
         """
 
-def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, after: Snapshot | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
+def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, after: CowCopy | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
     """
-    Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. `deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.
+    Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a CowCopy still copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. `deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.
     """
 
 def read(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, drop_cache: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
@@ -177,12 +177,12 @@ def copy_from_addresses(dst: Buffer, jobs: Sequence[tuple[int, int, int]], threa
     Copy (source address, destination offset, nbytes) jobs into `dst` on N threads. `jobs` is a sequence of tuples or a C-contiguous int64 table of such rows (e.g. a numpy array of shape (n, 3)); a fourth column zeroes that many bytes right after each copy (padding; the address may be 0 with nbytes 0). The caller guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU tensor's data_ptr()).
     """
 
-def snapshot_unavailable() -> str:
+def cow_unavailable() -> str:
     """
-    Why copy-on-write snapshots (Snapshot) cannot be taken in this process; '' when they can.
+    Why copy-on-write copies (CowCopy) cannot be taken in this process; '' when they can.
     """
 
-class Snapshot:
+class CowCopy:
     """
     Copy-on-write staging: write-protects the sources of copy_from_addresses-style jobs and copies them into `dst` on background threads; a write to a page not yet copied waits until its chunk is copied. The caller may write to the sources as soon as it returns.
     """
@@ -193,7 +193,7 @@ class Snapshot:
     @overload
     def __init__(self, dst: Buffer, jobs: Sequence[tuple[int, int, int]], threads: int = 1, chunk_bytes: int = 1048576, min_region_bytes: int = 262144, max_regions: int = 4096) -> None:
         """
-        Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError when snapshots are unavailable (see snapshot_unavailable()).
+        Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError when copy-on-write copies are unavailable (see cow_unavailable()).
         """
 
     def finish(self) -> None:

@@ -21,7 +21,7 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     ├── CheckpointLockedError
     │   └── LockLostError
     ├── RankFailedError
-    ├── SnapshotError
+    ├── CowStagingError
     └── CheckFailed
 
 ``cli/`` catches the base class once and turns it into one red line on stderr and an exit code:
@@ -145,7 +145,7 @@ class RankFailedError(CkptbenchError):
     exit_code = 1
 
 
-class SnapshotError(CkptbenchError):
+class CowStagingError(CkptbenchError):
     """The tensors changed under a copy-on-write staging in a way it cannot keep up with (freed, moved)."""
 
 

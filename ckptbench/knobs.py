@@ -70,10 +70,10 @@ STAGE_GATHER_MAX_GAP_BYTES = _env_int("STAGE_GATHER_MAX_GAP_BYTES", 4096)
 #: 1: gather small CUDA tensors with one runtime-compiled kernel launch (checkpoint/gather.py); 0: torch.cat.
 STAGE_GATHER_KERNEL = _env_int("STAGE_GATHER_KERNEL", 1)
 #: 1: the gather kernel writes small tensors straight into the registered (mapped) host arena, one
-#: launch for all (measured in results/gpu-staging-*); 0: it gathers them into device buffers, then one
-#: device-to-host copy per run.
-STAGE_GATHER_DIRECT = _env_int("STAGE_GATHER_DIRECT", 1)
-#: Async saves stage contiguous CPU tensors copy-on-write (``checkpoint.stage.CopyBehind``): the caller
+#: launch for all (mapped staging, measured in results/gpu-staging-*); 0: it gathers them into device
+#: buffers, then one device-to-host copy per run. CKPTBENCH_STAGE_GATHER_DIRECT is its older name.
+STAGE_GATHER_MAPPED = _env_int("STAGE_GATHER_MAPPED", _env_int("STAGE_GATHER_DIRECT", 1))
+#: Async saves stage contiguous CPU tensors copy-on-write (``checkpoint.stage.CowStaging``): the caller
 #: waits only while their pages are write-protected, and the copy runs behind it (Linux 6.4+ userfaultfd);
 #: 0 copies them before save() returns. The chunk is what a write to a page not yet copied waits for.
 STAGE_COW = _env_int("STAGE_COW", 1)

@@ -42,19 +42,19 @@ try:
     from ckptbench._native import (
         AlignedBuffer,
         Control,
+        CowCopy,
         IoResult,
         Schedule,
-        Snapshot,
         SyncMode,
         copy_bandwidth,
         copy_from_addresses,
+        cow_unavailable,
         crc32c,
         crc32c_hardware,
         crc32c_ranges,
         fill_random,
         memcpy_bandwidth,
         probe_direct,
-        snapshot_unavailable,
     )
 except ImportError as exc:  # pragma: no cover - only on a broken install or from an unbuilt source tree
     raise ImportError(_not_built(exc)) from exc
@@ -64,7 +64,7 @@ __all__ = [
     "Control",
     "IoResult",
     "Schedule",
-    "Snapshot",
+    "CowCopy",
     "SyncMode",
     "copy_bandwidth",
     "copy_from_addresses",
@@ -77,7 +77,7 @@ __all__ = [
     "probe_direct",
     "read",
     "run_interruptible",
-    "snapshot_unavailable",
+    "cow_unavailable",
     "write",
 ]
 
@@ -111,7 +111,7 @@ def write(
     record_latency: bool = True,
     schedule: str | Schedule = "shared",
     control: Control | None = None,
-    after: Snapshot | None = None,
+    after: CowCopy | None = None,
     sample_interval_ns: int = 1_000_000_000,
     deadline_ns: int = 0,
 ) -> IoResult:

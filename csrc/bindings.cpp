@@ -18,7 +18,7 @@
 #include "checksum.hpp"
 #include "copy.hpp"
 #include "engine.hpp"
-#include "snapshot.hpp"
+#include "cow_copy.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -32,7 +32,7 @@ class buffer : public nb::object {
 
 // Jobs of write() and read(): (buffer, path, offset) tuples.
 using IoJobs = nb::typed<nb::sequence, nb::typed<nb::tuple, buffer, nb::str, int>>;
-// Jobs of copy_from_addresses() and Snapshot: (address, destination offset, nbytes[, zeros after])
+// Jobs of copy_from_addresses() and CowCopy: (address, destination offset, nbytes[, zeros after])
 // rows, as an int64 table or as tuples.
 using CopyTable = nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using CopyTuples = nb::typed<nb::handle, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>;
@@ -136,12 +136,12 @@ std::vector<ckpt::CopyJob> copy_jobs(const Py_buffer &view, nb::handle tuples) {
     return jobs.take();
 }
 
-// A Snapshot with its destination kept exported (not resizable, not freed) until it is gone.
-struct PySnapshot {
+// A CowCopy with its destination kept exported (not resizable, not freed) until it is gone.
+struct PyCowCopy {
     Py_buffer dst{};
-    std::unique_ptr<ckpt::Snapshot> snapshot;
-    ~PySnapshot() {
-        snapshot.reset();  // finishes first: the copies write into dst
+    std::unique_ptr<ckpt::CowCopy> cow_copy;
+    ~PyCowCopy() {
+        cow_copy.reset();  // finishes first: the copies write into dst
         if (dst.obj) PyBuffer_Release(&dst);
     }
 };
@@ -183,24 +183,24 @@ void copy_from_addresses(buffer dst, const Jobs &jobs, int threads) {
     ckpt::parallel_copy(copies, threads);
 }
 
-// Snapshot.__init__ for either form of jobs.
+// CowCopy.__init__ for either form of jobs.
 template <typename Jobs>
-void init_snapshot(PySnapshot *self, buffer dst, const Jobs &jobs, int threads, std::size_t chunk_bytes,
+void init_cow_copy(PyCowCopy *self, buffer dst, const Jobs &jobs, int threads, std::size_t chunk_bytes,
                    std::size_t min_region_bytes, std::size_t max_regions) {
     HeldBuffers held;
     Py_buffer &view = held.acquire(dst, true);
     std::vector<ckpt::CopyJob> copies = copy_jobs(view, jobs);
-    std::unique_ptr<ckpt::Snapshot> snapshot;
+    std::unique_ptr<ckpt::CowCopy> cow_copy;
     {
         nb::gil_scoped_release release;
-        snapshot = std::make_unique<ckpt::Snapshot>(std::move(copies), threads, chunk_bytes, min_region_bytes,
+        cow_copy = std::make_unique<ckpt::CowCopy>(std::move(copies), threads, chunk_bytes, min_region_bytes,
                                                     max_regions);
     }
-    new (self) PySnapshot();
-    self->snapshot = std::move(snapshot);
+    new (self) PyCowCopy();
+    self->cow_copy = std::move(cow_copy);
     if (PyObject_GetBuffer(dst.ptr(), &self->dst, PyBUF_SIMPLE | PyBUF_WRITABLE) != 0) {
         self->dst = Py_buffer{};
-        PyErr_Clear();  // held above: cannot fail; the snapshot is still finished before dst goes
+        PyErr_Clear();  // held above: cannot fail; the cow_copy is still finished before dst goes
     }
 }
 
@@ -298,15 +298,15 @@ NB_MODULE(_native, m) {
     m.def(
         "write",
         [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
-           bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PySnapshot *after,
+           bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PyCowCopy *after,
            std::int64_t sample_interval_ns, std::int64_t deadline_ns) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
             auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule,
                                      sample_interval_ns, deadline_ns);
             if (after) {
-                ckpt::Snapshot *snapshot = after->snapshot.get();
-                opts.before_write = [snapshot](const char *end) { snapshot->wait_copied(end); };
+                ckpt::CowCopy *cow_copy = after->cow_copy.get();
+                opts.before_write = [cow_copy](const char *end) { cow_copy->wait_copied(end); };
             }
             nb::gil_scoped_release release;
             return ckpt::write_jobs(parsed, opts, control);
@@ -314,8 +314,8 @@ NB_MODULE(_native, m) {
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = ckpt::SyncMode::Fdatasync,
         "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared,
         "control"_a = nb::none(), "after"_a = nb::none(), "sample_interval_ns"_a = 1000000000, "deadline_ns"_a = 0,
-        "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a Snapshot still "
-        "copying into the buffers; each block is written once its bytes are copied (if the Snapshot fails, "
+        "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a CowCopy still "
+        "copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, "
         "they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. "
         "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.");
 
@@ -405,31 +405,31 @@ NB_MODULE(_native, m) {
         "guarantees each source address stays valid and readable for nbytes during the call (e.g. a contiguous "
         "CPU tensor's data_ptr()).");
 
-    m.def("snapshot_unavailable", &ckpt::snapshot_unavailable,
-          "Why copy-on-write snapshots (Snapshot) cannot be taken in this process; '' when they can.");
+    m.def("cow_unavailable", &ckpt::cow_unavailable,
+          "Why copy-on-write copies (CowCopy) cannot be taken in this process; '' when they can.");
 
-    nb::class_<PySnapshot>(m, "Snapshot",
+    nb::class_<PyCowCopy>(m, "CowCopy",
                            "Copy-on-write staging: write-protects the sources of copy_from_addresses-style jobs and "
                            "copies them into `dst` on background threads; a write to a page not yet copied waits "
                            "until its chunk is copied. The caller may write to the sources as soon as it returns.")
-        .def("__init__", &init_snapshot<CopyTable>, "dst"_a, "jobs"_a.noconvert(), "threads"_a = 1,
+        .def("__init__", &init_cow_copy<CopyTable>, "dst"_a, "jobs"_a.noconvert(), "threads"_a = 1,
              "chunk_bytes"_a = 1 << 20, "min_region_bytes"_a = 256 << 10, "max_regions"_a = 4096,
              "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
              "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
              "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
-             "when snapshots are unavailable (see snapshot_unavailable()).")
-        .def("__init__", &init_snapshot<CopyTuples>, "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20,
+             "when copy-on-write copies are unavailable (see cow_unavailable()).")
+        .def("__init__", &init_cow_copy<CopyTuples>, "dst"_a, "jobs"_a, "threads"_a = 1, "chunk_bytes"_a = 1 << 20,
              "min_region_bytes"_a = 256 << 10, "max_regions"_a = 4096,
              "Protect the jobs' sources and start copying; jobs as for copy_from_addresses. The sources' pages, "
              "merged where they touch, form regions: those under `min_region_bytes`, all but the `max_regions` "
              "largest, and any outside private anonymous memory are copied before it returns. Raises RuntimeError "
-             "when snapshots are unavailable (see snapshot_unavailable()).")
-        .def("finish", [](PySnapshot &s) { s.snapshot->finish(); }, nb::call_guard<nb::gil_scoped_release>(),
+             "when copy-on-write copies are unavailable (see cow_unavailable()).")
+        .def("finish", [](PyCowCopy &s) { s.cow_copy->finish(); }, nb::call_guard<nb::gil_scoped_release>(),
              "Wait until every byte is copied and the protection is gone. Raises RuntimeError when the sources were "
              "freed, moved or unreadable meanwhile (the copy may be torn). Idempotent.")
-        .def_prop_ro("done", [](const PySnapshot &s) { return s.snapshot->done(); })
-        .def("stats", [](const PySnapshot &s) {
-            ckpt::SnapshotStats st = s.snapshot->stats();
+        .def_prop_ro("done", [](const PyCowCopy &s) { return s.cow_copy->done(); })
+        .def("stats", [](const PyCowCopy &s) {
+            ckpt::CowCopyStats st = s.cow_copy->stats();
             nb::typed<nb::dict, nb::str, std::size_t> d;
             d["protected_bytes"] = st.protected_bytes;
             d["copied_at_start"] = st.copied_at_start;

@@ -85,7 +85,7 @@ struct IoOptions {
     std::int64_t deadline_ns = 0;
     Schedule schedule = Schedule::Shared;
     // Writes: called before each block is written with the end of its bytes in memory; returns once
-    // they may be written (a copy-on-write staging still filling the buffer, see snapshot.hpp).
+    // they may be written (a copy-on-write staging still filling the buffer, see cow_copy.hpp).
     std::function<void(const char *end)> before_write;
 };
 

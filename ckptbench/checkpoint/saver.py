@@ -34,7 +34,7 @@ from ckptbench.checkpoint.commit import announce_failure, commit, commit_across_
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan
-from ckptbench.checkpoint.stage import Arena, CopyBehind, SnapshotError, stage
+from ckptbench.checkpoint.stage import Arena, CowStaging, CowStagingError, stage
 from ckptbench.errors import CheckpointExistsError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import Store, WriteReport
@@ -86,7 +86,7 @@ class SaveResult:
     plan_reused: bool = False
     #: How the host tensors were staged: "copy" (before the caller went on, or the write began) or
     #: "copy-on-write" (their pages write-protected and copied behind the caller, the write following
-    #: the copy; see ``stage.CopyBehind``), and how many of the caller's writes waited for a page.
+    #: the copy; see ``stage.CowStaging``), and how many of the caller's writes waited for a page.
     staging: str = "copy"
     cow_faults: int = 0
     #: How direct, threads and block_size were chosen: each value, its source and reason, the mount
@@ -173,7 +173,7 @@ def _describe_location(store: Store) -> str | None:
 
 
 def _stages_copy_on_write(async_: bool, store: Store) -> bool:
-    """Whether a save stages host tensors copy-on-write (``stage.CopyBehind``): every async save (the
+    """Whether a save stages host tensors copy-on-write (``stage.CowStaging``): every async save (the
     caller goes on at once), and sync saves whose write follows the copy instead of waiting for all of
     it (``Store.writes_follow_copy``: the engine writes it, waiting for each block's bytes)."""
     return async_ or store.writes_follow_copy
@@ -334,7 +334,7 @@ class _Saver:
         return SaveHandle(future)
 
     def _start_persist(self, run: Callable[[], None], future: Future, lock: SaveLock,
-                       behind: CopyBehind | None) -> None:
+                       behind: CowStaging | None) -> None:
         """Run ``run`` (the persist, which finishes ``behind``) on a thread; an exit waits for it."""
         self._in_flight = future
         try:
@@ -347,7 +347,7 @@ class _Saver:
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
                              stall_s: float, staged_at: float, lock: SaveLock, stage_s: float,
-                             behind: CopyBehind | None = None) -> SaveResult:
+                             behind: CowStaging | None = None) -> SaveResult:
         """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
 
         1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
@@ -380,7 +380,7 @@ class _Saver:
             self._in_flight = None
 
     def _write_part(self, plan: SavePlan, store: Store,
-                       behind: CopyBehind | None = None) -> tuple[WriteReport, dict[str, Any]]:
+                       behind: CowStaging | None = None) -> tuple[WriteReport, dict[str, Any]]:
         """Write the plan's shards from the arena (durable on return) and describe them: the
         manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
         ``behind``: a copy-on-write staging still copying into the arena: the engine writes each block
@@ -393,10 +393,10 @@ class _Saver:
                 behind.close()
 
     def _write_shards(self, plan: SavePlan, store: Store,
-                      behind: CopyBehind | None) -> tuple[WriteReport, dict[str, Any]]:
+                      behind: CowStaging | None) -> tuple[WriteReport, dict[str, Any]]:
         after_copy: dict[str, Any] = {}
         if behind is not None and store.writes_follow_copy:
-            after_copy["after"] = behind.snapshot
+            after_copy["after"] = behind.cow_copy
         elif behind is not None:
             behind.finish()
         arena = self._arena.buffer
@@ -421,7 +421,7 @@ class _Saver:
             if behind is not None:
                 try:
                     behind.finish()
-                except SnapshotError:
+                except CowStagingError:
                     store.remove([name for name, _ in files])  # written from a torn copy
                     raise
         except OSError as exc:
@@ -456,7 +456,7 @@ class _Saver:
         }
 
     def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
-                written_at: float, *, stage_s: float, write_s: float, behind: CopyBehind | None = None,
+                written_at: float, *, stage_s: float, write_s: float, behind: CowStaging | None = None,
                 **world: Any) -> SaveResult:
         now = time.perf_counter()
         return SaveResult(
@@ -471,7 +471,7 @@ class _Saver:
         )
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
-                 lock: SaveLock, stage_s: float, behind: CopyBehind | None = None) -> SaveResult:
+                 lock: SaveLock, stage_s: float, behind: CowStaging | None = None) -> SaveResult:
         write_started = time.perf_counter()
         report, part = self._write_part(plan, store, behind)
         written_at = time.perf_counter()

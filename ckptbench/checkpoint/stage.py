@@ -7,8 +7,8 @@ the arena, GPU copies on a side stream into the arena registered with CUDA (cuda
 device-to-host copy runs at pinned speed. Staging is the only step that blocks the caller of an
 asynchronous save.
 
-A save may stage its host tensors copy-on-write instead (:class:`CopyBehind`, the engine's
-``Snapshot``): their pages are write-protected, the caller of an asynchronous save goes on at once,
+A save may stage its host tensors copy-on-write instead (:class:`CowStaging`, the engine's
+``CowCopy``): their pages are write-protected, the caller of an asynchronous save goes on at once,
 and the copy runs behind it, the write following the copy; a write to a page not yet copied waits
 until its chunk is.
 """
@@ -29,7 +29,7 @@ from ckptbench.checkpoint import gather
 from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.checkpoint.plan import SavePlan
 from ckptbench.checkpoint.routing import ROUTE_HOST, ROUTE_TORCH, Sources
-from ckptbench.errors import InsufficientMemoryError, SnapshotError, UsageError
+from ckptbench.errors import CowStagingError, InsufficientMemoryError, UsageError
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class Arena:
 
 def _mapped_staging_settings() -> tuple:
     """The knobs a remembered mapped staging was worked out under."""
-    return (knobs.STAGE_GATHER_DIRECT, knobs.STAGE_GATHER_KERNEL, knobs.STAGE_GATHER_BELOW_BYTES,
+    return (knobs.STAGE_GATHER_MAPPED, knobs.STAGE_GATHER_KERNEL, knobs.STAGE_GATHER_BELOW_BYTES,
             gather.Prepared.settings(True))
 
 
@@ -161,18 +161,18 @@ def cow_unavailable() -> str:
     """Why host tensors cannot be staged copy-on-write here ('' when they can): the knob, or the engine's probe."""
     if not knobs.STAGE_COW:
         return "CKPTBENCH_STAGE_COW=0"
-    return native.snapshot_unavailable()
+    return native.cow_unavailable()
 
 
-class CopyBehind:
+class CowStaging:
     """A copy-on-write staging still copying behind the caller: :meth:`finish` before the arena is read
-    (or write it with the engine, block by block as the copy lands: ``native.write(after=snapshot)``).
+    (or write it with the engine, block by block as the copy lands: ``native.write(after=cow_copy)``).
 
     Holds the staged tensors' storages until then (their memory must stay where it is) and the engine's
-    ``Snapshot``, which keeps their pages write-protected until each chunk is copied."""
+    ``CowCopy``, which keeps their pages write-protected until each chunk is copied."""
 
-    def __init__(self, snapshot: native.Snapshot, storages: list[Any]) -> None:
-        self.snapshot = snapshot
+    def __init__(self, cow_copy: native.CowCopy, storages: list[Any]) -> None:
+        self.cow_copy = cow_copy
         self._storages = storages
         self._lock = threading.Lock()
         self._finished = False
@@ -180,40 +180,40 @@ class CopyBehind:
         self.faults = 0
 
     def finish(self) -> None:
-        """Wait for the copy (any thread, any number of times); raises SnapshotError when the tensors'
+        """Wait for the copy (any thread, any number of times); raises CowStagingError when the tensors'
         memory was freed or moved meanwhile, so the arena does not hold them."""
         with self._lock:
             if not self._finished:
                 self._finished = True
                 try:
-                    self.snapshot.finish()
+                    self.cow_copy.finish()
                 except RuntimeError as exc:
                     self._failure = str(exc)
                 finally:
-                    self.faults = self.snapshot.stats()["faults"]
+                    self.faults = self.cow_copy.stats()["faults"]
                     self._storages = []
         if self._failure is not None:
-            raise SnapshotError(
+            raise CowStagingError(
                 f"a tensor changed under the save's copy-on-write staging: {self._failure}; nothing was written",
                 hint="keep the saved tensors' storage in place (no resize_ or set_ of it) until the save is "
                      "durable, or set CKPTBENCH_STAGE_COW=0 to copy them before save() returns")
 
     def close(self) -> None:
         """Finish, dropping any error (for cleanup after another failure)."""
-        with contextlib.suppress(SnapshotError):
+        with contextlib.suppress(CowStagingError):
             self.finish()
 
 
-def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow: bool = False) -> CopyBehind | None:
+def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow: bool = False) -> CowStaging | None:
     """Copy each stored tensor into its place in the arena. Returns None once every byte is there, or,
-    with ``cow``, a :class:`CopyBehind` still copying the host tensors (see below).
+    with ``cow``, a :class:`CowStaging` still copying the host tensors (see below).
 
     ``tensors`` are ``plan_save``'s sources (a plain list works too, at the cost of visiting each
     tensor again). Contiguous CPU tensors: one engine call on ``threads`` threads; contiguous CUDA
     tensors: :func:`stage_from_device` per device; anything else: ``Tensor.copy_`` one by one.
 
     ``cow``: stage contiguous CPU tensors copy-on-write where this machine allows it
-    (:func:`cow_unavailable`); then the return is a :class:`CopyBehind` still copying them, to be
+    (:func:`cow_unavailable`); then the return is a :class:`CowStaging` still copying them, to be
     finished before the arena is read, and the caller may write to its tensors at once.
     """
     arena.ensure(plan.arena_bytes)
@@ -224,27 +224,27 @@ def stage(plan: SavePlan, tensors: list[Any], arena: Arena, threads: int, *, cow
         repeat.issue(sources, arena.bytes_tensor()).wait()
         return None
     index, offsets, nbytes = plan.placements.T
-    snapshot = copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key,
+    cow_copy = copy_into_arena(sources, index, offsets, nbytes, arena, threads, zero_after=plan.padding, key=key,
                                cow=cow)
-    if snapshot is None:
+    if cow_copy is None:
         return None
     try:  # their storages, not the tensors: `param.data = ...` must not free the memory being copied
         host = np.flatnonzero(np.frombuffer(sources.routes, np.int16) == ROUTE_HOST).tolist()
-        return CopyBehind(snapshot, [sources[i].untyped_storage() for i in host])
+        return CowStaging(cow_copy, [sources[i].untyped_storage() for i in host])
     except BaseException:
-        _finish_quietly(snapshot)
+        _finish_quietly(cow_copy)
         raise
 
 
 def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, arena: Arena,
                     threads: int, zero_after: np.ndarray | None = None, key: tuple | None = None,
-                    cow: bool = False) -> native.Snapshot | None:
+                    cow: bool = False) -> native.CowCopy | None:
     """Copy ``sources[index[k]]`` (all of its bytes, row-major) to ``offsets[k]`` in ``arena``, for every k
     (rows sorted by offset, non-empty, not overlapping). The arena
     must already be large enough. ``zero_after[k]``: zero that many bytes after copy k (the padding
     of shard files, up to the next copy). ``key``: the arrays these come from, under which the arena
     keeps a staging of one device's tensors straight into it for the next time (:meth:`Arena.repeat_for`).
-    ``cow``: the contiguous CPU tensors copy-on-write where possible; the engine's Snapshot still copying
+    ``cow``: the contiguous CPU tensors copy-on-write where possible; the engine's CowCopy still copying
     them is returned (else None: every byte is there)."""
     if len(index) == 0:
         return None
@@ -265,7 +265,7 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
     # after the tensors copied by value) meanwhile: every copy writes its own bytes, none overlap.
     flat = arena.bytes_tensor()
     queued: list[gather.Queued] = []
-    snapshot: native.Snapshot | None = None
+    cow_copy: native.CowCopy | None = None
     try:
         if lowest == highest >= 0:  # all on one GPU: no masks, every tensor a neighbour of the next
             copies = DeviceCopies(sources, index, addresses, offsets, nbytes, None, zero_after)
@@ -288,27 +288,27 @@ def copy_into_arena(sources: Sources, index: np.ndarray, offsets: np.ndarray, nb
         rows = np.vstack((np.column_stack((addresses[host], offsets[host], nbytes[host], zero_after[host])),
                           np.column_stack((none, offsets[padded] + nbytes[padded], none, zero_after[padded]))))
         if len(rows):
-            snapshot = _copy_host(arena, rows, threads, cow,
+            cow_copy = _copy_host(arena, rows, threads, cow,
                                   lambda: np.concatenate((_pinned(sources, index[host]), np.zeros(len(padded), bool))))
         if others.size:
             _copy_by_value([(sources[i], offsets[k], nbytes[k])
                             for k, i in zip(others.tolist(), index[others].tolist(), strict=True)], flat)
-        return snapshot
+        return cow_copy
     except BaseException:
-        _finish_quietly(snapshot)
+        _finish_quietly(cow_copy)
         raise
     finally:  # also after an error: nothing may still be copying into the arena once this returns
         try:
             gather.wait_all(work.wait for work in queued)
         except BaseException:
-            _finish_quietly(snapshot)
+            _finish_quietly(cow_copy)
             raise
 
 
 def _copy_host(arena: Arena, rows: np.ndarray, threads: int, cow: bool,
-               pinned: Callable[[], np.ndarray]) -> native.Snapshot | None:
+               pinned: Callable[[], np.ndarray]) -> native.CowCopy | None:
     """The engine's copy of (address, offset, nbytes, zeros after) rows into the arena, or with ``cow``
-    (and where :func:`cow_unavailable` allows) its copy-on-write Snapshot of them, still copying.
+    (and where :func:`cow_unavailable` allows) its copy-on-write CowCopy of them, still copying.
     ``pinned()``: which rows' memory is pinned for DMA (a GPU or NIC writes it without a page fault, so
     no write-protection can see it coming): those are copied now."""
     if cow and not cow_unavailable():
@@ -317,7 +317,7 @@ def _copy_host(arena: Arena, rows: np.ndarray, threads: int, cow: bool,
             native.copy_from_addresses(arena.buffer, np.ascontiguousarray(rows[dma]), threads)
             rows = np.ascontiguousarray(rows[~dma])
         try:
-            return native.Snapshot(arena.buffer, rows, threads, knobs.STAGE_COW_CHUNK_BYTES)
+            return native.CowCopy(arena.buffer, rows, threads, knobs.STAGE_COW_CHUNK_BYTES)
         except Exception as exc:  # noqa: BLE001 - out of memory or descriptors: nothing is protected, copy instead
             log.warning("copy-on-write staging failed (%s); copying the tensors instead", exc)
     native.copy_from_addresses(arena.buffer, rows, threads)
@@ -333,11 +333,11 @@ def _pinned(sources: Sources, index: np.ndarray) -> np.ndarray:
     return np.fromiter((sources[i].is_pinned() for i in index.tolist()), bool, len(index))
 
 
-def _finish_quietly(snapshot: native.Snapshot | None) -> None:
-    """Wait for a Snapshot that no one else will (an error is on its way already)."""
-    if snapshot is not None:
+def _finish_quietly(cow_copy: native.CowCopy | None) -> None:
+    """Wait for a CowCopy that no one else will (an error is on its way already)."""
+    if cow_copy is not None:
         with contextlib.suppress(RuntimeError):
-            snapshot.finish()
+            cow_copy.finish()
 
 
 def _copy_by_value(items: list[tuple[Any, int, int]], flat: Any) -> None:
@@ -458,7 +458,7 @@ def queue_from_device(copies: DeviceCopies, flat: Any, mapped: bool = False,
     Big tensors are copied straight into their place by the copy engine. Small ones would each pay a
     copy's fixed cost (several microseconds), so a kernel (:mod:`ckptbench.checkpoint.gather`) copies
     thousands per launch: with ``mapped`` (``flat`` is registered host memory the GPU can address) and
-    ``knobs.STAGE_GATHER_DIRECT`` (the default) straight into ``flat``; otherwise runs of neighbours in
+    ``knobs.STAGE_GATHER_MAPPED`` (the default) straight into ``flat``; otherwise runs of neighbours in
     the arena (:func:`gather_runs`) are gathered into device buffers, one launch per batch of runs,
     while the copy engine moves the batches gathered before to the host. Where the kernel cannot be
     compiled, one ``torch.cat`` per run. ``prepared`` (the arena's) keeps the kernel's prepared work
@@ -519,8 +519,8 @@ class MappedStaging:
     @classmethod
     def of(cls, copies: DeviceCopies, mapped: bool, prepared: gather.Prepared | None) -> MappedStaging | None:
         """The mapped staging of ``copies``, or None where the kernel cannot write into the arena
-        (not ``mapped``, no kernel, ``knobs.STAGE_GATHER_DIRECT`` off); its table from ``prepared``."""
-        if not (mapped and knobs.STAGE_GATHER_DIRECT and len(copies.index)):
+        (not ``mapped``, no kernel, ``knobs.STAGE_GATHER_MAPPED`` off); its table from ``prepared``."""
+        if not (mapped and knobs.STAGE_GATHER_MAPPED and len(copies.index)):
             return None
         device = copies.sources[int(copies.index[0])].device
         big, small, kernel = _by_size(copies, device)

@@ -20,7 +20,7 @@ them does; callers ask them instead of probing for methods:
 
 - ``local_path``: the directory of a store on a mounted filesystem (the save lock uses flock
   there; None: object stores, which get a lease object instead).
-- ``writes_follow_copy``: ``write_files(..., after=snapshot)`` writes each block once a copy-on-write
+- ``writes_follow_copy``: ``write_files(..., after=cow_copy)`` writes each block once a copy-on-write
   staging has copied its bytes (the engine waits for them); False: the caller finishes the copy first.
 - ``conditional_writes``: ``put_if(name, data, etag=)`` (only if absent, or only over that version;
   the new ETag or None) and ``get_tagged(name)`` (bytes and ETag) exist, for the save lease
@@ -250,7 +250,7 @@ class LocalStore(Store):
         self._created = []
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                    direct: bool, after: native.Snapshot | None = None) -> WriteReport:
+                    direct: bool, after: native.CowCopy | None = None) -> WriteReport:
         """``after``: a copy-on-write staging still copying into the views; each block is written
         once its bytes are there (the caller finishes it afterwards, which says if it failed).
 

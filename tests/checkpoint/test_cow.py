@@ -12,10 +12,10 @@ import torch
 import ckptbench
 from ckptbench import knobs, native
 from ckptbench.checkpoint import Checkpointer
-from ckptbench.checkpoint.stage import SnapshotError, cow_unavailable
+from ckptbench.checkpoint.stage import CowStagingError, cow_unavailable
 
-needs_cow = pytest.mark.skipif(bool(native.snapshot_unavailable()),
-                               reason=f"no copy-on-write snapshots here: {native.snapshot_unavailable()}")
+needs_cow = pytest.mark.skipif(bool(native.cow_unavailable()),
+                               reason=f"no copy-on-write copies here: {native.cow_unavailable()}")
 MiB = 2**20
 
 
@@ -121,7 +121,7 @@ def test_a_tensor_freed_under_the_copy_fails_the_save_and_keeps_the_last_checkpo
         # instead would first copy the old bytes, long enough for the copy to finish first on a busy host).
         big.untyped_storage().resize_(0)
         big.resize_(2 * big.numel())  # a new storage for the next save
-        with pytest.raises(SnapshotError, match="changed under the save's copy-on-write staging.*nothing was written"):
+        with pytest.raises(CowStagingError, match="changed under the save's copy-on-write staging.*nothing was written"):
             handle.result()
         assert torch.equal(ckptbench.load(path)["big"], torch.ones(64 * MiB, dtype=torch.int32))
         manifest = json.loads((path / "manifest.json").read_text())
@@ -141,8 +141,8 @@ def test_a_failed_async_save_has_finished_its_copy_when_it_reports(tmp_path: Pat
     from ckptbench.storage.store import LocalStore
 
     monkeypatch.setattr(knobs, "STAGE_COW_CHUNK_BYTES", 4096)
-    made: list[staging.CopyBehind] = []
-    real_init = staging.CopyBehind.__init__
+    made: list[staging.CowStaging] = []
+    real_init = staging.CowStaging.__init__
 
     def keep(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
@@ -151,13 +151,13 @@ def test_a_failed_async_save_has_finished_its_copy_when_it_reports(tmp_path: Pat
     def broken_write(self, files, **kwargs):
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(staging.CopyBehind, "__init__", keep)
+    monkeypatch.setattr(staging.CowStaging, "__init__", keep)
     monkeypatch.setattr(LocalStore, "write_files", broken_write)
     with Checkpointer(threads=1, checksum=False) as ckpt:
         handle = ckpt.save({"t": torch.ones(32 * MiB, dtype=torch.int32)}, tmp_path / "ckpt", async_=True)
         with pytest.raises(Exception, match="injected"):
             handle.result()
-        assert made and made[0].snapshot.done
+        assert made and made[0].cow_copy.done
 
 
 @needs_cow
@@ -173,7 +173,7 @@ def test_a_storage_swapped_after_an_async_save_is_no_error(tmp_path: Path, monke
 
 
 @needs_cow
-def test_pinned_rows_are_copied_before_the_snapshot_takes_the_rest():
+def test_pinned_rows_are_copied_before_the_cow_copy_takes_the_rest():
     """Memory a GPU or NIC writes by DMA cannot be write-protected: such rows are copied at once."""
     import numpy as np
 
@@ -184,11 +184,11 @@ def test_pinned_rows_are_copied_before_the_snapshot_takes_the_rest():
     arena = Arena()
     arena.ensure(2 * MiB)
     try:
-        snapshot = _copy_host(arena, rows, 1, True, lambda: np.array([True, False]))
-        assert snapshot is not None and MiB <= snapshot.stats()["protected_bytes"] <= MiB + 4096  # b's pages only
+        cow_copy = _copy_host(arena, rows, 1, True, lambda: np.array([True, False]))
+        assert cow_copy is not None and MiB <= cow_copy.stats()["protected_bytes"] <= MiB + 4096  # b's pages only
         a[:] = 7  # already copied: no protection on it
         b[:] = 8
-        snapshot.finish()
+        cow_copy.finish()
         flat = np.frombuffer(arena.buffer, np.uint8)
         assert (flat[:MiB] == 1).all() and (flat[MiB:2 * MiB] == 2).all()
     finally:

@@ -36,7 +36,7 @@ def test_every_writer_saved_loaded_and_verified(cli, tmp_path: Path):
     ours = doc["results"][0]
     assert ours["details"]["threads"] >= 1 and ours["details"]["checksum"] is True
     assert isinstance(ours["details"]["plan_reused"], bool)
-    cow = native.snapshot_unavailable()  # async saves staged copy-on-write where the machine allows it
+    cow = native.cow_unavailable()  # async saves staged copy-on-write where the machine allows it
     assert ours["details"]["async_staging"] == ("copy" if cow else "copy-on-write")
     assert ours["details"]["async_cow_unavailable"] == (cow or None) and ours["details"]["async_cow_faults"] >= 0
     assert doc["data_verified"] is True

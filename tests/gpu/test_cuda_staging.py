@@ -134,7 +134,7 @@ def test_gather_kernel_stages_the_same_bytes_as_torch_cat(monkeypatch, run, slot
 
     assert gather.kernel_for(torch.device("cuda")) is not None  # NVRTC compiled it
     state = _gpu_state(2)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", direct)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_MAPPED", direct)
     monkeypatch.setattr(knobs, "STAGE_GATHER_SLOTS", slots)
     monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", run)
     with_kernel = _staged(state)
@@ -203,7 +203,7 @@ def test_repeated_saves_reuse_the_prepared_staging_and_save_the_new_values(tmp_p
     from ckptbench import knobs
     from ckptbench.checkpoint import gather
 
-    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", direct)
+    monkeypatch.setattr(knobs, "STAGE_GATHER_MAPPED", direct)
     uploads, upload = [], gather.upload
     monkeypatch.setattr(gather, "upload", lambda table, *rest: uploads.append(len(table)) or upload(table, *rest))
     state = _gpu_state(3)

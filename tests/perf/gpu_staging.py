@@ -16,7 +16,7 @@ For each state_dict shape the benchmark times, alternating the order every round
 - ``stage (new layout)``: the same, the table prepared anew each time (the first save, or tensors that
   moved);
 - ``stage (gather+copy)``: small tensors gathered into device buffers, a launch per batch of runs,
-  while the copy engine moves earlier batches (``CKPTBENCH_STAGE_GATHER_DIRECT=0``), prepared once
+  while the copy engine moves earlier batches (``CKPTBENCH_STAGE_GATHER_MAPPED=0``), prepared once
   or (``new layout``) each time;
 - ``stage (torch.cat)``: the kernel switched off (``CKPTBENCH_STAGE_GATHER_KERNEL=0``);
 - ``gather only (device)``: the kernel alone into a device buffer (no copy to the host);
@@ -299,8 +299,8 @@ def run_case(name: str, state: dict, rounds: int, threads: int, profile: bool = 
         "stage": lambda: stage(plan, tensors, arena, threads),
         "stage (worked out)": stage_with(worked_out=True),
         "stage (new layout)": stage_with(new_layout=True),
-        "stage (gather+copy)": stage_with(STAGE_GATHER_DIRECT=0),
-        "stage (gather+copy, new layout)": stage_with(new_layout=True, STAGE_GATHER_DIRECT=0),
+        "stage (gather+copy)": stage_with(STAGE_GATHER_MAPPED=0),
+        "stage (gather+copy, new layout)": stage_with(new_layout=True, STAGE_GATHER_MAPPED=0),
         "stage (torch.cat)": stage_with(STAGE_GATHER_KERNEL=0),
         "gather only (device)": gather_only(plan, tensors),
         "plan": lambda: plan_save(state, 256 * 2**20, shard_prefix="s"),

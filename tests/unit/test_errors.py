@@ -51,13 +51,13 @@ def test_the_old_import_locations_still_work():
     from ckptbench.checkpoint.distributed import RankFailedError
     from ckptbench.checkpoint.lock import CheckpointLockedError, LockLostError
     from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
-    from ckptbench.checkpoint.stage import InsufficientMemoryError, SnapshotError
+    from ckptbench.checkpoint.stage import CowStagingError, InsufficientMemoryError
 
     assert (CheckpointExistsError, CommitOutcomeUnknown, RankFailedError, CheckpointLockedError, LockLostError,
-            CorruptCheckpointError, NotACheckpointError, InsufficientMemoryError, SnapshotError) == (
+            CorruptCheckpointError, NotACheckpointError, InsufficientMemoryError, CowStagingError) == (
         errors.CheckpointExistsError, errors.CommitOutcomeUnknown, errors.RankFailedError,
         errors.CheckpointLockedError, errors.LockLostError, errors.CorruptCheckpointError,
-        errors.NotACheckpointError, errors.InsufficientMemoryError, errors.SnapshotError)
+        errors.NotACheckpointError, errors.InsufficientMemoryError, errors.CowStagingError)
 
 
 def test_dir_lists_the_public_names_the_lazy_ones_included():

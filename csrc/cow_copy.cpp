@@ -1,10 +1,10 @@
-// Copy-on-write staging with userfaultfd write-protection; see snapshot.hpp.
+// Copy-on-write staging with userfaultfd write-protection; see cow_copy.hpp.
 //
 // Once the sources are protected, any thread of the process may stop in the kernel on a write to
 // them until the fault thread copies its chunk. So the fault thread must never wait for anything a
 // stopped thread may hold: it allocates nothing (a thread stopped inside malloc holds its arena's
 // lock), takes no lock and calls no Python. Everything it needs is built before the protection.
-#include "snapshot.hpp"
+#include "cow_copy.hpp"
 
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -61,7 +61,7 @@ UniqueFd open_userfaultfd(std::string *why) {
     return {};
 }
 
-UniqueFd open_snapshot_fd(std::string *why) {
+UniqueFd open_cow_fd(std::string *why) {
     UniqueFd fd = open_userfaultfd(why);
     if (!fd) return {};
     uffdio_api api{};
@@ -78,7 +78,7 @@ UniqueFd open_snapshot_fd(std::string *why) {
 
 std::string probe() {
     std::string why;
-    if (!open_snapshot_fd(&why)) return why;
+    if (!open_cow_fd(&why)) return why;
     char from[64] = "probe", to[64] = {0};  // a container's seccomp profile may refuse it
     iovec local{to, sizeof to}, remote{from, sizeof from};
     if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof from))
@@ -87,7 +87,7 @@ std::string probe() {
 }
 
 // The private anonymous mappings of this process (/proc/self/maps), sorted: the only memory a
-// snapshot protects. Writes to a shared mapping by another process would not stop in this one's
+// cow_copy protects. Writes to a shared mapping by another process would not stop in this one's
 // userfaultfd; file-backed and hugetlbfs memory cannot be write-protected everywhere.
 std::vector<std::pair<std::uintptr_t, std::uintptr_t>> private_anonymous_mappings() {
     std::vector<std::pair<std::uintptr_t, std::uintptr_t>> out;
@@ -127,14 +127,14 @@ bool overlaps(std::uintptr_t a0, std::uintptr_t a1, std::uintptr_t b0, std::uint
 
 }  // namespace
 
-const std::string &snapshot_unavailable() {
+const std::string &cow_unavailable() {
     static const std::string why = probe();
     return why;
 }
 
-Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes,
+CowCopy::CowCopy(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes,
                    std::size_t max_regions) {
-    if (!snapshot_unavailable().empty()) throw std::runtime_error(snapshot_unavailable());
+    if (!cow_unavailable().empty()) throw std::runtime_error(cow_unavailable());
     const std::uintptr_t page = page_size();
     chunk_bytes = std::max<std::size_t>(page, chunk_bytes / page * page);
     threads = std::max(1, threads);
@@ -231,7 +231,7 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     // Nothing is registered yet: a failure here leaves no trace (the members release what was taken).
     if (!now.empty()) parallel_copy(now, threads);
     std::string why;
-    uffd_ = open_snapshot_fd(&why);
+    uffd_ = open_cow_fd(&why);
     if (!uffd_) throw std::runtime_error(why);
     stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!stop_fd_) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -276,11 +276,11 @@ Snapshot::Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_byt
     }
 }
 
-Snapshot::~Snapshot() {
+CowCopy::~CowCopy() {
     if (getpid() != pid_) {  // a forked child: the threads are the parent's; forget them unjoined
         for (auto &t : copiers_) new (&t) std::thread();
         new (&fault_thread_) std::thread();
-        // The descriptors still held were inherited while the parent's snapshot ran (finish() released
+        // The descriptors still held were inherited while the parent's cow_copy ran (finish() released
         // them otherwise): the members close them. The shared pages are left as they are: their mutex
         // and condition variable may be the parent's threads', which do not exist here.
         shared_.release();
@@ -293,7 +293,7 @@ Snapshot::~Snapshot() {
     }
 }
 
-std::size_t Snapshot::chunk_of(std::uintptr_t address) const noexcept {
+std::size_t CowCopy::chunk_of(std::uintptr_t address) const noexcept {
     auto it = std::upper_bound(chunks_.begin(), chunks_.end(), address,
                                [](std::uintptr_t a, const Chunk &c) { return a < c.start; });
     if (it == chunks_.begin()) return SIZE_MAX;
@@ -301,13 +301,13 @@ std::size_t Snapshot::chunk_of(std::uintptr_t address) const noexcept {
     return address < it->end ? static_cast<std::size_t>(it - chunks_.begin()) : SIZE_MAX;
 }
 
-void Snapshot::fail(const char *what, std::uintptr_t start, std::uintptr_t end) noexcept {
+void CowCopy::fail(const char *what, std::uintptr_t start, std::uintptr_t end) noexcept {
     if (shared_->failed.exchange(true)) return;
     std::snprintf(shared_->failure, sizeof shared_->failure, "%s [%#zx, %#zx) while the save was copying it", what,
                   static_cast<std::size_t>(start), static_cast<std::size_t>(end));
 }
 
-void Snapshot::copy_chunk(std::size_t index, std::size_t worker) {
+void CowCopy::copy_chunk(std::size_t index, std::size_t worker) {
     const Chunk &chunk = chunks_[index];
     iovec *local = scratch_ + worker * 2 * IOV_MAX, *remote = local + IOV_MAX;
     for (std::size_t p = chunk.first; p < chunk.last && !shared_->failed.load(std::memory_order_relaxed);) {
@@ -331,19 +331,19 @@ void Snapshot::copy_chunk(std::size_t index, std::size_t worker) {
     }
 }
 
-bool Snapshot::claim_and_copy(std::size_t index, std::size_t worker) {
+bool CowCopy::claim_and_copy(std::size_t index, std::size_t worker) {
     std::uint8_t expected = Pending;
     if (!state_[index].compare_exchange_strong(expected, Busy)) return false;
     copy_chunk(index, worker);
     return true;
 }
 
-void Snapshot::copier(std::size_t worker) {
+void CowCopy::copier(std::size_t worker) {
     for (std::size_t i = shared_->next.fetch_add(1); i < order_.size(); i = shared_->next.fetch_add(1))
         claim_and_copy(order_[i], worker);
 }
 
-std::uintptr_t Snapshot::copied_below() noexcept {
+std::uintptr_t CowCopy::copied_below() noexcept {
     std::size_t seen = shared_->copied.load(), i = seen;
     while (i < order_.size() && state_[order_[i]].load() == Done) ++i;
     while (seen < i && !shared_->copied.compare_exchange_weak(seen, i)) {
@@ -352,7 +352,7 @@ std::uintptr_t Snapshot::copied_below() noexcept {
     return i < order_.size() ? lowest_dst_[order_[i]] : UINTPTR_MAX;
 }
 
-bool Snapshot::wait_copied(const char *end) noexcept {
+bool CowCopy::wait_copied(const char *end) noexcept {
     const auto until = reinterpret_cast<std::uintptr_t>(end);
     for (long wait_ns = 20000;; wait_ns = std::min(wait_ns * 2, 1000000L)) {  // up to 1 ms between looks
         if (until <= copied_below()) return true;
@@ -362,7 +362,7 @@ bool Snapshot::wait_copied(const char *end) noexcept {
     }
 }
 
-void Snapshot::fault_loop() {
+void CowCopy::fault_loop() {
     pollfd fds[2] = {{uffd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
     for (;;) {  // until told to stop: a thread stopped on a protected page has no one else
         if (poll(fds, 2, -1) < 0) {
@@ -378,7 +378,7 @@ void Snapshot::fault_loop() {
     }
 }
 
-void Snapshot::handle_messages() {
+void CowCopy::handle_messages() {
     const std::size_t worker = workers_ - 1;
     uffd_msg msgs[16];
     for (;;) {
@@ -427,12 +427,12 @@ void Snapshot::handle_messages() {
     }
 }
 
-void Snapshot::unregister_all() noexcept {
+void CowCopy::unregister_all() noexcept {
     for (const auto &[lo, hi] : regions_) {
         if (lo == hi) continue;
         uffdio_range range{lo, hi - lo};
         if (ioctl(uffd_.get(), UFFDIO_UNREGISTER, &range) == 0) continue;
-        // Part of it was unmapped and mapped anew (a failed snapshot): page by page, what is left.
+        // Part of it was unmapped and mapped anew (a failed cow_copy): page by page, what is left.
         for (std::uintptr_t p = lo; p < hi; p += page_size()) {
             uffdio_range one{p, page_size()};
             ioctl(uffd_.get(), UFFDIO_UNREGISTER, &one);
@@ -440,9 +440,9 @@ void Snapshot::unregister_all() noexcept {
     }
 }
 
-void Snapshot::finish() {
+void CowCopy::finish() {
     if (getpid() != pid_)  // a forked child: its copy of this has no threads and a partial destination
-        throw std::runtime_error("a snapshot cannot be finished in a process forked from the one that took it");
+        throw std::runtime_error("a cow_copy cannot be finished in a process forked from the one that took it");
     std::lock_guard<std::mutex> once(finish_mutex_);
     if (!finished_) {
         {
@@ -463,8 +463,8 @@ void Snapshot::finish() {
     if (shared_->failed.load()) throw std::runtime_error(shared_->failure);
 }
 
-SnapshotStats Snapshot::stats() const {
-    SnapshotStats s = stats_;
+CowCopyStats CowCopy::stats() const {
+    CowCopyStats s = stats_;
     s.faults = shared_->faults.load();
     return s;
 }

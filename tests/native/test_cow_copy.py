@@ -1,4 +1,4 @@
-"""The engine's copy-on-write Snapshot: the copy is what the sources held when it returned, whatever
+"""The engine's copy-on-write CowCopy: the copy is what the sources held when it returned, whatever
 is written to them afterwards, by any thread or by the kernel; memory freed under it is an error."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from ckptbench import native
 
-pytestmark = pytest.mark.skipif(bool(native.snapshot_unavailable()),
-                                reason=f"no copy-on-write snapshots here: {native.snapshot_unavailable()}")
+pytestmark = pytest.mark.skipif(bool(native.cow_unavailable()),
+                                reason=f"no copy-on-write copies here: {native.cow_unavailable()}")
 
 MiB = 2**20
 PAGE = mmap.PAGESIZE
@@ -41,7 +41,7 @@ def copied(dst: native.AlignedBuffer, table: np.ndarray, index: int) -> bytes:
 
 
 def raw_mapping(nbytes: int) -> int:
-    """An anonymous private mapping of our own (munmap-able under the snapshot), filled with a pattern."""
+    """An anonymous private mapping of our own (munmap-able under the cow_copy), filled with a pattern."""
     address = libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     assert address not in (None, ctypes.c_void_p(-1).value)
     ctypes.memset(address, 0x5A, nbytes)
@@ -60,7 +60,7 @@ def test_the_copy_is_the_sources_as_they_were_when_it_returned(threads: int):
     table, total = jobs_for(arrays)
     dst = native.AlignedBuffer(total)
 
-    snap = native.Snapshot(dst, table, threads, chunk_bytes=64 * 1024, min_region_bytes=0)  # small ones too
+    snap = native.CowCopy(dst, table, threads, chunk_bytes=64 * 1024, min_region_bytes=0)  # small ones too
     for a in arrays:  # right away, before the copiers get there: every write waits for its chunk
         a[:] = 0xEE
     snap.finish()
@@ -83,7 +83,7 @@ def test_writes_from_many_threads_and_from_the_kernel_see_the_old_bytes_in_the_c
     table, total = jobs_for([src])
     dst = native.AlignedBuffer(total)
 
-    snap = native.Snapshot(dst, table, 1, chunk_bytes=PAGE)
+    snap = native.CowCopy(dst, table, 1, chunk_bytes=PAGE)
 
     def scribble(seed: int) -> None:
         r = np.random.default_rng(seed)
@@ -109,7 +109,7 @@ def test_padding_after_each_copy_is_zeroed():
     table, total = jobs_for([a, b], pad=300)
     dst = native.AlignedBuffer(total)
     np.frombuffer(dst, np.uint8)[:] = 0xFF
-    native.Snapshot(dst, table, 2).finish()
+    native.CowCopy(dst, table, 2).finish()
     flat = np.frombuffer(dst, np.uint8)
     assert (flat[:5000] == 3).all() and not flat[5000:5300].any()
     offset = int(table[1, 1])
@@ -122,7 +122,7 @@ def test_memory_it_cannot_protect_is_copied_before_it_returns():
     src[:] = 9
     table, total = jobs_for([src])
     dst = native.AlignedBuffer(total)
-    snap = native.Snapshot(dst, table, 2)
+    snap = native.CowCopy(dst, table, 2)
     assert snap.stats()["copied_at_start"] == 2 * MiB and snap.stats()["protected_bytes"] == 0
     src[:] = 1
     snap.finish()
@@ -137,7 +137,7 @@ def test_memory_freed_under_it_fails_finish_instead_of_a_torn_copy(how: str):
     address = raw_mapping(nbytes)
     table = np.array([(address, 0, nbytes, 0)], np.int64)
     dst = native.AlignedBuffer(nbytes)
-    snap = native.Snapshot(dst, table, 1, chunk_bytes=PAGE)
+    snap = native.CowCopy(dst, table, 1, chunk_bytes=PAGE)
     if how == "munmap":
         assert libc.munmap(address, nbytes) == 0
     else:
@@ -155,7 +155,7 @@ def test_memory_freed_after_it_was_copied_is_no_error():
     address = raw_mapping(nbytes)
     table = np.array([(address, 0, nbytes, 0)], np.int64)
     dst = native.AlignedBuffer(nbytes)
-    snap = native.Snapshot(dst, table, 2)
+    snap = native.CowCopy(dst, table, 2)
     snap.finish()
     assert libc.munmap(address, nbytes) == 0
     snap.finish()
@@ -166,7 +166,7 @@ def test_the_sources_are_writable_and_unprotected_after_finish(tmp_path):
     src = np.zeros(8 * MiB, np.uint8)
     table, total = jobs_for([src])
     dst = native.AlignedBuffer(total)
-    native.Snapshot(dst, table, 2).finish()
+    native.CowCopy(dst, table, 2).finish()
     # No protection left: the kernel writes into it without a fault thread (there is none now).
     path = tmp_path / "f"
     path.write_bytes(b"\x01" * MiB)
@@ -176,21 +176,21 @@ def test_the_sources_are_writable_and_unprotected_after_finish(tmp_path):
     finally:
         os.close(fd)
     assert (src[:MiB] == 1).all()
-    # And it can be snapshotted again (nothing left registered).
-    native.Snapshot(dst, table, 1).finish()
+    # And it can be copied on write again (nothing left registered).
+    native.CowCopy(dst, table, 1).finish()
     assert bytes(memoryview(dst)[:4]) == b"\x01" * 4
 
 
 def test_bad_jobs_are_refused_before_anything_is_protected():
     src = np.zeros(100, np.uint8)
     with pytest.raises(IndexError, match="outside the destination"):
-        native.Snapshot(bytearray(50), np.array([(src.ctypes.data, 0, 100, 0)], np.int64))
+        native.CowCopy(bytearray(50), np.array([(src.ctypes.data, 0, 100, 0)], np.int64))
     with pytest.raises(ValueError, match="null"):
-        native.Snapshot(bytearray(50), np.array([(0, 0, 10, 0)], np.int64))
+        native.CowCopy(bytearray(50), np.array([(0, 0, 10, 0)], np.int64))
     src[:] = 1  # not protected
 
 
-def test_a_write_after_a_snapshot_writes_each_block_once_it_is_copied(tmp_path):
+def test_a_write_after_a_cow_copy_writes_each_block_once_it_is_copied(tmp_path):
     rng = np.random.default_rng(3)
     src = rng.integers(0, 255, 48 * MiB, dtype=np.uint8)
     before = src.tobytes()
@@ -200,7 +200,7 @@ def test_a_write_after_a_snapshot_writes_each_block_once_it_is_copied(tmp_path):
     # overtake the copy if it did not wait for it.
     where = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
     path = where / f"ckptbench-test-{os.getpid()}"
-    snap = native.Snapshot(dst, table, 1, chunk_bytes=PAGE)  # dst is all zeros until copied
+    snap = native.CowCopy(dst, table, 1, chunk_bytes=PAGE)  # dst is all zeros until copied
     try:
         native.write([(dst, str(path), 0)], threads=2, block_size=MiB, direct=False, sync="none", after=snap)
         snap.finish()
@@ -209,18 +209,18 @@ def test_a_write_after_a_snapshot_writes_each_block_once_it_is_copied(tmp_path):
         path.unlink(missing_ok=True)
 
 
-def test_a_forked_child_writes_freely_and_leaves_the_parents_snapshot_alone():
+def test_a_forked_child_writes_freely_and_leaves_the_parents_cow_copy_alone():
     src = np.ones(16 * MiB, np.uint8)
     table, total = jobs_for([src])
     dst = native.AlignedBuffer(total)
-    snap = native.Snapshot(dst, table, 1, chunk_bytes=PAGE)
+    snap = native.CowCopy(dst, table, 1, chunk_bytes=PAGE)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
         code = 1
         try:
             src[:] = 3  # no protection in the child, and no fault thread to wait for
             try:
-                snap.finish()  # the snapshot is the parent's: the child's copy of it is partial
+                snap.finish()  # the cow_copy is the parent's: the child's copy of it is partial
             except RuntimeError as exc:
                 code = 0 if "forked" in str(exc) and (src == 3).all() else 2
             del snap
@@ -233,10 +233,10 @@ def test_a_forked_child_writes_freely_and_leaves_the_parents_snapshot_alone():
     assert (np.frombuffer(dst, np.uint8)[:src.nbytes] == 1).all() and (src == 2).all()
 
 
-def test_a_forked_child_leaves_alone_the_descriptors_a_finished_snapshot_closed():
+def test_a_forked_child_leaves_alone_the_descriptors_a_finished_cow_copy_closed():
     src = np.ones(MiB, np.uint8)
     table, total = jobs_for([src])
-    snap = native.Snapshot(native.AlignedBuffer(total), table, 1)
+    snap = native.CowCopy(native.AlignedBuffer(total), table, 1)
     snap.finish()  # closes its descriptors: the next ones opened take their numbers
     r, w = os.pipe()
     try:
@@ -244,7 +244,7 @@ def test_a_forked_child_leaves_alone_the_descriptors_a_finished_snapshot_closed(
         if pid == 0:  # pragma: no cover - the child reports through its exit status
             code = 1
             try:
-                del snap  # its copy of the snapshot goes
+                del snap  # its copy of the cow_copy goes
                 os.write(w, b"x")
                 code = 0
             finally:
@@ -264,7 +264,7 @@ def test_small_scattered_regions_are_copied_at_once_and_the_regions_are_capped()
     before = [a.tobytes() for a in pieces + crumbs]
 
     dst = native.AlignedBuffer(total)
-    snap = native.Snapshot(dst, table, 2, max_regions=3)
+    snap = native.CowCopy(dst, table, 2, max_regions=3)
     stats = snap.stats()
     assert stats["regions"] == 3 and 3 * MiB <= stats["protected_bytes"] <= 3 * (MiB + PAGE)  # 3 of the 1 MiB
     assert stats["copied_at_start"] == 7 * MiB + 10 * 8192  # the rest, and every crumb (< 256 KiB)
@@ -272,6 +272,6 @@ def test_small_scattered_regions_are_copied_at_once_and_the_regions_are_capped()
     snap.finish()
     assert [copied(dst, table, i) for i in range(20)] == before
 
-    snap = native.Snapshot(dst, table, 2, min_region_bytes=0)
+    snap = native.CowCopy(dst, table, 2, min_region_bytes=0)
     assert snap.stats()["regions"] == 20 and snap.stats()["copied_at_start"] == 0
     snap.finish()

@@ -1,10 +1,10 @@
 // Copy-on-write staging: a consistent copy of host memory that the caller may write to at once.
 //
 // An async save blocks its caller only while staging, and staging host tensors is a memcpy of the
-// whole checkpoint. A Snapshot write-protects the source pages instead (Linux
+// whole checkpoint. A CowCopy write-protects the source pages instead (Linux
 // userfaultfd, UFFDIO_WRITEPROTECT, as QEMU's background snapshots do) and copies them into the
 // destination on background threads. A write to a page not yet copied stops the writing thread in
-// the kernel; the snapshot's fault thread copies that page's chunk first, lifts the protection and
+// the kernel; the cow_copy's fault thread copies that page's chunk first, lifts the protection and
 // the write goes on. The caller is blocked only while the pages are protected (milliseconds).
 //
 // Copies read the sources with process_vm_readv, which fails (EFAULT) where memory was unmapped
@@ -31,12 +31,12 @@
 
 namespace ckpt {
 
-// Why snapshots cannot be taken in this process ("" when they can). Probed once: the userfaultfd
+// Why copy-on-write copies cannot be taken in this process ("" when they can). Probed once: the userfaultfd
 // syscall or /dev/userfaultfd, write-protection of unpopulated anonymous memory (Linux 6.4+), the
 // unmap/remove/remap events, and process_vm_readv.
-const std::string &snapshot_unavailable();
+const std::string &cow_unavailable();
 
-struct SnapshotStats {
+struct CowCopyStats {
     std::size_t protected_bytes = 0;  // source pages write-protected, copied in the background
     std::size_t copied_at_start = 0;  // source bytes that could not be protected, copied before returning
     std::size_t chunks = 0;
@@ -44,27 +44,27 @@ struct SnapshotStats {
     std::size_t regions = 0;          // protected address ranges
 };
 
-class Snapshot {
+class CowCopy {
 public:
     // Protects the sources of `jobs` (zeroes each job's padding now) and starts copying on `threads`
-    // threads in chunks of `chunk_bytes`. Throws std::runtime_error when snapshots are unavailable.
+    // threads in chunks of `chunk_bytes`. Throws std::runtime_error when copy-on-write copies are unavailable.
     // Regions (the sources' pages, merged where they touch) under `min_region_bytes` are copied
     // before returning, as are all but the `max_regions` largest: each protected region may cost the
     // process two of its memory mappings (vm.max_map_count).
-    Snapshot(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes = 256 << 10,
+    CowCopy(std::vector<CopyJob> jobs, int threads, std::size_t chunk_bytes, std::size_t min_region_bytes = 256 << 10,
              std::size_t max_regions = 4096);
-    ~Snapshot();
-    Snapshot(const Snapshot &) = delete;
-    Snapshot &operator=(const Snapshot &) = delete;
+    ~CowCopy();
+    CowCopy(const CowCopy &) = delete;
+    CowCopy &operator=(const CowCopy &) = delete;
 
     // Waits until every byte is copied and the protection is gone; throws std::runtime_error when
     // the sources changed under it (freed, moved) or could not be read. Idempotent, thread-safe.
     void finish();
     // Waits until every destination byte below `end` is copied (chunks are copied in destination
-    // order, so a writer of the destination can follow the copy); false if the snapshot failed.
+    // order, so a writer of the destination can follow the copy); false if the cow_copy failed.
     bool wait_copied(const char *end) noexcept;
     bool done() const noexcept { return shared_->remaining.load() == 0; }
-    SnapshotStats stats() const;
+    CowCopyStats stats() const;
 
 private:
     struct Piece {
@@ -123,7 +123,7 @@ private:
     std::thread fault_thread_;
     std::mutex finish_mutex_;
     bool finished_ = false;
-    SnapshotStats stats_;
+    CowCopyStats stats_;
 };
 
 }  // namespace ckpt
