@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from ckptbench import interrupts, knobs, native, safeio
+from ckptbench import interrupts, knobs, native
 from ckptbench.checkpoint.manifest import CorruptCheckpointError, NotACheckpointError
 from ckptbench.checkpoint.plan import (
     BIG_ALIGN,
@@ -89,6 +89,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.interrupts import QuietThread
+from ckptbench.storage import scheme_of
 from ckptbench.storage.store import Store, open_store
 from ckptbench.units import format_size
 
@@ -128,6 +129,29 @@ _DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.[0-9a-f]{8}\.distcp$")
 _TMP_METADATA = re.compile(r"^\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}$")
 #: Committed metadata: ``.metadata`` (collective saves) or ``__{rank}.metadata`` (per-rank saves).
 _METADATA_FILE = re.compile(r"^(__(?P<rank>\d+))?\.metadata$")
+
+
+class _Url(str):
+    """An object-storage checkpoint location (``s3://bucket/prefix``): a string that joins a name
+    with ``/`` as a Path does, so messages name objects as they name files."""
+
+    def __truediv__(self, name: str) -> str:
+        return f"{self.rstrip('/')}/{name}"
+
+
+def _location(path: str | os.PathLike) -> Path | _Url:
+    """A checkpoint location: a directory (a path, or ``file://``) as a Path, a URL as it is."""
+    text = os.fspath(path)
+    return Path(text.removeprefix("file://")) if scheme_of(text) == "file" else _Url(text)
+
+
+def _valid_checkpoint_id(checkpoint_id: str | os.PathLike) -> bool:
+    """A URL (object storage), or what torch's FileSystem accepts (a directory it can create)."""
+    if scheme_of(os.fspath(checkpoint_id)) != "file":
+        return True
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    return FileSystem.validate_checkpoint_id(checkpoint_id)
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -670,12 +694,14 @@ class _Writer:
         direct: bool | None = None,
         checksum: bool = True,
         serialization: Literal["raw", "torch_save"] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         from ckptbench.checkpoint import tuning
 
         tuning.check_direct(direct)
-        self.path = Path(path)
+        self.path = _location(path)
+        self.storage_options = dict(storage_options or {})
         threads = _same_setting("thread_count", thread_count, "threads", threads)
         serialization = _same_setting("serialization_format", _serialization_of(serialization_format),
                                       "serialization", serialization) or "raw"
@@ -743,14 +769,14 @@ class _Writer:
 
     @property
     def _store(self) -> Store:
-        return open_store(self.path)
+        return open_store(self.path, self.storage_options)
 
     # -- StorageWriter ----------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        """Point the next save at ``checkpoint_id`` (a directory) when given; draws a new save id."""
+        """Point the next save at ``checkpoint_id`` (a directory or URL) when given; draws a new save id."""
         if checkpoint_id:
-            self.path = Path(checkpoint_id)
+            self.path = _location(checkpoint_id)
         self.save_id = secrets.token_hex(8)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -1013,9 +1039,7 @@ class _Writer:
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        from torch.distributed.checkpoint.filesystem import FileSystem
-
-        return FileSystem.validate_checkpoint_id(checkpoint_id)
+        return _valid_checkpoint_id(checkpoint_id)
 
     # -- AsyncStager ------------------------------------------------------------------------
 
@@ -1260,9 +1284,11 @@ class _Reader:
         buffer_bytes: int = READ_BUFFER_BYTES,
         safe: bool = False,
         _extension_registry: ExtensionRegistry | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.path = Path(path)
+        self.path = _location(path)
+        self.storage_options = dict(storage_options or {})
         self.safe = safe
         self.threads = threads if threads is not None else knobs.SAVE_THREADS
         self.block_size = block_size if block_size is not None else knobs.SAVE_BLOCK_BYTES
@@ -1282,7 +1308,7 @@ class _Reader:
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
         if checkpoint_id:
-            self.path = Path(checkpoint_id)
+            self.path = _location(checkpoint_id)
         self.load_id = secrets.token_hex(8)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -1292,7 +1318,7 @@ class _Reader:
         from torch.distributed.checkpoint.metadata import Metadata
 
         try:
-            data = open_store(self.path).get(name)
+            data = self._store.get(name)
             metadata = _SafeUnpickler(io.BytesIO(data)).load() if self.safe else pickle.loads(data)
         except FileNotFoundError:
             raise NotACheckpointError(f"{self.path} holds no committed DCP checkpoint (no {name})",
@@ -1313,6 +1339,10 @@ class _Reader:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    @property
+    def _store(self) -> Store:
+        return open_store(self.path, self.storage_options)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:
@@ -1358,31 +1388,24 @@ class _Reader:
                     requests: dict[MetadataIndex, list[ReadItem]], planner: LoadPlanner) -> None:
         self._arena.ensure(max(_PAGE, sum(r.buffer_bytes for r in batch)))
         view = memoryview(self._arena.buffer)
-        placed: list[tuple[_Range, int]] = []
-        jobs = []
-        cursor = 0
-        names = sorted({r.file for r in batch})
-        for file in names:  # data files are names inside the checkpoint, never paths out of it
+        for file in {r.file for r in batch}:  # data files are names inside the checkpoint, never paths out of it
             if not isinstance(file, str) or not _FLAT_NAME.match(file):
                 raise CorruptCheckpointError(f"{self.path}: the metadata names the data file {file!r}, which is not a "
                                              "file name inside the checkpoint")
+        placed: list[tuple[_Range, int]] = []
+        jobs = []
+        cursor = 0
+        for r in batch:
+            placed.append((r, cursor))
+            jobs.append((r.file, r.start, view[cursor:cursor + r.end - r.start]))
+            cursor += r.buffer_bytes
         try:
-            with safeio.Directory.open(self.path) as directory, \
-                    safeio.opened_files(directory, names, os.O_RDONLY) as fds:
-                by_name = {file: safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(file)
-                           for file, fd in zip(names, fds, strict=True)}
-                for r in batch:
-                    placed.append((r, cursor))
-                    jobs.append((view[cursor:cursor + r.end - r.start], by_name[r.file], r.start))
-                    cursor += r.buffer_bytes
-                native.read(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct,
-                            drop_cache=False)
+            self._store.read_ranges(jobs, threads=self.threads, block_size=self.block_size, direct=self.direct)
         except UnsafeFileError as exc:
             raise CorruptCheckpointError(f"{self.path}: {exc}") from None
         except OSError as exc:
-            shown = {v: k for k, v in by_name.items()} if "by_name" in locals() else {}
-            where = self.path / shown[exc.filename] if exc.filename in shown else exc.filename or self.path
-            if exc.errno == errno.ENOENT:
+            where = exc.filename or self.path
+            if exc.errno == errno.ENOENT or isinstance(exc, FileNotFoundError):
                 raise CorruptCheckpointError(f"data file {where} of the checkpoint is missing") from exc
             if exc.errno == errno.ENODATA:
                 raise CorruptCheckpointError(f"data file {where} is shorter than the checkpoint metadata says") from exc
@@ -1471,9 +1494,7 @@ class _Reader:
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        from torch.distributed.checkpoint.filesystem import FileSystem
-
-        return FileSystem.validate_checkpoint_id(checkpoint_id)
+        return _valid_checkpoint_id(checkpoint_id)
 
     def close(self) -> None:
         """Free the read buffer; the reader stays usable."""

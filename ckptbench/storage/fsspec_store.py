@@ -78,6 +78,8 @@ def _quiet_half_built(cls: type) -> Iterator[None]:
 class FsspecStore(Store):
     """A location ``PROTOCOL://path`` on an fsspec filesystem; objects are ``path/NAME``."""
 
+    ranged_reads = True
+
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.fs, self.protocol, self.root = _filesystem(url, storage_options)
         self.url = f"{self.protocol}://{self.root}"
@@ -121,24 +123,34 @@ class FsspecStore(Store):
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool) -> None:
-        def read_one(name: str, view: memoryview) -> None:
+        self.read_ranges([(name, 0, view) for name, view in files], threads=threads, block_size=block_size,
+                         direct=direct)
+
+    def read_ranges(self, ranges: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> None:
+        """Each range through its own open file: seek, then ``readinto`` the caller's buffer."""
+
+        def read_one(name: str, offset: int, view: memoryview) -> None:
             with self.fs.open(self._path(name), "rb") as src:
+                src.seek(offset)
                 filled = 0
                 while filled < len(view):
                     got = src.readinto(view[filled:])
                     if not got:
-                        raise StorageIOError(f"{self.url}/{name} ended at byte {filled}, expected {len(view)}")
+                        raise StorageIOError(f"{self.url}/{name} ended at byte {offset + filled}, expected "
+                                             f"{offset + len(view)}")
                     filled += got
 
-        self._parallel(read_one, files, threads)
+        self._parallel(read_one, [(name, offset, view) for name, offset, view in ranges], threads)
 
     @staticmethod
-    def _parallel(fn: Any, files: list[tuple[str, memoryview]], threads: int) -> None:
-        if not files:
+    def _parallel(fn: Any, jobs: list[tuple[Any, ...]], threads: int) -> None:
+        """``fn(*job)`` for every job on up to ``threads`` workers; the last item of a job is a view (as bytes)."""
+        if not jobs:
             return
-        with Workers(min(threads, len(files)), "ckptbench-fsspec") as pool:
-            for name, view in files:
-                pool.submit(fn, name, view.cast("B") if view.format != "B" else view)
+        with Workers(min(threads, len(jobs)), "ckptbench-fsspec") as pool:
+            for *args, view in jobs:
+                pool.submit(fn, *args, view.cast("B") if view.format != "B" else view)
             pool.join()
 
     def put_atomic(self, name: str, data: bytes) -> None:

@@ -354,6 +354,7 @@ class S3Store(Store):
     """``s3://bucket/prefix``: objects named ``prefix/NAME``. See the module docstring for semantics."""
 
     conditional_writes = True
+    ranged_reads = True
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
@@ -414,7 +415,9 @@ class S3Store(Store):
             if code == "NoSuchBucket":
                 return self._missing_bucket()
             if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchUpload"):
-                return FileNotFoundError(f"{self._where(name)} does not exist")
+                missing = FileNotFoundError(f"{self._where(name)} does not exist")
+                missing.filename = self._where(name) if name else None  # for callers naming the object
+                return missing
             if code in _ACCESS_CODES or status == 403:
                 detail = "" if code in ("403", "AccessDenied") else f" ({code})"
                 return TargetError(
@@ -616,11 +619,18 @@ class S3Store(Store):
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool) -> None:
         """Fill each caller buffer with its object, ranged GETs of ``part_size`` in parallel."""
+        self.read_ranges([(name, 0, view) for name, view in files], threads=threads, block_size=block_size,
+                         direct=direct)
+
+    def read_ranges(self, ranges: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> None:
+        """Fill each ``(name, offset, view)`` from that byte range of the object: ranged GETs of at most
+        ``part_size`` in parallel, straight into the caller's buffers."""
         jobs = []
-        for name, view in files:
+        for name, offset, view in ranges:
             view = view.cast("B") if view.format != "B" else view
             part = self.part_bytes_for(len(view))
-            jobs.extend((name, view[start:start + part], start) for start in range(0, len(view), part))
+            jobs.extend((name, view[start:start + part], offset + start) for start in range(0, len(view), part))
         if not jobs:
             return
         stop = threading.Event()

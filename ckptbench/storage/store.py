@@ -26,6 +26,8 @@ them does; callers ask them instead of probing for methods:
   the new ETag or None) and ``get_tagged(name)`` (bytes and ETag) exist, for the save lease
   (``checkpoint/lock.py``). ``S3Store`` has them; other object stores get a best-effort lease.
 - ``server()``: where requests go (endpoint and bucket); what a server honours is probed once per server.
+- ``read_ranges(ranges)``: fill caller buffers from byte ranges of objects (``ranged_reads``: only
+  those bytes are read; default: each object whole through ``read_files``, then sliced).
 - ``list_recursive()``: names under sub-prefixes too (default: ``list()``).
 - ``abort_incomplete_uploads(owned)``: abort multipart uploads left open (default: none to abort).
 - ``describe()``: where requests go and how credentials were found, never secrets (default: nothing).
@@ -134,6 +136,32 @@ class Store:
     writes_follow_copy: bool = False
     #: Whether ``put_if`` and ``get_tagged`` (conditional writes) are implemented.
     conditional_writes: bool = False
+    #: Whether ``read_ranges`` reads only the ranges asked for (False: whole objects, then sliced).
+    ranged_reads: bool = False
+
+    def read_ranges(self, ranges: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> None:
+        """Fill each ``(name, offset, view)``'s view with the bytes of ``name`` from ``offset`` on, in
+        parallel where the store can. FileNotFoundError for a missing object; OSError ENODATA (naming
+        it) when an object ends before a range does.
+
+        This default reads every object named whole with ``read_files`` and copies the ranges out of
+        it (memory: the objects' size); stores with ranged reads (``ranged_reads``) override it."""
+        names = sorted({name for name, _, _ in ranges})
+        buffers: dict[str, bytearray] = {}
+        for name in names:
+            size = self.size(name)
+            if size is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or object", f"{self.url}/{name}")
+            buffers[name] = bytearray(size)
+        self.read_files([(name, memoryview(buffers[name])) for name in names], threads=threads,
+                        block_size=block_size, direct=direct)
+        for name, offset, view in ranges:
+            data = buffers[name]
+            if offset + len(view) > len(data):
+                raise OSError(errno.ENODATA, f"{len(data)} bytes, fewer than the {offset + len(view)} to read",
+                              f"{self.url}/{name}")
+            view[:] = memoryview(data)[offset:offset + len(view)]
 
     def put_if(self, name: str, data: bytes, *, etag: str | None = None) -> str | None:
         """Write ``name`` only if it is absent (``etag`` None) or still that version: the new ETag, or
@@ -293,6 +321,32 @@ class LocalStore(Store):
             except OSError as exc:
                 raise self._named(exc, {safeio.fd_path(fd): name for (name, _), fd in zip(files, fds, strict=True)})\
                     from None
+
+    ranged_reads = True
+
+    def read_ranges(self, ranges: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
+                    direct: bool) -> None:
+        """As :meth:`read_files`, for byte ranges: every file is opened here first (regular, not through
+        a symlink) and must reach the end of each range read from it (else OSError ENODATA naming it);
+        the page cache is left as it is (ranges of one file may share pages)."""
+        if not ranges:
+            return
+        directory = self.directory()
+        names = sorted({name for name, _, _ in ranges})
+        with safeio.opened_files(directory, names, os.O_RDONLY) as fds:
+            by_name = dict(zip(names, fds, strict=True))
+            for name, offset, view in ranges:
+                size = os.fstat(by_name[name]).st_size
+                if size < offset + len(view):
+                    raise OSError(errno.ENODATA, f"{size} bytes, fewer than the {offset + len(view)} to read",
+                                  directory.shown_path(name))
+            paths = {name: safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name)
+                     for name, fd in by_name.items()}
+            try:
+                native.read([(view, paths[name], offset) for name, offset, view in ranges], threads=threads,
+                            block_size=block_size, direct=direct, drop_cache=False)
+            except OSError as exc:
+                raise self._named(exc, {path: name for name, path in paths.items()}) from None
 
     def _named(self, exc: OSError, by_fd: dict[str, str] | None = None) -> OSError:
         """``exc`` with the file named by its path in the checkpoint, not through /proc/PID/fd."""
