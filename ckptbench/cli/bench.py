@@ -17,6 +17,8 @@ from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_en
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
 from ckptbench.config import MAX_FILES, FsBenchSpec
 from ckptbench.errors import UsageError
+from ckptbench.storage.s3_clients import CLIENTS as S3_CLIENTS
+from ckptbench.storage.s3_clients import DEFAULT_CLIENT as S3_DEFAULT_CLIENT
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -38,8 +40,8 @@ DEFAULT_CONCURRENCY = "1,8,32"
 DEFAULT_PART_SIZE = "16MiB"
 
 
-def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> dict[str, str]:
-    """``--endpoint-url`` and ``--storage-option KEY=VALUE`` (repeatable) as a storage_options dict."""
+def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...], client: str | None = None) -> dict[str, str]:
+    """``--endpoint-url``, ``--client`` and ``--storage-option KEY=VALUE`` (repeatable) as a storage_options dict."""
     options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -52,7 +54,16 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
         options[key] = value
     if endpoint_url is not None:
         options["endpoint_url"] = endpoint_url
+    if client is not None:
+        options["client"] = client
     return options
+
+
+#: ``--client``: what moves the data on s3:// (storage/s3_clients.py); metadata requests use boto3.
+CLIENT_OPTION = click.option(
+    "--client", type=click.Choice(S3_CLIENTS), default=None,
+    help="s3://: the S3 client that moves the data: boto3, s3fs (pip install s3fs) or crt (the AWS CRT: pip "
+         f"install awscrt)  [default: {S3_DEFAULT_CLIENT}, the fastest measured; see the README].")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -119,6 +130,7 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...]) -> di
               help="Object storage: an option for the store, repeatable: region_name, profile, part_size, "
                    "max_concurrency, max_attempts, create_bucket, anon... Credentials given here never appear "
                    "in output or result files; prefer the environment or a profile.")
+@CLIENT_OPTION
 @click.option("--force", is_flag=True,
               help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
                    "files would land among the system's own.")
@@ -135,7 +147,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
-          storage_option: tuple[str, ...], force: bool, dp: int | None, tp: int | None, pp: int | None,
+          storage_option: tuple[str, ...], client: str | None, force: bool, dp: int | None, tp: int | None, pp: int | None,
           zero: str | None, device: str | None, runtime: float | None, sample_every: float) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
@@ -181,10 +193,11 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     target = target if target is not None else tempfile.gettempdir()
     ctx = click.get_current_context()
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-    options = storage_options_from(endpoint_url, storage_option)
+    options = storage_options_from(endpoint_url, storage_option, client)
     on_objects = scheme_of(target) != "file"
     if not on_objects and options:
-        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
+        raise UsageError("--storage-option, --endpoint-url and --client apply to object storage (s3://...), not to a "
+                         "directory")
     launch = launch_from_environment()
     if launch is None:
         misplaced = sorted(given & set(LAUNCH_ONLY))
@@ -336,7 +349,8 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
     spec, env_target = report.spec, document["environment"]["target"]
     console.print(
         f"[bold]{report.target}[/]  at {env_target.get('endpoint')} (credentials from "
-        f"{env_target.get('credential_source')})  ·  {format_size(spec.size_bytes)} per run  ·  "
+        f"{env_target.get('credential_source')})  ·  client {env_target.get('client', S3_DEFAULT_CLIENT)}  ·  "
+        f"{format_size(spec.size_bytes)} per run  ·  "
         f"{spec.repeat} runs (+{spec.warmup} warm-up)  ·  uploads complete (durable), ranged parallel GETs")
     table = Table(header_style="bold")
     for name in ("object", "objects", "in flight", "part", "write MB/s", "min–max", "p99 req ms"):

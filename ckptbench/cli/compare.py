@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
-from ckptbench.cli.bench import DEFAULT_MODEL, storage_options_from
+from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.interval import _local_loss, pct
 from ckptbench.cli.options import failure_options, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
@@ -70,6 +70,7 @@ DEFAULT_RUN_TIME = "30d"
 @click.option("--storage-option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a storage option for every object-storage target, over a tier's own "
                    "(repeatable): part_size=32MiB, key=..., secret=... (never written to output).")
+@CLIENT_OPTION
 @click.option("--local", "local_dir", default=None, metavar="DIR",
               help="Two levels: the fast local tier (a directory), with --remote: both tiers measured, the drain "
                    "from one to the other too, and single level or two levels recommended.")
@@ -91,7 +92,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
             ranks: int, mtbf: float | None, gpu_mtbf: float | None, node_mtbf: float | None,
             faults_per_day: float | None, failures: str | None, gpus: int | None, nodes: int | None,
             restart: float | None, mode: str, interference: float | None, every: float | None, run_time: float,
-            keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], local_dir: str | None,
+            keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], client: str | None,
+            local_dir: str | None,
             remote_url: str | None, local_loss: str | None, remote_every: int | None, as_json: bool,
             plot_path: Path | None, output_dir: Path | None) -> None:
     """The same checkpoint workload on every tier, side by side, and what each costs the job.
@@ -144,7 +146,7 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
                   restart_s=restart or 0.0, mode=mode, interference=(interference if interference is not None
                                                        else ASSUMED.point if mode == "async" else 0.0), every_s=every,
                   run_s=run_time, keep=keep)
-    options = storage_options_from(endpoint_url, storage_option)
+    options = storage_options_from(endpoint_url, storage_option, client)
     if two_levels:
         assert local_dir is not None and remote_url is not None
         loss = _local_loss(local_loss, failures)
@@ -155,7 +157,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     resolved = [resolve_compare_target(t, options) for t in targets]
     resolved += [resolve_compare_target(t, options, as_tier=True) for t in tier_args]
     if options and not any(t.on_objects for t in resolved):
-        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), and no target is")
+        raise UsageError("--storage-option, --endpoint-url and --client apply to object storage (s3://...), and no "
+                         "target is")
     saved = [tier for path in from_results for tier in saved_tiers(str(path), read_result(path))]
     if len(resolved) + len(saved) < 1:
         raise UsageError("nothing to compare")

@@ -1405,7 +1405,9 @@ class _Reader:
             raise CorruptCheckpointError(f"{self.path}: {exc}") from None
         except OSError as exc:
             where = exc.filename or self.path
-            if exc.errno == errno.ENOENT or isinstance(exc, FileNotFoundError):
+            if isinstance(exc, FileNotFoundError) and not exc.filename:  # an object store's: names the object
+                raise CorruptCheckpointError(f"a data file of the checkpoint is missing: {exc}") from exc
+            if exc.errno == errno.ENOENT:
                 raise CorruptCheckpointError(f"data file {where} of the checkpoint is missing") from exc
             if exc.errno == errno.ENODATA:
                 raise CorruptCheckpointError(f"data file {where} is shorter than the checkpoint metadata says") from exc

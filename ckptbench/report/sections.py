@@ -159,6 +159,8 @@ def storage_summary(target: dict[str, Any], *, short: bool = False) -> str:
             text += f" (from {target['endpoint_source']})"
         if target.get("credential_source"):
             text += f"; credentials from {target['credential_source']}"
+        if target.get("client"):
+            text += f"; client {target['client']}"
         return text
     text = f"{target.get('filesystem') or 'unknown filesystem'}"
     if target.get("mount_device"):

@@ -42,6 +42,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.interrupts import Workers
+from ckptbench.storage.s3_clients import CLIENTS, DEFAULT_CLIENT, data_path, require
 from ckptbench.storage.store import Store, WriteReport
 from ckptbench.units import format_size, parse_size
 
@@ -136,6 +137,8 @@ class S3Options:
     create_bucket: bool = False
     #: "path" or "virtual"; default: path-style with a custom endpoint (what RGW/MinIO expect), else auto.
     addressing_style: str | None = None
+    #: What moves the data: "boto3", "s3fs" or "crt" (``s3_clients``); metadata requests use boto3.
+    client: str = DEFAULT_CLIENT
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None and "@" in self.endpoint_url:  # user:password@ (a password may hold "/")
@@ -146,6 +149,8 @@ class S3Options:
         if not MIN_PART_BYTES <= self.part_size <= MAX_PART_BYTES:
             raise UsageError(f"part_size {format_size(self.part_size)} is outside S3's limits "
                              f"({format_size(MIN_PART_BYTES)} to {format_size(MAX_PART_BYTES)})")
+        if self.client not in CLIENTS:
+            raise UsageError(f"unknown S3 client {self.client!r}", hint=f"accepted: {', '.join(CLIENTS)}")
         if self.addressing_style not in (None, "path", "virtual", "auto"):
             raise UsageError(f"addressing_style {self.addressing_style!r} must be path, virtual or auto")
         if (self.key is None) != (self.secret is None):
@@ -273,6 +278,8 @@ class _Connection:
     endpoint: str
     endpoint_source: str
     credential_source: str
+    session: Any  # the boto3 session: credentials for clients other than boto3
+    region: str
 
 
 def _credential_source(session: Any, opts: S3Options) -> str:
@@ -332,7 +339,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         raise UsageError(f"cannot use S3 endpoint {endpoint!r}{where}: {exc}") from None
     for client in (data, control):  # first: the retry handler that answers the event would hide it
         client.meta.events.register_first("needs-retry.s3.PutObject", _note_put_attempt)
-    return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source)
+    return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region)
 
 
 #: Per thread: whether an attempt of the PutObject in progress may have reached the server unanswered.
@@ -366,6 +373,9 @@ class S3Store(Store):
         self._data, self._control = connection.data, connection.control
         self.endpoint, self.endpoint_source = connection.endpoint, connection.endpoint_source
         self.credential_source = connection.credential_source
+        self._session, self.region = connection.session, connection.region
+        require(self.options.client)
+        self._client_data: Any = None  # the data path of a client other than boto3, made on first use
         self._reached = False  # whether a request succeeded (connection errors after that are runtime errors)
         #: Called as ``(bytes, seconds)`` for every object or part uploaded and every range read (progress
         #: bars, per-request latency); from worker threads.
@@ -379,11 +389,25 @@ class S3Store(Store):
     def server(self) -> str:
         return f"{self.endpoint}/{self.bucket}"
 
+    def credentials(self) -> Any:
+        """The resolved credentials (botocore's frozen ones), for clients other than boto3."""
+        credentials = self._session.get_credentials()
+        if credentials is None:
+            raise TargetError("no AWS credentials found for s3://",
+                              hint="set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or storage_options")
+        return credentials.get_frozen_credentials()
+
+    def _other_client(self) -> Any:
+        if self._client_data is None:
+            self._client_data = data_path(self)
+        return self._client_data
+
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"endpoint": self.endpoint, "endpoint_source": self.endpoint_source,
                                 "credential_source": self.credential_source}
         info = {key: value for key, value in info.items() if value is not None}
-        return {**info, "part_size_bytes": self.options.part_size, "max_concurrency": self.options.max_concurrency}
+        return {**info, "client": self.options.client, "part_size_bytes": self.options.part_size,
+                "max_concurrency": self.options.max_concurrency}
 
     # -- names --------------------------------------------------------------------------------
 
@@ -415,9 +439,7 @@ class S3Store(Store):
             if code == "NoSuchBucket":
                 return self._missing_bucket()
             if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchUpload"):
-                missing = FileNotFoundError(f"{self._where(name)} does not exist")
-                missing.filename = self._where(name) if name else None  # for callers naming the object
-                return missing
+                return FileNotFoundError(f"{self._where(name)} does not exist")
             if code in _ACCESS_CODES or status == 403:
                 detail = "" if code in ("403", "AccessDenied") else f" ({code})"
                 return TargetError(
@@ -497,6 +519,10 @@ class S3Store(Store):
         ``block_size`` and ``direct`` do not apply (the unit is ``part_size``)."""
         report = WriteReport(direct=False, sync="s3-complete")
         if not files:
+            return report
+        if self.options.client != "boto3":
+            views = [(name, view.cast("B") if view.format != "B" else view) for name, view in files]
+            self._other_client().write(views, self.concurrency(threads), self.on_request)
             return report
         stop = threading.Event()  # set on the first failure (or Ctrl-C): queued parts do nothing
         uploads: list[_Upload] = []
@@ -627,11 +653,15 @@ class S3Store(Store):
         """Fill each ``(name, offset, view)`` from that byte range of the object: ranged GETs of at most
         ``part_size`` in parallel, straight into the caller's buffers."""
         jobs = []
+        whole = self.options.client == "crt"  # the CRT splits a request into parts itself
         for name, offset, view in ranges:
             view = view.cast("B") if view.format != "B" else view
-            part = self.part_bytes_for(len(view))
+            part = (len(view) or 1) if whole else self.part_bytes_for(len(view))
             jobs.extend((name, view[start:start + part], offset + start) for start in range(0, len(view), part))
         if not jobs:
+            return
+        if self.options.client != "boto3":
+            self._other_client().read(jobs, self.concurrency(threads), self.on_request)
             return
         stop = threading.Event()
 
