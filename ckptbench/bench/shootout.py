@@ -354,7 +354,7 @@ def run_checkpoint_bench(
         for name in spec.writers:
             writers.append(make_writer(name, threads=spec.threads,
                                        storage_options=target.storage_options if on_objects else None,
-                                       device=spec.device))
+                                       device=spec.device, objects=on_objects))
         return _run(spec, target, workload, writers, progress)
     finally:
         for w in writers:

@@ -398,21 +398,31 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-WRITERS = ("ckptbench", "torch", "dcp", "safetensors", "fio")
+WRITERS = ("ckptbench", "torch", "dcp", "safetensors", "fio", "s3torchconnector")
 
 
-#: Writers that also save to object storage (the others write local files).
-OBJECT_WRITERS = ("ckptbench",)
+#: Writers that also save to object storage (the others write local files): on s3:// torch and dcp go
+#: through s3fs, s3torchconnector is DCP with its S3StorageWriter (``bench.object_writers``).
+OBJECT_WRITERS = ("ckptbench", "dcp", "torch", "s3torchconnector")
 
 
 def make_writer(name: str, *, threads: int | None = None, block_size: int | None = None,
-                storage_options: dict[str, Any] | None = None, device: str = "cpu") -> Contender:
+                storage_options: dict[str, Any] | None = None, device: str = "cpu", objects: bool = False) -> Contender:
     """The adapter for writer ``name`` (one of :data:`WRITERS`); MissingDependencyError if it cannot run here.
-    ``storage_options`` reach writers that save to object storage (ckptbench); loads go to ``device``."""
+    ``objects``: the checkpoints go to object storage (URLs), reached with ``storage_options``; loads go
+    to ``device``."""
     from ckptbench import knobs
+    from ckptbench.bench.object_writers import make_object_writer
 
-    writer: Contender
-    if name == "ckptbench":
+    writer: Contender | None
+    if objects and name != "ckptbench":  # ckptbench's own writer takes URLs itself
+        writer = make_object_writer(name, storage_options)
+        if writer is None:
+            raise UsageError(f"writer {name!r} writes local files only", hint=f"on object storage: "
+                             f"{', '.join(OBJECT_WRITERS)}")
+    elif name == "s3torchconnector":
+        raise UsageError("the s3torchconnector writer saves to s3:// only", hint="drop it from --writers here")
+    elif name == "ckptbench":
         writer = CkptbenchContender(threads, storage_options)
     elif name == "torch":
         writer = TorchSaveContender()

@@ -27,7 +27,7 @@ DEFAULT_SIZE = "1GiB"
 DEFAULT_FILES = 8
 DEFAULT_MODEL = "llama3-8b"
 #: Writers ``--writers`` accepts (bench.writers.WRITERS; spelled out so --help needs no import).
-WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio")
+WRITER_NAMES = ("ckptbench", "torch", "dcp", "safetensors", "fio", "s3torchconnector")
 #: Options of the filesystem workload only, by parameter name -> flag.
 FS_ONLY = {"file_size": "--file-size", "files": "--files", "block_size": "--block-size", "schedule": "--schedule",
            "direct": "--direct/--buffered", "fsync": "--fsync/--no-fsync", "read": "--read/--no-read",
@@ -113,8 +113,9 @@ CLIENT_OPTION = click.option(
               help="Checkpoint workload: its size as a fraction of the full model's (0.05 or 5%), instead of --size.")
 @click.option("--writers", type=params.ListType(click.Choice(WRITER_NAMES)), default=None,
               help="Checkpoint workload: writers compared in one process, alternating: "
-                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference)  [default: ckptbench; on object "
-                   "storage only ckptbench].")
+                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference; s3torchconnector: s3:// only)  "
+                   "[default: ckptbench; on object storage: ckptbench, dcp and torch through s3fs, "
+                   "s3torchconnector].")
 @click.option("--device", default=None, metavar="cpu|cuda|cuda:N",
               help="Checkpoint workload: where the state_dict lives while it is saved, and where loads put it. "
                    "cuda measures what training does: device-to-host staging, then the writes  [default: cpu].")

@@ -78,7 +78,8 @@ class S3fsData:
 
     def __init__(self, store: S3Store) -> None:
         self.store = store
-        self.fs = _s3fs_filesystem(store.options, store.endpoint, store.region)
+        arguments = s3fs_arguments(store)
+        self.fs = _cached_s3fs(store, arguments)
 
     def _path(self, name: str) -> str:
         return f"{self.store.bucket}/{self.store._key(name)}"
@@ -147,18 +148,39 @@ class _Slices:
         return bytes(self._view[index])
 
 
-@functools.lru_cache(maxsize=8)
-def _s3fs_filesystem(options: Any, endpoint: str, region: str) -> Any:
-    import s3fs
-
+def s3fs_arguments(store: S3Store) -> dict[str, Any]:
+    """``s3fs.S3FileSystem`` arguments reaching what ``store`` reaches (endpoint, region, credentials,
+    addressing, timeouts, retries); also the storage options of fsspec-based writers (DCP's FsspecWriter)."""
+    options = store.options
     config: dict[str, Any] = {"read_timeout": options.read_timeout_s, "connect_timeout": options.connect_timeout_s,
                               "retries": {"total_max_attempts": options.max_attempts, "mode": "adaptive"},
                               "max_pool_connections": 64}
-    if options.addressing_style or endpoint:
+    custom_endpoint = store.endpoint_source != "the default"
+    if options.addressing_style or custom_endpoint:
         config["s3"] = {"addressing_style": options.addressing_style or "path"}
-    return s3fs.S3FileSystem(anon=options.anon, key=options.key, secret=options.secret, token=options.token,
-                             profile=options.profile, endpoint_url=endpoint, skip_instance_cache=True,
-                             client_kwargs={"region_name": region}, config_kwargs=config)
+    arguments: dict[str, Any] = {"anon": options.anon, "key": options.key, "secret": options.secret,
+                                 "token": options.token, "client_kwargs": {"region_name": store.region},
+                                 "config_kwargs": config}
+    if options.profile:
+        arguments["profile"] = options.profile
+    if custom_endpoint:
+        arguments["endpoint_url"] = store.endpoint
+    return arguments
+
+
+_S3FS: dict[tuple[Any, ...], Any] = {}
+_S3FS_LOCK = threading.Lock()
+
+
+def _cached_s3fs(store: S3Store, arguments: dict[str, Any]) -> Any:
+    """One ``s3fs.S3FileSystem`` per set of store options and endpoint (it keeps its connection pool)."""
+    import s3fs
+
+    key = (store.options, store.endpoint, store.region)
+    with _S3FS_LOCK:
+        if key not in _S3FS:
+            _S3FS[key] = s3fs.S3FileSystem(skip_instance_cache=True, **arguments)
+        return _S3FS[key]
 
 
 def _not_found() -> Exception:

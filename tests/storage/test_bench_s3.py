@@ -150,8 +150,32 @@ def test_checkpoint_workload_on_s3(cli, s3_server, s3_bucket):
 
 
 @pytest.mark.s3
+@pytest.mark.slow
+def test_writers_side_by_side_on_s3(cli, s3_server, s3_bucket):
+    """DCP's FsspecWriter and torch.save through s3fs next to ckptbench, every load verified."""
+    pytest.importorskip("s3fs", reason="the dcp and torch writers on s3:// go through s3fs")
+    doc = cli.json("bench", f"s3://{s3_bucket}/ckpt", *_options(s3_server), "--workload", "checkpoint",
+                   "--size", "24MiB", "--repeat", "1", "--warmup", "0", "--writers", "ckptbench,dcp,torch")
+    by_writer = {r["writer"]: r for r in doc["results"]}
+    assert set(by_writer) == {"ckptbench", "dcp", "torch"}
+    assert all(r["verified"] is True for r in doc["results"])
+    assert by_writer["torch"]["files"] == 1 and by_writer["dcp"]["files"] >= 2  # data objects + .metadata
+    assert _leftovers(s3_server.client(), s3_bucket) == ([], [])
+
+
+@pytest.mark.s3
+def test_s3torchconnector_writer_needs_its_package(cli, s3_server, s3_bucket, monkeypatch):
+    monkeypatch.setitem(sys.modules, "s3torchconnector.dcp", None)  # as if it were not installed
+    result = cli("bench", f"s3://{s3_bucket}/x", "--endpoint-url", s3_server.endpoint, "--workload", "checkpoint",
+                 "--size", "8MiB", "--writers", "ckptbench,s3torchconnector")
+    assert result.exit_code == 2 and "pip install s3torchconnector" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert _leftovers(s3_server.client(), s3_bucket) == ([], [])
+
+
+@pytest.mark.s3
 @pytest.mark.parametrize(("extra", "needle"), [
-    (["--workload", "checkpoint", "--writers", "ckptbench,torch"], "writes local files only"),
+    (["--workload", "checkpoint", "--writers", "ckptbench,safetensors"], "writes local files only"),
     (["--threads", "4"], "use --concurrency"),
     (["--block-size", "4MiB"], "applies to filesystem targets"),
     (["--workload", "checkpoint", "--part-size", "8MiB"], "object sweep"),

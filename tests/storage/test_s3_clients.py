@@ -81,3 +81,12 @@ def test_bench_records_the_client(s3_server, s3_bucket, monkeypatch):
     assert document["environment"]["target"]["client"] == "crt"
     client = s3_server.client()
     assert client.list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0  # scratch removed
+
+
+def test_the_s3torchconnector_writer_is_for_object_storage_only():
+    from ckptbench.bench.writers import make_writer
+
+    with pytest.raises(UsageError, match="s3:// only"):
+        make_writer("s3torchconnector")
+    with pytest.raises(UsageError, match="writes local files only"):
+        make_writer("safetensors", objects=True)
