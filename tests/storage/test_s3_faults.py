@@ -8,10 +8,12 @@ the proxy."""
 from __future__ import annotations
 
 import importlib.util
+import random
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +327,38 @@ def test_a_put_whose_answer_is_lost_is_an_unknown_outcome_and_a_refused_one_is_n
     with pytest.raises(OutcomeUnknownError):
         store.put_atomic("retried.json", b"{}")
     store.put_atomic("fine.json", b"{}")  # and the next write starts afresh
+
+
+# -- throttling ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sometimes(faultproxy.Rule):
+    """A rule hitting a seeded random ``fraction`` of the requests it matches (for as long as it stays)."""
+
+    fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._random = random.Random(self.seed)
+
+    def matches(self, request: Any) -> bool:
+        return super().matches(request) and self._random.random() < self.fraction
+
+
+@pytest.mark.parametrize("client", ["boto3", "s3fs", "crt"])
+def test_a_save_under_20_percent_slowdown_completes_bit_exact_and_leaves_no_uploads(s3_server, s3_bucket, proxy,
+                                                                                  client):
+    """503 SlowDown on a fifth of the data path's requests (part uploads, their start and completion):
+    retried with backoff, the save completes, loads bit-exact, and no multipart upload stays open."""
+    if client != "boto3":
+        pytest.importorskip({"s3fs": "s3fs", "crt": "awscrt"}[client])
+    url, expected = f"s3://{s3_bucket}/ckpt", state(7)
+    for kind in ("UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload"):
+        proxy.add(Sometimes("status", None, kind=kind, status=503, fraction=0.2, seed=len(kind)))
+    save(expected, url, through(proxy, s3_server, client=client, max_concurrency=4))
+    assert proxy.injected("status") >= 1  # throttled requests there were, and they were retried
+    assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
+    uploads, keys = leftovers(s3_server, s3_bucket)
+    assert uploads == [] and f"ckpt/{MANIFEST_NAME}" in keys
