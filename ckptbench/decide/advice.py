@@ -244,7 +244,12 @@ def _from_objects(doc: dict[str, Any], where: str) -> list[Advice]:
     why = (f"{where}: {what}, {_rate(w['gbps']) * 1e3:.0f} MB/s "
            f"with {c['concurrency']} requests in flight and {format_size(c['part_size_bytes'])} parts "
            f"({format_size(c['object_size_bytes'])} objects)")
-    return [Advice("max_concurrency", c["concurrency"], why), Advice("part_size_bytes", c["part_size_bytes"], why)]
+    out = [Advice("max_concurrency", c["concurrency"], why), Advice("part_size_bytes", c["part_size_bytes"], why)]
+    client = ((doc.get("environment") or {}).get("target") or {}).get("client")
+    if client:  # the S3 client that moved the data in these runs (compare clients with bench --client)
+        out.append(Advice("client", client, f"{where}: measured with the {client} client, {_rate(w['gbps']) * 1e3:.0f} "
+                                            f"MB/s upload at the settings above"))
+    return out
 
 
 def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
@@ -320,7 +325,7 @@ def as_toml(advice: dict[str, Advice]) -> str:
     """The settings as a TOML snippet (sizes and durations spelled as the CLI takes them), reasons as comments."""
     sections = {"checkpoint": ("threads", "block_size_bytes", "shard_size_bytes", "direct", "async",
                                "pinned_budget_bytes"),
-                "s3": ("part_size_bytes", "max_concurrency"), "schedule": ("interval_s",)}
+                "s3": ("client", "part_size_bytes", "max_concurrency"), "schedule": ("interval_s",)}
     lines = []
     for section, keys in sections.items():
         chosen = [advice[k] for k in keys if k in advice and advice[k].value is not None]
@@ -346,8 +351,8 @@ def as_code(advice: dict[str, Advice]) -> list[str]:
     kwargs = [f"{k}={v!r}" for k, v in (("threads", get("threads")), ("shard_size", get("shard_size_bytes")),
                                         ("block_size", get("block_size_bytes")), ("direct", get("direct")))
               if v is not None]
-    s3 = {k: v for k, v in (("part_size", get("part_size_bytes")), ("max_concurrency", get("max_concurrency")))
-          if v is not None}
+    s3 = {k: v for k, v in (("client", get("client")), ("part_size", get("part_size_bytes")),
+                            ("max_concurrency", get("max_concurrency"))) if v is not None}
     call = [*(["async_=True"] if get("async") else []), *([f"storage_options={s3!r}"] if s3 else [])]
     out = [f"ckptbench.Checkpointer({', '.join(kwargs)}).save(state_dict, path{''.join(', ' + a for a in call)})"]
     if get("block_size_bytes") is None:  # save() takes every other setting: the same in one call

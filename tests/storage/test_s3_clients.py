@@ -68,7 +68,7 @@ def test_save_and_load_through_each_client(s3_server, s3_bucket, client):
 
 @pytest.mark.s3
 @pytest.mark.slow
-def test_bench_records_the_client(s3_server, s3_bucket, monkeypatch):
+def test_bench_records_the_client_and_recommend_names_it(s3_server, s3_bucket, monkeypatch, tmp_path):
     pytest.importorskip("awscrt", reason="the crt S3 client needs awscrt")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
@@ -79,6 +79,11 @@ def test_bench_records_the_client(s3_server, s3_bucket, monkeypatch):
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["environment"]["target"]["client"] == "crt"
+    saved = tmp_path / "s3.json"
+    saved.write_text(result.stdout)
+    advice = CliRunner().invoke(main, ["recommend", str(saved)])
+    assert advice.exit_code == 0, advice.output
+    assert 'client = "crt"' in advice.stdout and "measured with the crt client" in advice.stdout
     client = s3_server.client()
     assert client.list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0  # scratch removed
 

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""ckptbench.save/load on s3:// against the anchors, in interleaved rounds, and under throttling.
+
+Per round, each side in turn (the order rotates every round):
+
+- ``ckptbench``: ``ckptbench.save`` / ``ckptbench.load`` of the state_dict (``--client`` picks the S3 client);
+- ``s3torchconnector``: ``dcp.save`` / ``dcp.load`` with s3torchconnector's ``S3StorageWriter(thread_count=4)``
+  / ``S3StorageReader`` (the AWS CRT through Mountpoint's client). Servers that do not answer its
+  uploads as it expects (Ceph RGW 16 omits the ETag it looks for) fail its save: the table says so,
+  and its load is then timed on the same checkpoint written by DCP's ``FsspecWriter``;
+- ``s3fs put_file``: s3fs's default ``put_file`` of a local file (in /dev/shm) holding the same bytes.
+
+Times are wall clock around each call; loads read into fresh memory and are verified. With
+``--slowdown F`` a ckptbench save through ``tests/servers/faultproxy.py`` answering a fraction F of the
+data path's requests (part uploads, their start and completion) with 503 SlowDown is timed in every
+round too, next to a clean one through the same proxy: the goal is >= 0.5x the clean rate.
+
+    eval "$(tests/servers/ceph.sh start /tmp/ceph)"
+    export CKPTBENCH_TEST_S3_ENDPOINT AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+    python tests/perf/s3_anchor.py --size 384MiB --rounds 3 [--client crt] [--slowdown 0.2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ckptbench.units import parse_size
+
+MiB = 2**20
+
+
+def _faultproxy() -> Any:
+    path = Path(__file__).resolve().parents[1] / "servers" / "faultproxy.py"
+    spec = importlib.util.spec_from_file_location("faultproxy", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["faultproxy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_state(size: int) -> dict:
+    """``size`` bytes over 24 tensors of mixed dtypes (random bits: nothing compresses)."""
+    import torch
+
+    per = size // 24
+    g = torch.Generator().manual_seed(0)
+    dtypes = (torch.bfloat16, torch.float32)
+    return {f"layer{i}.w": torch.randint(0, 256, (per,), dtype=torch.uint8, generator=g).view(dtypes[i % 2])
+            for i in range(24)}
+
+
+def same(a: dict, b: dict) -> bool:
+    import torch
+
+    return set(a) == set(b) and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import boto3
+    import s3fs
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    import ckptbench
+    from ckptbench.bench.object_writers import S3TorchConnectorWriter
+
+    warnings.filterwarnings("ignore")
+    endpoint, size = args.endpoint, parse_size(args.size)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    bucket = f"ckptbench-perf-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    options = {"endpoint_url": endpoint, **({"client": args.client} if args.client else {})}
+    state = make_state(size)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, client_kwargs={"region_name": "us-east-1"})
+    anchor = S3TorchConnectorWriter(None)
+    anchor.prepare(state)
+    samples: dict[str, list[float | None]] = {}
+    notes: list[str] = []
+
+    def timed(name: str, fn: Any, check: Any = None) -> None:
+        """Time ``fn``; then (untimed) ``check`` what it stored."""
+        start = time.perf_counter()
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - a side that fails is reported (DCP raises BaseExceptions)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            note = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            if note not in notes:
+                notes.append(note)
+            samples.setdefault(name, []).append(None)
+            return
+        samples.setdefault(name, []).append(time.perf_counter() - start)
+        if check is not None:
+            check()
+
+    def ck_load() -> None:
+        assert same(state, ckptbench.load(f"s3://{bucket}/ck", storage_options=options))
+
+    def anchor_save() -> None:
+        anchor._save(state, f"s3://{bucket}/anchor")
+
+    def anchor_load() -> None:
+        location = f"s3://{bucket}/anchor" if samples["s3torchconnector save"][-1] is not None \
+            else f"s3://{bucket}/fsspec"
+        assert same(state, anchor._load(location))
+
+    proxy = None
+    if args.slowdown:
+        faultproxy = _faultproxy()
+        proxy = faultproxy.FaultProxy(endpoint).start()
+        through = {**options, "endpoint_url": proxy.endpoint}
+
+        def throttled() -> None:
+            import random
+
+            chance = random.Random(len(samples.get("ckptbench save, throttled", [])))
+
+            class Sometimes(faultproxy.Rule):
+                def matches(self, request: Any) -> bool:
+                    return super().matches(request) and chance.random() < args.slowdown
+
+            for kind in ("UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload"):
+                proxy.add(Sometimes("status", None, kind=kind, status=503))
+            try:
+                ckptbench.save(state, f"s3://{bucket}/throttled", storage_options=through, overwrite=True)
+            finally:
+                proxy.clear()
+
+        def throttled_check() -> None:
+            uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+            assert not uploads, f"{len(uploads)} multipart uploads left open"
+            assert same(state, ckptbench.load(f"s3://{bucket}/throttled", storage_options=options))
+
+    with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as local:
+        for tensor in state.values():
+            local.write(tensor.view(torch.uint8).numpy().tobytes())
+        local.flush()
+        sides = [
+            ("ckptbench save", lambda: ckptbench.save(state, f"s3://{bucket}/ck", storage_options=options,
+                                                      overwrite=True)),
+            ("s3torchconnector save", anchor_save),
+            ("s3fs put_file", lambda: fs.put_file(local.name, f"{bucket}/s3fs/data.bin")),
+        ]
+        loads = [("ckptbench load", ck_load), ("s3torchconnector load", anchor_load)]
+        if proxy is not None:
+            sides += [("ckptbench save, through the proxy", lambda: ckptbench.save(
+                          state, f"s3://{bucket}/clean", storage_options=through, overwrite=True)),
+                      ("ckptbench save, throttled", throttled, throttled_check)]
+        try:
+            ckptbench.save(state, f"s3://{bucket}/ck", storage_options=options)  # warm-up: arena, connections
+            dcp.save(state, storage_writer=FsspecWriter(f"s3://{bucket}/fsspec", thread_count=4,
+                                                        endpoint_url=endpoint), no_dist=True)
+            for i in range(args.rounds):
+                k = i % len(sides)
+                for name, fn, *check in sides[k:] + sides[:k]:
+                    timed(name, fn, *check)
+                for name, fn in loads[i % 2:] + loads[:i % 2]:
+                    timed(name, fn)
+                print(f"round {i + 1}: " + ", ".join(
+                    f"{name} {nbytes / s[-1] / 1e6:.0f} MB/s" if s[-1] else f"{name} failed"
+                    for name, s in samples.items()), flush=True)
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+            for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+                client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+            client.delete_bucket(Bucket=bucket)
+
+    def rate(name: str) -> list[float | None]:
+        return [nbytes / s / 1e6 if s else None for s in samples[name]]
+
+    def ratios(a: str, b: str) -> list[float | None]:
+        return [x / y if x and y else None for x, y in zip(rate(a), rate(b), strict=True)]
+
+    medians = {name: statistics.median([r for r in rate(name) if r] or [0.0]) for name in samples}
+    pairs = [("ckptbench save", "s3torchconnector save"), ("ckptbench load", "s3torchconnector load"),
+             ("ckptbench save", "s3fs put_file")]
+    if proxy is not None:
+        pairs.append(("ckptbench save, throttled", "ckptbench save, through the proxy"))
+    return {"bytes": nbytes, "client": args.client or "default", "rounds": args.rounds, "notes": notes,
+            "mb_per_s": {name: rate(name) for name in samples}, "median_mb_per_s": medians,
+            "ratios": {f"{a} / {b}": ratios(a, b) for a, b in pairs}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--endpoint", default=os.environ.get("CKPTBENCH_TEST_S3_ENDPOINT"))
+    parser.add_argument("--size", default="384MiB")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--client", default=None, help="ckptbench's S3 client (boto3, s3fs, crt)")
+    parser.add_argument("--slowdown", type=float, default=0.0, help="also time a save with this fraction throttled")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if not args.endpoint:
+        parser.error("--endpoint (or CKPTBENCH_TEST_S3_ENDPOINT) is required")
+    result = run(args)
+    for name, median in result["median_mb_per_s"].items():
+        print(f"{name:36s} median {median:7.1f} MB/s  rounds {[round(r) if r else None for r in result['mb_per_s'][name]]}")
+    for pair, values in result["ratios"].items():
+        print(f"{pair:60s} {[round(v, 2) if v else None for v in values]}")
+    for note in result["notes"]:
+        print("note:", note)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
