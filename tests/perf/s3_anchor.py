@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> dict:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     import ckptbench
-    from ckptbench.bench.object_writers import S3TorchConnectorWriter
+    from ckptbench.bench.writers import S3TorchConnectorContender
 
     warnings.filterwarnings("ignore")
     endpoint, size = args.endpoint, parse_size(args.size)
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
     state = make_state(size)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, client_kwargs={"region_name": "us-east-1"})
-    anchor = S3TorchConnectorWriter(None)
+    anchor = S3TorchConnectorContender(None)
     anchor.prepare(state)
     samples: dict[str, list[float | None]] = {}
     notes: list[str] = []
