@@ -343,8 +343,8 @@ class LocalStore(Store):
             paths = {name: safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name)
                      for name, fd in by_name.items()}
             try:
-                native.read([(view, paths[name], offset) for name, offset, view in ranges], threads=threads,
-                            block_size=block_size, direct=direct, drop_cache=False)
+                _engine_result(native.read([(view, paths[name], offset) for name, offset, view in ranges],
+                                           threads=threads, block_size=block_size, direct=direct, drop_cache=False))
             except OSError as exc:
                 raise self._named(exc, {path: name for name, path in paths.items()}) from None
 
