@@ -5,7 +5,8 @@ One size cannot tell fixed costs (planning, the commit's fsyncs and renames, coo
 setting up copy-on-write staging) from the per-byte cost, and scaling it in proportion overstates a large
 node's time whenever fixed costs weigh at the sample's size. Two sizes can: ``t(b) = fixed + b / rate``.
 Every time (sync save, cold load, async stall, persist) is fitted on its own, through the medians of the
-runs for the point and through every pair of extreme runs for the range.
+runs for the point and through every pair of extreme runs for the range, which is at least the 90 % interval
+of the runs made again (a few runs' min and max understate how far the next few fall).
 
 With more than two sizes the line is drawn through the two sizes nearest the target on its side (the
 pair around it, or the two largest below it): a checkpoint's time grows less than in proportion where
@@ -51,15 +52,40 @@ class Fitted:
         return {"point_s": self.point_s, "low_s": self.low_s, "high_s": self.high_s}
 
 
+#: Student's t at 95 % (either end of a 90 % interval) for 1, 2, ... degrees of freedom; the normal's beyond.
+_T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
+
+
+def next_median_half_width(runs_s: Sequence[float]) -> float:
+    """Half the width of a 90 % interval for the median of as many runs made again: two medians of n runs
+    differ with a standard deviation of about ``s * sqrt(pi / n)`` (``s`` the runs' standard deviation),
+    and with few runs ``s`` itself is uncertain (Student's t). 0 from one run (nothing to go by)."""
+    n = len(runs_s)
+    if n < 2:
+        return 0.0
+    t = _T90[n - 2] if n - 2 < len(_T90) else 1.645
+    return t * statistics.stdev(runs_s) * math.sqrt(math.pi / n)
+
+
+def _widened(point: float, low: float, high: float, half_width: float, floor_s: float) -> Fitted:
+    """``[low, high]`` widened to ``point -/+ half_width``, never below ``floor_s`` (nor zero)."""
+    floor_s = max(floor_s, point * 1e-3, 1e-9)
+    return Fitted(point, max(min(low, point - half_width), floor_s), max(high, point + half_width))
+
+
 def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: float, large_runs_s: Sequence[float],
              target_bytes: float, min_slope: float = 0.0) -> Fitted:
-    """The point through both sizes' medians; the range over the lines through every pair of extreme runs
-    (``min_slope``: see :func:`line_time_s`)."""
+    """The point through both sizes' medians; the range over the lines through every pair of extreme runs,
+    and at least the 90 % interval of the runs made again (:func:`next_median_half_width` of each size,
+    carried along the line). ``min_slope``: see :func:`line_time_s`."""
     point = line_time_s(small_bytes, statistics.median(small_runs_s), large_bytes, statistics.median(large_runs_s),
                         target_bytes, min_slope)
     ends = [line_time_s(small_bytes, a, large_bytes, b, target_bytes, min_slope)
             for a in (min(small_runs_s), max(small_runs_s)) for b in (min(large_runs_s), max(large_runs_s))]
-    return Fitted(point, min([point, *ends]), max([point, *ends]))
+    weight_large = (target_bytes - small_bytes) / (large_bytes - small_bytes)
+    half = math.hypot((1 - weight_large) * next_median_half_width(small_runs_s),
+                      weight_large * next_median_half_width(large_runs_s))
+    return _widened(point, min([point, *ends]), max([point, *ends]), half, target_bytes * min_slope)
 
 
 #: A size within this fraction of the target is the target's own measurement (a workload of a model's
@@ -80,7 +106,8 @@ def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_
     if same or len(xs) == 1:
         i = same[0] if same else 0
         k = target_bytes / xs[i]
-        return Fitted(statistics.median(ys[i]) * k, min(ys[i]) * k, max(ys[i]) * k)
+        return _widened(statistics.median(ys[i]) * k, min(ys[i]) * k, max(ys[i]) * k,
+                        next_median_half_width(ys[i]) * k, target_bytes * min_slope)
     above = next((i for i, x in enumerate(xs) if x > target_bytes), len(xs))
     i = min(max(above - 1, 0), len(xs) - 2)
     return fit_time(xs[i], ys[i], xs[i + 1], ys[i + 1], target_bytes, min_slope)

@@ -28,6 +28,7 @@ from typing import Any
 
 from ckptbench import knobs
 from ckptbench.decide.advice import Advice
+from ckptbench.decide.scaling import fit_sizes
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
@@ -201,25 +202,21 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
     hosts = max(1, len(set(bench["hosts"])))
     node_bytes = sum(bench["rank_bytes"]) / hosts
     rounds = bench["rounds"]
-
-    def rates(op: str) -> list[float]:
-        return [node_bytes / r["duration_s"] for r in rounds[op]]
-
-    writes, reads = rates("save"), rates("load")
+    saves = [r["duration_s"] for r in rounds["save"]]
+    loads = [r["duration_s"] for r in rounds["load"]]
     stalls = [r["stall_s"] for r in rounds["async"]]
     persists = [max(r["duration_s"] - r["stall_s"], 1e-9) for r in rounds["async"]]
-
-    def median(values: list[float]) -> float:
-        ordered = sorted(values)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
+    # The measurement is of the node's own bytes: each time is read as measured, its range the runs' and at
+    # least the interval of the same runs made again.
+    save, load, stall, persist = (fit_sizes([node_bytes], [runs], node_bytes) for runs in (saves, loads, stalls,
+                                                                                             persists))
     return Measurements(
-        measured_bytes=round(node_bytes), write_bps=median(writes), read_bps=median(reads),
-        stall_s=median(stalls), persist_s=median(persists), interference=None, memcpy_bps=memcpy_bps,
+        measured_bytes=round(node_bytes), write_bps=node_bytes / save.point_s, read_bps=node_bytes / load.point_s,
+        stall_s=stall.point_s, persist_s=persist.point_s, interference=None, memcpy_bps=memcpy_bps,
         shared_storage=shared_storage, free_bytes=free_bytes, host_memory_bytes=host_memory_bytes, threads=threads,
-        direct=None, write_bps_range=(min(writes), max(writes)), read_bps_range=(min(reads), max(reads)),
-        stall_s_range=(min(stalls), max(stalls)), persist_s_range=(min(persists), max(persists)), shape=shape,
+        direct=None, write_bps_range=(node_bytes / save.high_s, node_bytes / save.low_s),
+        read_bps_range=(node_bytes / load.high_s, node_bytes / load.low_s),
+        stall_s_range=(stall.low_s, stall.high_s), persist_s_range=(persist.low_s, persist.high_s), shape=shape,
         launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]),
         writers=len(bench["rank_bytes"]) // hosts)
 

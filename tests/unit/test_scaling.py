@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptbench.decide.scaling import extended_size, fit_sizes, fit_time, line_time_s
+from ckptbench.decide.scaling import extended_size, fit_sizes, fit_time, line_time_s, next_median_half_width
 
 MiB = 2**20
 
@@ -28,11 +28,24 @@ def test_noise_that_makes_the_line_fall_or_cross_zero():
         line_time_s(400, 0.4, 100, 0.1, 1000)
 
 
-def test_the_range_covers_every_line_through_extreme_runs():
+def test_the_range_covers_every_line_through_extreme_runs_and_the_runs_made_again():
     fitted = fit_time(100, [0.10, 0.12, 0.11], 400, [0.40, 0.46, 0.43], 1000)
     assert fitted.low_s <= fitted.point_s <= fitted.high_s
-    assert fitted.low_s == pytest.approx(line_time_s(100, 0.12, 400, 0.40, 1000))
-    assert fitted.high_s == pytest.approx(line_time_s(100, 0.10, 400, 0.46, 1000))
+    assert fitted.low_s <= line_time_s(100, 0.12, 400, 0.40, 1000)
+    assert fitted.high_s >= line_time_s(100, 0.10, 400, 0.46, 1000)
+    # the 90 % interval of both sizes' medians made again, carried along the line (weights -2 and 3 at 1000)
+    half = ((-2 * next_median_half_width([0.10, 0.12, 0.11])) ** 2
+            + (3 * next_median_half_width([0.40, 0.46, 0.43])) ** 2) ** 0.5
+    assert fitted.high_s == pytest.approx(max(line_time_s(100, 0.10, 400, 0.46, 1000), fitted.point_s + half))
+
+
+def test_the_interval_of_a_median_made_again():
+    # three runs 1, 2, 3 s: s = 1, Student's t(2) = 2.920, two medians differ by about s * sqrt(pi / 3)
+    assert next_median_half_width([1.0, 2.0, 3.0]) == pytest.approx(2.920 * (3.141592653589793 / 3) ** 0.5, rel=1e-3)
+    assert next_median_half_width([2.0]) == 0.0
+    assert next_median_half_width([2.0, 2.0, 2.0]) == 0.0
+    # more runs, a narrower interval for the same spread
+    assert next_median_half_width([1.0, 2.0, 3.0] * 4) < next_median_half_width([1.0, 2.0, 3.0])
 
 
 runs = st.lists(st.floats(min_value=1e-3, max_value=10.0), min_size=1, max_size=5)
@@ -62,9 +75,13 @@ def test_the_line_goes_through_the_two_sizes_nearest_the_target():
 def test_a_size_at_the_target_is_read_as_measured():
     runs = [[0.30, 0.34], [1.0, 1.2, 1.1], [4.0, 4.4, 3.8]]
     f = fit_sizes([100 * MiB, 400 * MiB, 1000 * MiB], runs, 1020 * MiB)  # 2 % off: that size's runs, in proportion
-    assert (f.point_s, f.low_s, f.high_s) == pytest.approx((4.0 * 1.02, 3.8 * 1.02, 4.4 * 1.02))
+    half = next_median_half_width(runs[2]) * 1.02
+    assert (f.point_s, f.low_s, f.high_s) == pytest.approx((4.0 * 1.02, 4.0 * 1.02 - half, 4.0 * 1.02 + half))
+    assert f.low_s < 3.8 * 1.02 and f.high_s > 4.4 * 1.02  # wider than the runs' own min and max
     one = fit_sizes([400 * MiB], [[1.0, 1.2]], 800 * MiB)  # one size: in proportion
-    assert (one.point_s, one.low_s, one.high_s) == pytest.approx((2.2, 2.0, 2.4))
+    assert one.point_s == pytest.approx(2.2) and one.low_s < 2.0 and one.high_s > 2.4
+    steady = fit_sizes([400 * MiB], [[1.0, 1.0, 1.0]], 400 * MiB)  # no spread: the runs are the range
+    assert (steady.point_s, steady.low_s, steady.high_s) == pytest.approx((1.0, 1.0, 1.0))
     with pytest.raises(ValueError):
         fit_sizes([1, 2], [[1.0]], 3)
 
