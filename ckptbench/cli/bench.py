@@ -13,6 +13,7 @@ import click
 
 from ckptbench import knobs, units
 from ckptbench.cli import params
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
 from ckptbench.config import MAX_FILES, FsBenchSpec
@@ -97,7 +98,7 @@ CLIENT_OPTION = click.option(
                    "same --size of files (as fio's time_based), e.g. 60s, 5m. Filesystem sweep only.")
 @click.option("--sample-every", "sample_every", type=params.SAMPLE_EVERY, default="1s", show_default=True,
               metavar="DURATION", help="Interval of the bandwidth timeline recorded in every run (JSON, --plot).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
+@format_options
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the sweep (GB/s per configuration), or with --workload checkpoint the writers' "
                    "shoot-out, to this PNG file.")
@@ -145,7 +146,7 @@ CLIENT_OPTION = click.option(
                    "writes all  [default: fsdp].")
 def bench(target: str, size: int, file_size: int | None, files: int | None, threads: list[int],
           block_size: list[int], schedule: list[str], direct: bool, fsync: bool, read: bool, repeat: int, warmup: int,
-          metadata: bool, as_json: bool, plot_path: Path | None, output_dir: Path | None, workload: str,
+          metadata: bool, output_format: str, plot_path: Path | None, output_dir: Path | None, workload: str,
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
           storage_option: tuple[str, ...], client: str | None, force: bool, dp: int | None, tp: int | None, pp: int | None,
@@ -215,7 +216,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
             flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device", "sample_every": "--sample-every"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
-                           as_json=as_json, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
+                           output_format=output_format, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
                            writers=writers, storage_options=options, force=force, dp=dp, tp=tp, pp=pp, zero=zero,
                            default_model=DEFAULT_MODEL)
         return
@@ -230,7 +231,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         misplaced = sorted(given & set(OBJECT_ONLY))
         if misplaced:
             raise UsageError(f"{OBJECT_ONLY[misplaced[0]]} applies to the s3:// object sweep (--workload fs) only")
-        _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, as_json=as_json,
+        _bench_checkpoint(target, given, size=size, threads=threads, repeat=repeat, warmup=warmup, output_format=output_format,
                           plot_path=plot_path, output_dir=output_dir, model=model, scale=scale, writers=writers,
                           storage_options=options, force=force, device=device or "cpu")
         return
@@ -238,7 +239,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     if misplaced:
         raise UsageError(f"{CHECKPOINT_ONLY[misplaced[0]]} applies to --workload checkpoint only")
     if on_objects:
-        _bench_objects(target, given, size=size, read=read, repeat=repeat, warmup=warmup, as_json=as_json,
+        _bench_objects(target, given, size=size, read=read, repeat=repeat, warmup=warmup, output_format=output_format,
                        plot_path=plot_path, output_dir=output_dir, object_size=object_size, concurrency=concurrency,
                        part_size=part_size, storage_options=options, sample_every=sample_every)
         return
@@ -265,7 +266,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     storage = resolve_target(target, force=force)
     run_and_emit(
         lambda progress: run_fs_bench(spec, storage, progress=progress),
-        output=open_output(output_dir, "bench"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench"), plot_path=plot_path, output_format=output_format,
         plot=_plot_sweep,
         print_tables=_print_tables,
     )
@@ -306,7 +307,7 @@ def fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
     )
 
 
-def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repeat: int, warmup: int, as_json: bool,
+def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repeat: int, warmup: int, output_format: str,
                    plot_path: Path | None, output_dir: Path | None, object_size: list[int] | None,
                    concurrency: list[int] | None, part_size: list[int] | None,
                    storage_options: dict[str, str], sample_every: float) -> None:
@@ -332,7 +333,7 @@ def _bench_objects(target: str, given: set[str], *, size: int, read: bool, repea
     storage.prepare()  # a missing bucket or a wrong endpoint fails here, before any allocation
     run_and_emit(
         lambda progress: run_object_bench(spec, storage, progress=progress),
-        output=open_output(output_dir, "bench-objects"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench-objects"), plot_path=plot_path, output_format=output_format,
         plot=_plot_object_sweep, print_tables=_print_object_tables,
     )
 
@@ -458,7 +459,7 @@ def _print_tables(report: Any, document: dict[str, Any]) -> None:
 
 
 def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[int], repeat: int, warmup: int,
-                      as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
+                      output_format: str, plot_path: Path | None, output_dir: Path | None, model: str | None,
                       scale: float | None, writers: list[str] | None, storage_options: dict[str, str],
                       force: bool = False, device: str = "cpu") -> None:
     """``--workload checkpoint``: validate everything, then run the writers' shoot-out."""
@@ -482,7 +483,7 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
     workload = plan(spec)
     run_and_emit(
         lambda progress: run_checkpoint_bench(spec, storage, progress=progress, workload=workload),
-        output=open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, output_format=output_format,
         plot=_plot_shootout,
         print_tables=lambda report, doc: _print_checkpoint_tables(doc),
     )

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.interval import UNITS, emit, pct
 from ckptbench.cli.options import (
     FAILURE_RATE,
@@ -100,7 +101,7 @@ The lost-work term is first order: against the exact model it is off by terms of
 @async_options
 @click.option("--hot-spares", type=SPARE_COUNT, default=0, show_default=True,
               help="Idle spare nodes kept ready to swap in (at most the job's node count).")
-@click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
+@format_options
 @click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
 def goodput(**opts: Any) -> None:
     """Goodput, wasted hours and wasted dollars of a training run, with what-ifs.
@@ -113,10 +114,22 @@ def goodput(**opts: Any) -> None:
     """
     flags_override_config(opts, FAILURE_RATE, ("params", "model"), ("persist", "ckpt_time"))
     opts = named(opts)
-    if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in _REQUIRED):
+    if opts["explain"] and opts["output_format"] == "table" and all(opts[k] is None for k in _REQUIRED):
         click.echo(EXPLAIN, nl=False)
         return
-    emit(compute(opts), opts, _print_human, EXPLAIN)
+    emit(compute(opts), opts, _print_human, EXPLAIN, csv_rows)
+
+
+
+#: ``--format csv``: the run as given, then one row per what-if.
+CSV_COLUMNS = ("scenario", "description", "wall_hours", "wasted_hours", "goodput", "wasted_cost_usd",
+               "saved_hours", "net_saving_usd")
+
+
+def csv_rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    given = {"scenario": "as_given", "description": "the run as given", "wall_hours": doc["wall_hours"],
+             "wasted_hours": doc["wasted_hours"], "goodput": doc["goodput"], "wasted_cost_usd": doc["wasted_cost_usd"]}
+    return CSV_COLUMNS, [given, *({"scenario": w["name"], **w} for w in doc["what_if"])]
 
 
 def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def parallelism_for(world_size: int, dp: int | None, tp: int | None, pp: int | N
 
 
 def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: int, threads: list[int], repeat: int,
-                       warmup: int, as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
+                       warmup: int, output_format: str, plot_path: Path | None, output_dir: Path | None, model: str | None,
                        scale: float | None, writers: list[str] | None, storage_options: dict[str, str], force: bool,
                        dp: int | None, tp: int | None, pp: int | None, zero: str | None, default_model: str) -> None:
     """The checkpoint workload on every rank at once; rank 0 prints, writes --output and --plot."""
@@ -78,7 +78,7 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
                 return
             run_and_emit(
                 lambda progress: run_distributed_bench(spec, storage, world, progress=progress),
-                output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, as_json=as_json,
+                output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, output_format=output_format,
                 plot=_plot, print_tables=lambda report, doc: print_distributed_tables(doc))
     finally:
         leave_world()
