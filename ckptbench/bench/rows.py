@@ -135,7 +135,7 @@ def _sweep(document: dict[str, Any], describe: Any) -> _Found:
 
 def _fs(document: dict[str, Any]) -> _Found:
     return _sweep(document, lambda c: (
-        f"{c['threads']} threads x {format_size(c['block_size'])} ({c['schedule']})",
+        f"{c['threads']} thread{'' if c['threads'] == 1 else 's'} x {format_size(c['block_size'])} ({c['schedule']})",
         {"threads": c["threads"], "block_size_bytes": c["block_size"], "schedule": c["schedule"]}))
 
 
@@ -192,7 +192,9 @@ def _compare(document: dict[str, Any]) -> _Found:
                                    ("interference", "interference")):
             if metric not in runs and isinstance(measured.get(field_name), (int, float)):
                 runs[metric] = (float(measured[field_name]),)
-        out.append(({"configuration": tier["label"], "writer": "ckptbench", "tier": tier.get("tier") or tier["label"],
+        named = tier.get("tier")  # a tier file's settings, or None for a plain path or URL
+        name = named.get("name") if isinstance(named, dict) else named
+        out.append(({"configuration": tier["label"], "writer": "ckptbench", "tier": name or tier["label"],
                      "threads": key.get("threads"), "bytes_per_run": measured.get("workload_bytes"),
                      "runs": len(runs.get("save_gbps", ())), "leader": None}, runs))
     return out

@@ -17,7 +17,7 @@ from ckptbench.cli.options import failure_options, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED
-from ckptbench.units import format_duration, format_size
+from ckptbench.units import format_duration, format_size, runs_text
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SIZE = "256MiB"
@@ -339,7 +339,7 @@ def _print_tables(document: dict[str, Any]) -> None:
     console.print(
         f"[bold]workload on every tier[/]: {workload['model']} x{workload['scale']:.3g} ({shape['layers']} blocks, "
         f"hidden {shape['hidden']}), {format_size(workload['total_bytes'])} in {workload['tensors']} tensors  ·  "
-        f"ckptbench writer  ·  {spec['repeat']} runs (+{spec['warmup']} warm-up) per tier  ·  saves durable, "
+        f"ckptbench writer  ·  {runs_text(spec['repeat'], spec['warmup'])} per tier  ·  saves durable, "
         f"loads cold")
     recipe = job["recipe"]["description"]
     who = (f"{job['ranks']} ranks write {format_size(job['rank_bytes'])} each" if job["ranks"] > 1

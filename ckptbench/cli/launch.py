@@ -16,7 +16,7 @@ import click
 from ckptbench.checkpoint.distributed import Launch, detect_launch
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
-from ckptbench.units import format_size
+from ckptbench.units import format_size, range_text
 
 #: Options that only mean something under a launch, by parameter name -> flag.
 LAUNCH_ONLY = {"dp": "--dp", "tp": "--tp", "pp": "--pp", "zero": "--zero"}
@@ -111,7 +111,7 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
     names = {"save": "durable save", "load": "cold load", "async": "async save"}
     for op, s in document["summary"].items():
         stall = f"{s['stall_s']['median'] * 1e3:.1f} ms" if "stall_s" in s else ""
-        table.add_row(names[op], f"{s['gbps']['median']:.2f}", f"{s['gbps']['min']:.2f}–{s['gbps']['max']:.2f}",
+        table.add_row(names[op], f"{s['gbps']['median']:.2f}", range_text(s["gbps"]),
                       f"{s['duration_s']['median']:.3f} s", f"{s['rank_spread']['median']:.0%}",
                       f"{s['overhead_s']['median'] * 1e3:.1f} ms", stall)
     console.print(table)

@@ -101,7 +101,7 @@ def test_configurations_in_one_file_only_are_listed(cli, tmp_path):
     new = _fs(tmp_path, "new.json", {(1, 2**20): [1.0, 1.1], (8, 2**20): [3.0, 3.1]})
     out = cli("compare-results", str(old), str(new), "--format", "json")
     doc = _doc(out)
-    assert [c["configuration"] for c in doc["changes"]] == ["1 threads x 1 MiB (shared)"]
+    assert [c["configuration"] for c in doc["changes"]] == ["1 thread x 1 MiB (shared)"]
     assert doc["only_old"] == ["2 threads x 1 MiB (shared)"] and doc["only_new"] == ["8 threads x 1 MiB (shared)"]
 
 
