@@ -136,6 +136,12 @@ CLIENT_OPTION = click.option(
 @click.option("--force", is_flag=True,
               help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
                    "files would land among the system's own.")
+@click.option("--mlperf", type=click.Choice(["llama3-8b", "llama3-70b", "llama3-405b", "llama3-1t"]), default=None,
+              help="MLPerf Storage v2.0's checkpointing workload (its TP x PP x DP, ZeRO stage and checkpoint size): "
+                   "its subset mode, --ranks processes here each writing its rank's share, 10 writes then 10 cold "
+                   "reads; reported in GB/s and MLPerf's GB/s (GiB/s). --scale shrinks it (then not comparable).")
+@click.option("--ranks", type=params.POSITIVE_INT, default=None,
+              help="--mlperf: ranks run on this host, the first of the model's layout  [default: 8].")
 @click.option("--dp", type=params.POSITIVE_INT, default=None,
               help="Under torchrun/srun: data-parallel ranks  [default: the ranks tp x pp leave].")
 @click.option("--tp", type=params.POSITIVE_INT, default=None, help="Under torchrun/srun: tensor-parallel size  [default: 1].")
@@ -150,7 +156,8 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           model: str | None, scale: float | None, writers: list[str] | None, object_size: list[int] | None,
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
           storage_option: tuple[str, ...], client: str | None, force: bool, dp: int | None, tp: int | None, pp: int | None,
-          zero: str | None, device: str | None, runtime: float | None, sample_every: float) -> None:
+          zero: str | None, device: str | None, runtime: float | None, sample_every: float, mlperf: str | None,
+          ranks: int | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -201,6 +208,12 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         raise UsageError("--storage-option, --endpoint-url and --client apply to object storage (s3://...), not to a "
                          "directory")
     launch = launch_from_environment()
+    if mlperf is not None:
+        _bench_mlperf(mlperf, target, given, launch, ranks=ranks, scale=scale, repeat=repeat, warmup=warmup,
+                      output_format=output_format, plot_path=plot_path, output_dir=output_dir, storage_options=options)
+        return
+    if ranks is not None:
+        raise UsageError("--ranks goes with --mlperf (the MLPerf ranks run on this host)")
     if launch is None:
         misplaced = sorted(given & set(LAUNCH_ONLY))
         if misplaced:
@@ -270,6 +283,28 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         plot=_plot_sweep,
         print_tables=_print_tables,
     )
+
+
+def _bench_mlperf(name: str, target: str, given: set[str], launch: Any, **kwargs: Any) -> None:
+    """``--mlperf``: its sizes and layout come from MLPerf's table; the options that would change them are refused."""
+    from ckptbench.cli.mlperf import bench_mlperf
+
+    if launch is not None:
+        raise UsageError("--mlperf runs MLPerf's subset mode: the host's ranks are processes it starts itself",
+                         hint="run it without torchrun/srun, on each host to measure")
+    allowed = {"target", "mlperf", "ranks", "scale", "repeat", "warmup", "json", "format", "plot_path", "output_dir",
+               "endpoint_url", "storage_option"}
+    misplaced = sorted(given - allowed)
+    if misplaced:
+        raise UsageError(f"--{misplaced[0].replace('_', '-')} does not apply to --mlperf: its sizes, layout and "
+                         "procedure are MLPerf's")
+    from ckptbench.bench.mlperf import CHECKPOINTS
+
+    if "repeat" not in given:  # MLPerf: 10 checkpoints written, then read; no warm-up
+        kwargs["repeat"] = CHECKPOINTS
+    if "warmup" not in given:
+        kwargs["warmup"] = 0
+    bench_mlperf(name, target, **kwargs)
 
 
 def fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:
