@@ -8,7 +8,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.plot_footer import save_with_footer, whisker
+from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.units import format_duration, format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "overhead": "#8fb3de", "waste": "#b63b3b",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.plot_footer import save_with_footer, whisker
+from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.units import format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "async": "#5a9e5a",

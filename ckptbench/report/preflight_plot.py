@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.plot_footer import interval_axis, save_with_footer
+from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration, format_size
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import safeio
-from ckptbench.report.plot_footer import interval_axis, save_with_footer
+from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration, format_size
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.report.plot_footer import save_with_footer, whisker
+from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.report.timeseries_plot import best_phases, draw_histogram, draw_timeline, has_series
 from ckptbench.units import format_size
 

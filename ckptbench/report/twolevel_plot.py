@@ -11,7 +11,7 @@ from typing import Any
 
 from ckptbench.model import interval as single
 from ckptbench.model import twolevel
-from ckptbench.report.plot_footer import interval_axis
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.report.report_plots import _save
 from ckptbench.units import format_duration
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptbench import safeio
 from ckptbench.model.interval import CheckpointCost, waste_curve
-from ckptbench.report.plot_footer import interval_axis
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration
 
 
