@@ -287,7 +287,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
 
 def _bench_mlperf(name: str, target: str, given: set[str], launch: Any, **kwargs: Any) -> None:
     """``--mlperf``: its sizes and layout come from MLPerf's table; the options that would change them are refused."""
-    from ckptbench.cli.mlperf import bench_mlperf
+    from ckptbench.cli.bench_mlperf import bench_mlperf
 
     if launch is not None:
         raise UsageError("--mlperf runs MLPerf's subset mode: the host's ranks are processes it starts itself",
