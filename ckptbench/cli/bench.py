@@ -182,6 +182,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench /mnt/nvme --workload checkpoint --scale 0.1 --device cuda --writers ckptbench,dcp
       ckptbench bench s3://bucket/tmp --endpoint-url http://rgw:7480 --object-size 64MiB,256MiB --concurrency 8,32
       ckptbench bench s3://bucket/tmp --workload checkpoint --scale 0.02
+      ckptbench bench /mnt/nvme --mlperf llama3-70b                (MLPerf Storage's checkpointing, 8 ranks)
       torchrun --nproc-per-node 8 -m ckptbench bench /mnt/lustre --model llama3-70b --scale 0.05 --tp 8
 
     With --workload checkpoint, a state_dict with the model's tensor shapes (bf16 weights, fp32 optimizer
