@@ -1,5 +1,5 @@
 """Two results of the same kind compared metric by metric: the ratio NEW / OLD with its uncertainty from the
-runs, whether the change is beyond the noise (``stats.beats``, the tie rule everywhere else), and which
+runs, whether the change is beyond the noise (``model.noise.beats``, the tie rule everywhere else), and which
 changes are regressions past a threshold. Pure: ``compare-results`` prints it.
 
 The ratio is of the medians. Its uncertainty propagates each side's relative standard deviation
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.bench.rows import METRICS, Row, labelled, rows, schema_of
-from ckptbench.bench.stats import beats
 from ckptbench.errors import UsageError
+from ckptbench.model.noise import beats
 
 #: Metrics a "slower" threshold applies to: rates (lower is slower) and times (higher is slower).
 SPEED_METRICS = ("write_gbps", "read_gbps", "save_gbps", "load_gbps", "stall_s", "persist_s")
