@@ -229,3 +229,35 @@ def format_duration(seconds: float) -> str:
                 whole, rest = whole + 1, 0
             return f"{whole}{big_name}" + (f" {rest}{small_name}" if rest else "")
     raise AssertionError("unreachable")
+
+
+#: Fewer runs than this show no range (min–max): two samples say next to nothing about the noise.
+RANGE_MIN_RUNS = 3
+#: Fewer runs than this show no p10/p90: below ten samples a 10th percentile is an interpolated min.
+PERCENTILES_MIN_RUNS = 10
+
+
+def range_text(summary: dict[str, float | int], scale: float = 1.0, digits: int = 2) -> str:
+    """``min–max`` of a summary (``bench.stats.summarize``) (times ``scale``), or ``-`` with fewer than
+    :data:`RANGE_MIN_RUNS` runs."""
+    if summary.get("n", 0) < RANGE_MIN_RUNS:
+        return "-"
+    return f"{summary['min'] * scale:.{digits}f}–{summary['max'] * scale:.{digits}f}"
+
+
+def percentiles_text(summary: dict[str, float | int], scale: float = 1.0, digits: int = 2) -> str:
+    """``p10/p90`` of a summary (``bench.stats.summarize``), or ``-`` with fewer than :data:`PERCENTILES_MIN_RUNS` runs."""
+    if summary.get("n", 0) < PERCENTILES_MIN_RUNS:
+        return "-"
+    return f"{summary['p10'] * scale:.{digits}f}/{summary['p90'] * scale:.{digits}f}"
+
+
+def runs_text(repeat: int, warmup: int) -> str:
+    """``1 run (no warm-up)``, ``3 runs (+1 warm-up)``."""
+    runs = f"{repeat} run{'' if repeat == 1 else 's'}"
+    return f"{runs} (no warm-up)" if warmup == 0 else f"{runs} (+{warmup} warm-up)"
+
+
+def count_text(count: int, noun: str) -> str:
+    """``1 file``, ``8 files``: a count with its noun in the right number (nouns that take an ``s``)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

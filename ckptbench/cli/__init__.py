@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "goodput": "ckptbench.cli.goodput:goodput",
     "preflight": "ckptbench.cli.preflight:preflight",
     "compare": "ckptbench.cli.compare:compare",
+    "compare-results": "ckptbench.cli.compare_results:compare_results",
     "recommend": "ckptbench.cli.recommend:recommend",
     "report": "ckptbench.cli.report:report",
 }

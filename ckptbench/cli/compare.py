@@ -11,12 +11,13 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.interval import _local_loss, pct
 from ckptbench.cli.options import failure_options, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED
-from ckptbench.units import format_duration, format_size
+from ckptbench.units import format_duration, format_size, runs_text
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SIZE = "256MiB"
@@ -81,7 +82,7 @@ DEFAULT_RUN_TIME = "30d"
                    "gives it: llama3)  [default: the --failures preset's].")
 @click.option("--remote-every", type=params.POSITIVE_INT, default=None,
               help="Two levels: with --every, evaluate a remote copy every this many local checkpoints.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout instead of tables.")
+@format_options
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file; "
                    "with --local/--remote also both schedules' waste versus interval to NAME-two-level.png.")
@@ -94,7 +95,7 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
             restart: float | None, mode: str, interference: float | None, every: float | None, run_time: float,
             keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], client: str | None,
             local_dir: str | None,
-            remote_url: str | None, local_loss: str | None, remote_every: int | None, as_json: bool,
+            remote_url: str | None, local_loss: str | None, remote_every: int | None, output_format: str,
             plot_path: Path | None, output_dir: Path | None) -> None:
     """The same checkpoint workload on every tier, side by side, and what each costs the job.
 
@@ -177,13 +178,13 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
             return _TwoLevelReport(report, decide(job, local, remote, drain, local_loss=loss[0],
                                                   local_loss_source=loss[1], remote_every=remote_every))
 
-        run_and_emit(run_two, output=open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
+        run_and_emit(run_two, output=open_output(output_dir, "compare"), plot_path=plot_path, output_format=output_format,
                      plot=_plot, print_tables=lambda report, document: _print_two_levels(document))
         return
     check_targets(resolved, work)
     run_and_emit(
         lambda progress: run_compare(spec, job, resolved, workload=work, progress=progress, saved=saved),
-        output=open_output(output_dir, "compare"), plot_path=plot_path, as_json=as_json,
+        output=open_output(output_dir, "compare"), plot_path=plot_path, output_format=output_format,
         plot=_plot, print_tables=lambda report, document: _print_tables(document),
     )
 
@@ -338,7 +339,7 @@ def _print_tables(document: dict[str, Any]) -> None:
     console.print(
         f"[bold]workload on every tier[/]: {workload['model']} x{workload['scale']:.3g} ({shape['layers']} blocks, "
         f"hidden {shape['hidden']}), {format_size(workload['total_bytes'])} in {workload['tensors']} tensors  ·  "
-        f"ckptbench writer  ·  {spec['repeat']} runs (+{spec['warmup']} warm-up) per tier  ·  saves durable, "
+        f"ckptbench writer  ·  {runs_text(spec['repeat'], spec['warmup'])} per tier  ·  saves durable, "
         f"loads cold")
     recipe = job["recipe"]["description"]
     who = (f"{job['ranks']} ranks write {format_size(job['rank_bytes'])} each" if job["ranks"] > 1

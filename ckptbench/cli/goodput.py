@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.interval import UNITS, emit, pct
 from ckptbench.cli.options import (
     FAILURE_RATE,
@@ -28,6 +29,10 @@ from ckptbench.units import format_duration
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: Options without which nothing is computed (their names in code, see ``named``).
 _REQUIRED = ("tokens", "gpus", "peak_tflops", "mfu", "detect_s", "replace_s", "resume_s")
+#: --detect's default and where it comes from.
+DETECT_DEFAULT_S = 600.0
+DETECT_SOURCE = ("PyTorch's default NCCL collective timeout (torch.distributed.init_process_group: 10 minutes): a job "
+                 "hung on a lost rank fails when it expires; a crashed process is noticed sooner")
 #: Above this ``(interval + checkpoint + recovery) / MTBF`` the first-order accounting is flagged.
 FIRST_ORDER_NOTE_RATIO = 0.3
 #: Hot spares are nodes: at most the job's node count, which is at most this.
@@ -74,23 +79,29 @@ The lost-work term is first order: against the exact model it is off by terms of
 @click.option("--params", type=params.FINITE_COUNT, default=None, help="Model parameters: 100B.")
 @click.option("--model", metavar="PRESET", default=None,
               help="A model preset from configs/models instead of --params: llama3-405b.")
-@click.option("--tokens", type=params.FINITE_COUNT, default=None, help="Training tokens: 20T.  [required]")
+@click.option("--tokens", type=params.FINITE_COUNT, default=None,
+              help="Training tokens: 20T  [default: the --model preset's published run: llama3-* 15T, 405b 15.6T].")
 @click.option("--gpus", type=GPU_COUNT, default=None, help="GPUs in the job: 4000.  [required]")
+@click.option("--gpu", metavar="NAME", default=None,
+              help="The GPU, for its peak dense BF16 TFLOP/s from its datasheet (configs/gpus): h100, h200 (989), "
+                   "a100 (312), b200 (2250), mi300x (1307.4)  [default: the --model preset's: llama3-* h100].")
 @click.option("--peak-tflops", type=params.FINITE_POSITIVE_NUMBER, default=None,
-              help="Peak dense TFLOP/s per GPU in the training dtype: 989 (H100 SXM bf16; 1979 is the same GPU with "
-                   "2:4 sparsity, which dense training does not use).  [required]")
+              help="Peak dense TFLOP/s per GPU in the training dtype, instead of --gpu: 989 (H100 SXM bf16; 1979 is "
+                   "the same GPU with 2:4 sparsity, which dense training does not use).")
 @click.option("--mfu", type=params.FRACTION, default=None,
-              help="Model FLOPs utilisation: 0.35 or 35%.  [required]")
+              help="Model FLOPs utilisation: 0.35 or 35%  [default: the --model preset's: llama3-* 41%, the Llama 3 "
+                   "405B run's on 16,384 H100].")
 @click.option("--gpus-per-node", type=GPU_COUNT, default=8, show_default=True, help="GPUs per node.")
 @click.option("--node-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
 @click.option("--gpu-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
 @failure_options(with_count=False)
 @click.option("--detect", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
-              help="Time to notice a failure: 60m.  [required]")
+              help="Time to notice a failure: 60m  [default: 10m, PyTorch's NCCL collective timeout, after which a "
+                   "job hung on a lost rank fails].")
 @click.option("--replace", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
-              help="Time to replace the failed node: 60m.  [required]")
+              help="Time to replace the failed node: 60m (no default: it is your cluster's).  [required]")
 @click.option("--resume", type=params.BOUNDED_DURATION_OR_ZERO, default=None,
-              help="Time to restart the job and load the checkpoint: 30m.  [required]")
+              help="Time to restart the job and load the checkpoint: 30m (no default: your job's).  [required]")
 @click.option("--ckpt-interval", type=params.BOUNDED_DURATION, default=None,
               help="Training time between checkpoints: 30m (adds lost work and stalls).")
 @click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
@@ -100,7 +111,7 @@ The lost-work term is first order: against the exact model it is off by terms of
 @async_options
 @click.option("--hot-spares", type=SPARE_COUNT, default=0, show_default=True,
               help="Idle spare nodes kept ready to swap in (at most the job's node count).")
-@click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
+@format_options
 @click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
 def goodput(**opts: Any) -> None:
     """Goodput, wasted hours and wasted dollars of a training run, with what-ifs.
@@ -113,10 +124,70 @@ def goodput(**opts: Any) -> None:
     """
     flags_override_config(opts, FAILURE_RATE, ("params", "model"), ("persist", "ckpt_time"))
     opts = named(opts)
-    if opts["explain"] and not opts["as_json"] and all(opts[k] is None for k in _REQUIRED):
+    if opts["explain"] and opts["output_format"] == "table" and all(opts[k] is None for k in _REQUIRED):
         click.echo(EXPLAIN, nl=False)
         return
-    emit(compute(opts), opts, _print_human, EXPLAIN)
+    emit(compute(opts), opts, _print_human, EXPLAIN, csv_rows)
+
+
+
+#: ``--format csv``: the run as given, then one row per what-if.
+CSV_COLUMNS = ("scenario", "description", "wall_hours", "wasted_hours", "goodput", "wasted_cost_usd",
+               "saved_hours", "net_saving_usd")
+
+
+def csv_rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    given = {"scenario": "as_given", "description": "the run as given", "wall_hours": doc["wall_hours"],
+             "wasted_hours": doc["wasted_hours"], "goodput": doc["goodput"], "wasted_cost_usd": doc["wasted_cost_usd"]}
+    return CSV_COLUMNS, [given, *({"scenario": w["name"], **w} for w in doc["what_if"])]
+
+
+def _with_defaults(opts: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``opts`` with every input the model preset, the GPU named and the documented defaults give filled in,
+    and the list of those taken (option, value, source). Every input still missing is named in one
+    ``UsageError``, not one per rerun."""
+    from ckptbench.model import presets
+
+    if opts["param_count"] is not None and opts["model_preset"] is not None:
+        raise UsageError("--params and --model both give the parameter count", hint="give one of them")
+    if opts["gpu"] is not None and opts["peak_tflops"] is not None:
+        raise UsageError("--gpu and --peak-tflops both give the peak compute", hint="give one of them")
+    opts, defaults = dict(opts), []
+
+    def take(key: str, option: str, value: Any, shown: str, source: str) -> None:
+        opts[key] = value
+        defaults.append({"option": option, "value": value, "shown": shown, "source": source})
+
+    preset = opts["model_preset"]
+    training = presets.load_training(preset) if preset is not None else None
+    if training is not None and opts["tokens"] is None and training.tokens is not None:
+        take("tokens", "--tokens", training.tokens, f"{training.tokens / 1e12:g}T", f"{preset}: {training.source}")
+    if training is not None and opts["mfu"] is None and training.mfu is not None:
+        take("mfu", "--mfu", training.mfu, f"{training.mfu:.0%}", f"{preset}: {training.source}")
+    gpu_name = opts["gpu"]
+    if gpu_name is None and opts["peak_tflops"] is None and training is not None and training.gpu is not None:
+        gpu_name = training.gpu
+        defaults.append({"option": "--gpu", "value": gpu_name, "shown": gpu_name, "source": f"{preset}: {training.source}"})
+    if gpu_name is not None:
+        gpu = presets.load_gpu(gpu_name)
+        take("peak_tflops", "--peak-tflops", float(gpu.peak_tflops), f"{gpu.peak_tflops:g}",
+             f"{gpu.description}: {gpu.source}")
+    if opts["detect_s"] is None:
+        take("detect_s", "--detect", DETECT_DEFAULT_S, format_duration(DETECT_DEFAULT_S), DETECT_SOURCE)
+
+    missing = []
+    if opts["param_count"] is None and preset is None:
+        missing.append("--params (or --model)")
+    for key, flag in (("tokens", "--tokens"), ("gpus", "--gpus"), ("peak_tflops", "--peak-tflops (or --gpu)"),
+                      ("mfu", "--mfu"), ("replace_s", "--replace"), ("resume_s", "--resume")):
+        if opts[key] is None:
+            missing.append(flag)
+    if all(opts[k] is None for k in ("mtbf_s", "gpu_mtbf_s", "node_mtbf_s", "faults_per_day", "failure_preset")):
+        missing.append("a failure rate (--faults-per-day 1, --mtbf 3h, --gpu-mtbf 50000h or --failures llama3)")
+    if missing:
+        given = f" (defaults taken: {', '.join(d['option'] for d in defaults)})" if defaults else ""
+        raise UsageError(f"missing {', '.join(missing)}{given}", hint="see 'ckptbench goodput --help'")
+    return opts, defaults
 
 
 def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:
@@ -160,14 +231,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     from ckptbench.model import presets
     from ckptbench.model.interval import CheckpointCost
 
-    for key in _REQUIRED:
-        if opts[key] is None:
-            flag = "--" + key.removesuffix("_s").replace("_", "-")
-            raise UsageError(f"missing option {flag}", hint="see 'ckptbench goodput --help'")
-    if opts["param_count"] is not None and opts["model_preset"] is not None:
-        raise UsageError("--params and --model both give the parameter count", hint="give one of them")
-    if opts["param_count"] is None and opts["model_preset"] is None:
-        raise UsageError("missing option --params (or --model)")
+    opts, defaults = _with_defaults(opts)
     param_count = opts["param_count"] or presets.load_model(opts["model_preset"]).params
     run = model.TrainingRun(param_count, opts["tokens"], opts["gpus"], opts["peak_tflops"] * 1e12, opts["mfu"],
                             opts["gpus_per_node"])
@@ -177,8 +241,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
         gpus=run.gpus, nodes=run.nodes, count_given=False,
     )
-    if failures is None:
-        raise UsageError("give the failure rate: --faults-per-day 1, --mtbf 3h, --gpu-mtbf 50000h or --failures llama3")
+    assert failures is not None  # checked with the other missing inputs
     if opts.get("from_result") is not None:
         opts = {**opts, **_cost_from(opts)}
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
@@ -236,7 +299,9 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         "badput": {f"{name}_hours": hours for name, hours in badput_hours.items()},
         "what_if": [s.as_dict() for s in scenarios],
         "notes": notes,
-        "assumptions": [line.strip() for line in EXPLAIN.splitlines() if line.strip()],
+        "defaults": defaults,
+        "assumptions": [f"default {d['option']} {d['shown']}: {d['source']}" for d in defaults]
+        + [line.strip() for line in EXPLAIN.splitlines() if line.strip()],
         "units": UNITS,
     }
 
@@ -312,6 +377,9 @@ def _print_human(doc: dict[str, Any]) -> None:
         + (f" + lost work (checkpoint every {format_duration(doc['checkpoint_interval_s'])}, "
            f"{format_duration(doc['checkpoint_s'])} each)" if doc["includes_checkpointing"] else ""),
     )
+    if doc["defaults"]:
+        taken = ", ".join(f"{d['option']} {d['shown']}" for d in doc["defaults"])
+        console.print(f"[bold]Defaults[/bold]: {taken} [dim](sources: --format json 'defaults')[/dim]")
     console.print()
     planned = doc["planned_hours"]
     table = Table(title="Where the time goes")

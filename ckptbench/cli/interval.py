@@ -8,7 +8,6 @@ share are in ``cli/options.py``. Nothing here imports torch; numpy is imported o
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptbench.cli import params
+from ckptbench.cli import formats, params
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.options import (
     FAILURE_RATE,
     async_options,
@@ -123,20 +123,36 @@ Two levels (--remote-ckpt-time D, --local-loss q, --restart R1, --remote-restart
 """
 
 
-def emit_json(doc: dict[str, Any]) -> None:
-    """Exactly one JSON document on stdout."""
-    click.echo(json.dumps(doc, indent=2, allow_nan=False))
-
-
-def emit(doc: dict[str, Any], opts: dict[str, Any], print_human: Callable[[dict[str, Any]], None], explain: str) -> None:
-    """The commands' common ending: one JSON document (``--json``), or the tables then, with ``--explain``, the formulas."""
-    if opts["as_json"]:
-        emit_json(doc)
+def emit(doc: dict[str, Any], opts: dict[str, Any], print_human: Callable[[dict[str, Any]], None], explain: str,
+         csv_rows: Callable[[dict[str, Any]], tuple[Any, Any]]) -> None:
+    """The commands' common ending: the document in ``--format`` (json, csv), or the tables then, with
+    ``--explain``, the formulas."""
+    if opts["output_format"] != "table":
+        formats.emit(doc, opts["output_format"], print_human, csv_rows)
         return
     print_human(doc)
     if opts["explain"]:
         click.echo()
         click.echo(explain, nl=False)
+
+
+#: ``--format csv``: one row per interval (Young's, Daly's, the exact optimum, the round one recommended, yours).
+CSV_COLUMNS = ("interval", "interval_s", "waste_fraction", "overhead_fraction")
+
+
+def csv_rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    found = [
+        {"interval": "young", "interval_s": doc["young_interval_s"], "waste_fraction": doc["waste_fraction_young"]},
+        {"interval": "daly", "interval_s": doc["daly_interval_s"], "waste_fraction": doc["waste_fraction_daly"]},
+        {"interval": "optimum", "interval_s": doc["optimal_interval_s"], "waste_fraction": doc["waste_fraction"],
+         "overhead_fraction": doc["overhead_fraction_at_optimum"]},
+        {"interval": "recommended", "interval_s": doc["recommended_interval_s"]},
+    ]
+    if doc.get("interval_s") is not None:
+        found.append({"interval": "yours", "interval_s": doc["interval_s"],
+                      "waste_fraction": doc["waste_fraction_at_interval"],
+                      "overhead_fraction": doc["overhead_fraction"]})
+    return CSV_COLUMNS, [row for row in found if row["interval_s"] is not None]
 
 
 
@@ -209,7 +225,7 @@ _SERVING: dict[str, tuple[str, ...]] = {
 @click.option("--weibull-shape", type=params.FINITE_POSITIVE_NUMBER, default=None,
               help="Simulated failures: Weibull shape (1 = exponential; < 1 bursty)  [default: the preset's, or 1].")
 @click.option("--seed", type=params.NONNEGATIVE_INT, default=None, help="Simulation RNG seed  [default: 0].")
-@click.option("--json", is_flag=True, help="Print one JSON document instead of tables.")
+@format_options
 @click.option("--explain", is_flag=True, help="Print the formulas and their assumptions.")
 def interval(**opts: Any) -> None:
     """The optimal checkpoint interval (Young, Daly, exact; sync or async) and the waste at yours.
@@ -230,13 +246,13 @@ def interval(**opts: Any) -> None:
     opts = named(opts)
     cost_given = any(opts[k] is not None for k in ("ckpt_time_s", "size_bytes", "param_count", "model_preset",
                                                    "stall_s", "persist_s"))
-    if opts["explain"] and not cost_given and not opts["as_json"]:
+    if opts["explain"] and not cost_given and opts["output_format"] == "table":
         click.echo(EXPLAIN, nl=False)
         return
     doc = compute(opts)
     if opts["plot_path"] is not None:
         _plot(doc, opts["plot_path"])
-    emit(doc, opts, _print_human, EXPLAIN)
+    emit(doc, opts, _print_human, EXPLAIN, csv_rows)
 
 
 def compute(opts: dict[str, Any]) -> dict[str, Any]:

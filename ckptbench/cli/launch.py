@@ -16,7 +16,7 @@ import click
 from ckptbench.checkpoint.distributed import Launch, detect_launch
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
-from ckptbench.units import format_size
+from ckptbench.units import format_size, range_text
 
 #: Options that only mean something under a launch, by parameter name -> flag.
 LAUNCH_ONLY = {"dp": "--dp", "tp": "--tp", "pp": "--pp", "zero": "--zero"}
@@ -44,7 +44,7 @@ def parallelism_for(world_size: int, dp: int | None, tp: int | None, pp: int | N
 
 
 def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: int, threads: list[int], repeat: int,
-                       warmup: int, as_json: bool, plot_path: Path | None, output_dir: Path | None, model: str | None,
+                       warmup: int, output_format: str, plot_path: Path | None, output_dir: Path | None, model: str | None,
                        scale: float | None, writers: list[str] | None, storage_options: dict[str, str], force: bool,
                        dp: int | None, tp: int | None, pp: int | None, zero: str | None, default_model: str) -> None:
     """The checkpoint workload on every rank at once; rank 0 prints, writes --output and --plot."""
@@ -78,7 +78,7 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
                 return
             run_and_emit(
                 lambda progress: run_distributed_bench(spec, storage, world, progress=progress),
-                output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, as_json=as_json,
+                output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, output_format=output_format,
                 plot=_plot, print_tables=lambda report, doc: print_distributed_tables(doc))
     finally:
         leave_world()
@@ -111,7 +111,7 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
     names = {"save": "durable save", "load": "cold load", "async": "async save"}
     for op, s in document["summary"].items():
         stall = f"{s['stall_s']['median'] * 1e3:.1f} ms" if "stall_s" in s else ""
-        table.add_row(names[op], f"{s['gbps']['median']:.2f}", f"{s['gbps']['min']:.2f}–{s['gbps']['max']:.2f}",
+        table.add_row(names[op], f"{s['gbps']['median']:.2f}", range_text(s["gbps"]),
                       f"{s['duration_s']['median']:.3f} s", f"{s['rank_spread']['median']:.0%}",
                       f"{s['overhead_s']['median'] * 1e3:.1f} ms", stall)
     console.print(table)

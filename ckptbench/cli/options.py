@@ -212,7 +212,7 @@ OPTION_KEYS: dict[str, str] = {
     "ckpt_time": "ckpt_time_s", "size": "size_bytes", "params": "param_count", "model": "model_preset",
     "bandwidth": "bandwidth_bytes_per_s", "stall": "stall_s", "persist": "persist_s", "mtbf": "mtbf_s",
     "gpu_mtbf": "gpu_mtbf_s", "node_mtbf": "node_mtbf_s", "failures": "failure_preset", "restart": "restart_s",
-    "every": "every_s", "plot": "plot_path", "simulate": "simulate_runs", "work": "work_s", "json": "as_json",
+    "every": "every_s", "plot": "plot_path", "simulate": "simulate_runs", "work": "work_s",
     "detect": "detect_s", "replace": "replace_s", "resume": "resume_s", "ckpt_interval": "ckpt_interval_s",
     "remote_ckpt_time": "remote_ckpt_time_s", "remote_restart": "remote_restart_s",
 }

@@ -14,6 +14,7 @@ import click
 from ckptbench.bench.records import document_header
 from ckptbench.cli import params
 from ckptbench.cli.bench import storage_options_from
+from ckptbench.cli.formats import format_options
 from ckptbench.cli.options import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.decide.scaling import SAME_SIZE
@@ -96,7 +97,7 @@ def _interval(value: str) -> float | None:
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@format_options
 @click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
@@ -173,7 +174,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     launch = launch_from_environment()
     if launch is not None:
         code = preflight_under_launch(launch, job, storage, model=DEFAULT_MODEL if preset is None else preset,
-                                      repeat=opts["repeat"], as_json=opts["as_json"], output_dir=opts["output_dir"],
+                                      repeat=opts["repeat"], output_format=opts["output_format"], output_dir=opts["output_dir"],
                                       plot_path=opts["plot_path"])
         ctx.exit(code)
     from ckptbench.bench.shootout import CheckpointBenchSpec, plan
@@ -189,7 +190,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
         return report
 
     run_and_emit(run, output=open_output(opts["output_dir"], "preflight"), plot_path=opts["plot_path"],
-                 as_json=opts["as_json"], plot=_plot, print_tables=lambda report, doc: _print(doc))
+                 output_format=opts["output_format"], plot=_plot, print_tables=lambda report, doc: _print(doc))
     ctx.exit(report_box[0].verdict.exit_code)
 
 
@@ -278,7 +279,7 @@ def _local_world_size() -> int | None:
     return None
 
 
-def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, repeat: int, as_json: bool,
+def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, repeat: int, output_format: str,
                            output_dir: Path | None, plot_path: Path | None) -> int:
     """Every rank of a torchrun/srun launch writes and cold-reads its real share of the job's checkpoint at
     once (the distributed bench); rank 0 evaluates the verdict on that measurement and prints it.
@@ -314,7 +315,7 @@ def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, r
                 return report
 
             try:
-                run_and_emit(run, output=open_output(output_dir, "preflight"), plot_path=plot_path, as_json=as_json,
+                run_and_emit(run, output=open_output(output_dir, "preflight"), plot_path=plot_path, output_format=output_format,
                              plot=_plot, print_tables=lambda report, doc: _print(doc))
             finally:
                 code = report_box[0].verdict.exit_code if report_box else 2

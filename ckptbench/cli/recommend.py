@@ -3,13 +3,13 @@ as a TOML snippet and as ``ckptbench.save`` / ``Checkpointer`` / DCP writer argu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ckptbench.cli import params
+from ckptbench.cli.formats import emit, format_options
 from ckptbench.cli.options import failure_options, read_result, resolve_failures
 from ckptbench.cli.render import progress_bar, stdout_console
 from ckptbench.errors import UsageError
@@ -33,9 +33,9 @@ SWEEP_SIZE = 512 * 2**20
 @failure_options(with_count=True)
 @click.option("--restart", type=params.BOUNDED_DURATION, default=None,
               help="Time from a failure to training again, before reloading: 10m  [default: 0].")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the snippet.")
+@format_options
 def recommend(results: tuple[Path, ...], target: str | None, size: int | None, ckpt_size: int | None, restart: float | None,
-              as_json: bool, **rate: Any) -> None:
+              output_format: str, **rate: Any) -> None:
     """Settings to use, each with the measurement that justifies it.
 
     Reads results of `ckptbench bench` (filesystem or s3:// sweeps, --workload checkpoint, under
@@ -72,9 +72,18 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
     doc = {"schema": "ckptbench.recommendation/1", "sources": [w for w, _ in documents],
            "settings": {k: {"value": a.value, "reason": a.reason} for k, a in advice.items()},
            "toml": rec.as_toml(advice), "code": rec.as_code(advice)}
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-        return
+    emit(doc, output_format, _print, csv_rows)
+
+
+#: ``--format csv``: one row per setting.
+CSV_COLUMNS = ("setting", "value", "reason")
+
+
+def csv_rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    return CSV_COLUMNS, [{"setting": name, **entry} for name, entry in doc["settings"].items()]
+
+
+def _print(doc: dict[str, Any]) -> None:
     console = stdout_console()
     console.print(f"[bold]from:[/] {', '.join(doc['sources'])}")
     console.print("[bold]# ckptbench settings (TOML)[/]")
@@ -82,7 +91,6 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
     console.print("[bold]# as arguments[/]")
     for line in doc["code"]:
         click.echo(line)
-
 
 def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     import tempfile

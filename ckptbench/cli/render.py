@@ -18,6 +18,7 @@ import click
 
 from ckptbench import knobs
 from ckptbench.bench.progress import Progress
+from ckptbench.cli.formats import emit
 from ckptbench.cli.params import shown_path
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.model.tiers import CREDENTIAL_OPTIONS
@@ -194,9 +195,10 @@ def open_output(output_dir: Path | None, prefix: str) -> ResultFile | None:
 
 
 def run_and_emit(run: Callable[[Progress], Any], *, output: ResultFile | None, plot_path: Path | None,
-                 as_json: bool, plot: Callable[[dict[str, Any], Path], None],
+                 output_format: str, plot: Callable[[dict[str, Any], Path], None],
                  print_tables: Callable[[Any, dict[str, Any]], None]) -> None:
-    """Run a benchmark under a progress bar, then print it (tables or JSON), write the result file and the PNG.
+    """Run a benchmark under a progress bar, then print it (``output_format``: tables, JSON or CSV), write the
+    result file and the PNG.
 
     ``run(progress)`` returns a report with ``to_dict()``. The result file was opened before the run;
     it (and any directory made for it) is removed if the run fails or is interrupted before it is
@@ -209,10 +211,10 @@ def run_and_emit(run: Callable[[Progress], Any], *, output: ResultFile | None, p
         document["argv"] = ["ckptbench", *redacted_argv(sys.argv[1:])]
         text = json.dumps(document, indent=2)
         # stdout first: a result file that cannot be written (disk full) must not take the numbers with it
-        if as_json:
+        if output_format == "json":
             click.echo(text)
         else:
-            print_tables(report, document)
+            emit(document, output_format, lambda doc: print_tables(report, doc))
         if output is not None:
             try:
                 output.write(text + "\n")
@@ -228,7 +230,7 @@ def run_and_emit(run: Callable[[Progress], Any], *, output: ResultFile | None, p
             plot(document, plot_path)
         except OSError as exc:
             raise StorageIOError(f"--plot {shown_path(plot_path)} could not be written: {exc.strerror}") from None
-    if not as_json:
+    if output_format == "table":
         if output is not None:
             click.echo(f"result: {os.path.relpath(output.path)}")
         if plot_path is not None:

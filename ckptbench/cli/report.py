@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ckptbench.cli import params
+from ckptbench.cli.formats import emit, format_options
 from ckptbench.errors import UsageError
 
 DEFAULT_HTML = Path("report.html")
@@ -27,8 +28,9 @@ DEFAULT_TITLE = "ckptbench report"
 @click.option("--skip-unknown", is_flag=True,
               help="Leave out result files of a schema this ckptbench does not report on (with a warning) "
                    "instead of failing: handy with results/*.json.")
+@format_options
 def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Path | None, title: str,
-           skip_unknown: bool) -> None:
+           skip_unknown: bool, output_format: str) -> None:
     """Build a report from result files of `ckptbench bench` (--output DIR or --json): for each file, where
     it was measured (host, CPU, kernel, filesystem or endpoint), the tables, the plots and the warnings
     with their remedies; with two or more, a tier comparison of their best write and read rates first.
@@ -46,6 +48,8 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
     one line naming the file, nothing written (see --skip-unknown).
 
     Without --html or --markdown the report is written to ./report.html; give both to get both.
+    --format json or csv prints every file's rows instead (one per configuration, writer or tier, the
+    overview's numbers with their runs) and writes a report only where --html or --markdown asks.
     Every input is read and every figure drawn before any file is written. The HTML has its CSS
     inline and its figures as data: URIs: no script, no external URL, readable offline and by mail.
 
@@ -59,7 +63,9 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
     from ckptbench.report.html import write_html, write_markdown
     from ckptbench.report.sections import build_report, read_result, renderer_for
 
-    if html_path is None and markdown_path is None:
+    if output_format != "table" and html_path is not None and str(html_path) == "-":
+        raise UsageError(f"--html - and --format {output_format} both write to standard output", hint="give one")
+    if html_path is None and markdown_path is None and output_format == "table":
         html_path = _default_html()
     outputs = {"--html": html_path, "--markdown": markdown_path}
     _check_outputs(outputs, results)
@@ -77,6 +83,10 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
         documents.append((str(path), document))
     if not documents:
         raise UsageError("no result file of a schema ckptbench reports on", hint="see 'ckptbench report --help'")
+    if output_format != "table":
+        _emit_rows(documents, output_format)
+        if html_path is None and markdown_path is None:
+            return
     built = build_report(documents, title=title)
 
     figures = len(built.figures)
@@ -94,6 +104,15 @@ def report(results: tuple[Path, ...], html_path: Path | None, markdown_path: Pat
         written = write_markdown(built, markdown_path)
         pngs = f", figures {written[1].name}..{written[-1].name}" if len(written) > 1 else ""
         click.echo(f"report: {markdown_path} ({summary}{pngs})", err=to_stdout)  # stdout may hold the HTML
+
+
+def _emit_rows(documents: list[tuple[str, dict[str, Any]]], output_format: str) -> None:
+    """Every file's rows (``bench.rows``) as one CSV, or as a JSON document ``ckptbench.rows/1``."""
+    from ckptbench.bench.rows import COLUMNS, rows
+
+    found = [row.columns() for where, document in documents for row in rows(document, where)]
+    document = {"schema": "ckptbench.rows/1", "columns": list(COLUMNS), "rows": found}
+    emit(document, output_format, lambda doc: None, lambda doc: (COLUMNS, doc["rows"]))
 
 
 def _default_html() -> Path:

@@ -1,4 +1,6 @@
-"""Named presets: model shapes (``configs/models/*.toml``) and failure rates (``configs/failures/*.toml``).
+"""Named presets: model shapes (``configs/models/*.toml``, with the published run's training defaults in an
+optional ``[training]`` table), failure rates (``configs/failures/*.toml``) and GPUs' peak compute
+(``configs/gpus/*.toml``).
 
 Lookup order for the ``configs`` directory: ``ckptbench/_configs`` (where an installed wheel carries
 a copy), then the repository's top-level ``configs/``. A preset's name is its file name without
@@ -34,10 +36,57 @@ def preset_names(kind: str) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.toml")) if directory.is_dir() else []
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuPreset:
+    """A GPU's peak dense tensor-core rate in the training dtype (BF16), from its datasheet (``source``)."""
+
+    name: str
+    peak_tflops: float
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.peak_tflops, bool) or not isinstance(self.peak_tflops, (int, float)) \
+                or not 0 < self.peak_tflops < 1e6:
+            raise ConfigError(f"gpu preset {self.name!r}: peak_tflops {self.peak_tflops!r} is not a positive number")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingDefaults:
+    """What a model's published training run used (a model preset's ``[training]`` table), each ``None``
+    where the source does not say: the defaults ``goodput`` takes for ``--tokens``, ``--gpu``, ``--mfu``."""
+
+    name: str
+    tokens: float | None = None
+    gpu: str | None = None
+    mfu: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key, value, high in (("tokens", self.tokens, 1e18), ("mfu", self.mfu, 1.0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value <= high):
+                raise ConfigError(f"model preset {self.name!r}: [training] {key} = {value!r} is out of range")
+
+
 def load_model(name: str) -> ModelShape:
     """The model preset ``name`` (e.g. ``llama3-70b``) as a :class:`ModelShape`."""
-    data = _load("models", name)
+    data = dict(_load("models", name))
+    data.pop("training", None)
     return _build(ModelShape, "model", name, data)
+
+
+def load_training(name: str) -> TrainingDefaults:
+    """The ``[training]`` table of model preset ``name`` (all ``None`` when it has none)."""
+    table = _load("models", name).get("training", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"model preset {name!r}: [training] must be a table")
+    return _build(TrainingDefaults, "model training", name, table)
+
+
+def load_gpu(name: str) -> GpuPreset:
+    """The GPU preset ``name`` (e.g. ``h100``)."""
+    return _build(GpuPreset, "gpu", name, _load("gpus", name))
 
 
 def load_failures(name: str) -> FailurePreset:

@@ -4,10 +4,12 @@ times (without one)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.units import format_duration, format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "overhead": "#8fb3de", "waste": "#b63b3b",
@@ -33,11 +35,13 @@ def plot_compare(document: dict[str, Any], path: Path) -> Path:
     workload = document["workload"]
     who = f"{job['ranks']} ranks" if job["ranks"] > 1 else "1 rank"
     failure = f"MTBF {format_duration(job['mtbf_s'])}" if job["mtbf_s"] is not None else "no failure rate"
-    fig.suptitle(f"measured: {workload['model']} x{workload['scale']:.3g}, {format_size(workload['total_bytes'])} "
-                 f"per save (ckptbench writer, durable saves, cold loads); job: "
-                 f"{format_size(job['checkpoint_bytes'])} per checkpoint, {who}, {job['mode']}, "
-                 f"{failure}", fontsize=8)
-    return save_with_footer(fig, document, path, top=0.94)
+    title = (f"measured: {workload['model']} x{workload['scale']:.3g}, {format_size(workload['total_bytes'])} "
+             f"per save (ckptbench writer, durable saves, cold loads); job: "
+             f"{format_size(job['checkpoint_bytes'])} per checkpoint, {who}, {job['mode']}, {failure}")
+    # wrapped to the figure's width (about 16 characters of 8 pt per inch): one tier makes a narrow figure
+    lines = textwrap.wrap(title, width=int(fig.get_figwidth() * 16))
+    fig.suptitle("\n".join(lines), fontsize=8)
+    return save_with_footer(fig, document, path, top=1.0 - 0.05 * len(lines))
 
 
 def _bars(ax: Any, values: list[list[float | None]], names: list[str], labels: list[str],
@@ -69,7 +73,7 @@ def _rates(ax: Any, tiers: list[dict[str, Any]], labels: list[str]) -> None:
     for op in ("save", "load"):
         summaries = [t["bench"]["results"][0][op]["summary_gbps"] for t in tiers]
         values.append([s["median"] for s in summaries])
-        errors.append(([s["median"] - s["min"] for s in summaries], [s["max"] - s["median"] for s in summaries]))
+        errors.append(tuple(list(side) for side in zip(*(whisker(s, s["median"]) for s in summaries), strict=True)))
     _bars(ax, values, ["save (durable)", "load (cold)"], labels, errors)
     peak = max(s["max"] for t in tiers for op in ("save", "load") for s in [t["bench"]["results"][0][op]["summary_gbps"]])
     ax.set_ylim(0, peak * 1.25 if peak > 0 else 1)

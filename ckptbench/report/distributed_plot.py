@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.units import format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "async": "#5a9e5a",
@@ -42,8 +43,8 @@ def plot_distributed(document: dict[str, Any], path: Path) -> Path:
     ops = [op for op in ("save", "load", "async") if op in summary]
     fig, (rates, timeline) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120, gridspec_kw={"width_ratios": [1, 1.6]})
     medians = [summary[op]["gbps"]["median"] for op in ops]
-    low = [m - summary[op]["gbps"]["min"] for op, m in zip(ops, medians, strict=True)]
-    high = [summary[op]["gbps"]["max"] - m for op, m in zip(ops, medians, strict=True)]
+    low, high = (list(side) for side in zip(*(whisker(summary[op]["gbps"], m)
+                                               for op, m in zip(ops, medians, strict=True)), strict=True))
     bars = rates.bar(range(len(ops)), medians, yerr=[low, high], capsize=4, color=[_COLORS[op] for op in ops])
     for bar, value in zip(bars, medians, strict=True):  # inside the bar: the whiskers stay readable
         rates.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2, f"{value:.2f}", ha="center",

@@ -123,14 +123,34 @@ def format_value(key: str, value: Any) -> str:
             return f"{value:.2f} GB/s"
         if key.endswith("_bps"):
             return f"{value / 1e9:.2f} GB/s"
-        if key.endswith("_fraction") or key == "fraction":
-            return f"{value:.1%}"
+        if "usd" in key.split("_"):
+            return format_usd(value) + (" per day" if key.endswith("_per_day") else "")
+        if key.endswith("_fraction") or "_fraction_" in key or key in PERCENT_KEYS:
+            return f"{value:.1%}" if value == 0 or abs(value) >= 0.01 else f"{value:.2%}"
+        if key.endswith("_hours_per_day"):
+            return f"{format_number(value)} h per day"
+        if key.endswith("_hours"):
+            return f"{format_number(value)} h"
+        if key.endswith("_per_day"):
+            return f"{format_number(value)} per day"
         return format_number(value)
     if isinstance(value, (list, tuple)):
         return ", ".join(format_value(key, v) for v in value)
     if isinstance(value, dict):
         return ", ".join(f"{k} {format_value(k, v)}" for k, v in value.items())
     return str(value)
+
+
+#: Keys whose value is a fraction though their name does not end in ``_fraction``.
+PERCENT_KEYS = frozenset({"goodput", "interference", "mfu", "overhead", "waste", "local_loss"})
+
+
+def format_usd(value: float) -> str:
+    """``$1,075``, ``$2.50``, ``$22.05M``: whole dollars from 10, cents below, millions from 1M."""
+    sign, amount = ("-" if value < 0 else ""), abs(value)
+    if amount >= 1e6:
+        return f"{sign}${amount / 1e6:,.2f}M"
+    return f"{sign}${amount:,.0f}" if amount >= 10 else f"{sign}${amount:.2f}"
 
 
 def format_number(value: float) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration, format_size
 
 
@@ -19,7 +20,7 @@ def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
 
     p = document["predictions"]
     curve = document["model"]["curve"]
-    hours = [pt["interval_s"] / 3600 for pt in curve]
+    seconds = [pt["interval_s"] for pt in curve]
     waste = [100 * pt["waste_fraction"] for pt in curve]
     sustained = document["measurements"].get("sustained")
     if sustained:
@@ -33,15 +34,14 @@ def plot_waste_curve(document: dict[str, Any], path: Path) -> Path:
                         + (", sustained rate used" if sustained["used"] else ""), fontsize=9)
     else:
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    ax.plot(hours, waste, color="#3b6fb6", label=f"expected waste ({p['mode']} checkpoints)")
-    ax.axvline(p["optimal_interval_s"] / 3600, color="#2a9d4b", linestyle="--",
+    ax.plot(seconds, waste, color="#3b6fb6", label=f"expected waste ({p['mode']} checkpoints)")
+    ax.axvline(p["optimal_interval_s"], color="#2a9d4b", linestyle="--",
                label=f"optimum {format_duration(p['optimal_interval_s'])}")
     if not p["interval_is_optimal"]:
-        ax.axvline(p["interval_s"] / 3600, color="#e07b39", linestyle=":",
+        ax.axvline(p["interval_s"], color="#e07b39", linestyle=":",
                    label=f"yours {format_duration(p['interval_s'])}: {100 * p['waste_fraction']:.2f} %")
-    ax.set_xscale("log")
+    interval_axis(ax)
     ax.set_ylim(0, min(100.0, max(waste) * 1.1))
-    ax.set_xlabel("checkpoint interval (hours of training between checkpoints)")
     ax.set_ylabel("waste (% of wall time)")
     job = document["job"]
     ax.set_title(f"{document['target']}: {job['model']} on {job['ranks']} ranks, MTBF "

@@ -5,6 +5,7 @@ Agg canvas), so importing this module is free and no global backend is changed."
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from ckptbench import safeio
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration, format_size
 
 
@@ -132,29 +134,28 @@ def plot_waste_points(document: dict[str, Any], curve: Sequence[dict[str, Any]],
                       path: Path) -> Path:
     """Waste (% of wall time) against the checkpoint interval from ``curve`` ({interval_s, waste_fraction}
     points, as a document's ``model.curve`` holds them) on a log axis; ``marks`` are vertical lines
-    (label -> interval in seconds), the lowest point is labelled."""
+    (label -> interval in seconds), a dot labels the optimum (:func:`waste_dot`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     points = sorted((float(p["interval_s"]), float(p["waste_fraction"])) for p in curve)
-    minutes = [t / 60.0 for t, _ in points]
+    seconds = [t for t, _ in points]
     waste = [100.0 * w for _, w in points]
     fig = Figure(figsize=(8, 4.5), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.plot(minutes, waste, color="C0", lw=2, label="waste")
+    ax.plot(seconds, waste, color="C0", lw=2, label="waste")
     lowest = min(range(len(points)), key=lambda i: waste[i])
-    ax.plot([minutes[lowest]], [waste[lowest]], "o", color="C0")
-    ax.annotate(f"{waste[lowest]:.2f}% at {format_duration(points[lowest][0])}", (minutes[lowest], waste[lowest]),
-                xytext=(0, -14), textcoords="offset points", ha="center", fontsize=8)
+    dot_s, dot_waste = waste_dot(seconds, waste, marks)
+    ax.plot([dot_s], [dot_waste], "o", color="C0")
+    ax.annotate(f"{dot_waste:.2f} % at {format_duration(dot_s)}", (dot_s, dot_waste),
+                xytext=(6, 8), textcoords="offset points", ha="left", fontsize=8)
     for k, (label, interval_s) in enumerate(marks.items()):
-        ax.axvline(interval_s / 60.0, color=f"C{k + 1}", lw=1.2, ls=("-", "--", ":", "-.")[k % 4],
+        ax.axvline(interval_s, color=f"C{k + 1}", lw=1.2, ls=("-", "--", ":", "-.")[k % 4],
                    label=f"{label} {format_duration(interval_s)}")
-    if len(points) > 1 and points[0][0] > 0 and points[-1][0] / points[0][0] > 20:
-        interval_axis(ax)
+    interval_axis(ax)
     best = waste[lowest]
     ax.set_ylim(0, min(100.0, max(max(best * 3.0, best + 5.0), 1.0)))
-    ax.set_xlabel("interval: compute time between checkpoints")
     ax.set_ylabel("waste (% of wall time)")
     ax.set_title(f"{document.get('target', '')}: waste versus checkpoint interval", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
@@ -162,28 +163,38 @@ def plot_waste_points(document: dict[str, Any], curve: Sequence[dict[str, Any]],
     return _save(fig, document, path)
 
 
-def interval_axis(ax: Any) -> None:
-    """The x axis of every waste-versus-interval plot: intervals in minutes on a log scale, ticks at 1, 2
-    and 5 of each decade labelled as durations (``30s``, ``2m``, ``1h``)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+def waste_dot(seconds: Sequence[float], waste: Sequence[float], marks: dict[str, float]) -> tuple[float, float]:
+    """Where the waste plot puts its labelled dot: at the optimum the legend names (``optimal interval``, or
+    another mark starting ``optim``), on the curve; at the curve's lowest sample only without one in range."""
+    optimum = marks.get("optimal interval", next((t for label, t in marks.items() if label.startswith("optim")), None))
+    if optimum is None or not seconds[0] <= optimum <= seconds[-1]:
+        optimum = seconds[min(range(len(waste)), key=lambda i: waste[i])]
+    return optimum, _on_curve(seconds, waste, optimum)
 
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda minutes, _: format_duration(minutes * 60.0)))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+
+def _on_curve(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """``ys`` at ``x``, linear in log(x) between the two samples around it (the nearest end outside them)."""
+    import bisect
+
+    i = bisect.bisect_left(xs, x)
+    if i == 0 or i == len(xs):
+        return ys[min(i, len(xs) - 1)]
+    x0, x1 = math.log(xs[i - 1]), math.log(xs[i])
+    share = 0.0 if x1 == x0 else (math.log(x) - x0) / (x1 - x0)
+    return ys[i - 1] + share * (ys[i] - ys[i - 1])
 
 
 def plot_tiers(rows: Sequence[tuple[str, float | None, float | None]], footer: str, path: Path) -> Path:
-    """Horizontal bars of write and read GB/s, one group per result file (label, write, read)."""
+    """Horizontal bars of write (or save) and read (or load) GB/s, one group per row (label, write, read)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, max(2.4, 0.6 * len(rows) + 1.4)), dpi=120)
+    fig = Figure(figsize=(9, max(2.4, 0.75 * len(rows) + 1.4)), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     height = 0.38
     peak = max([v for _, w, r in rows for v in (w, r) if v is not None], default=1.0)
-    for k, (op, color) in enumerate((("write", "#3b6fb6"), ("read", "#e07b39"))):
+    for k, (op, color) in enumerate((("save / write", "#3b6fb6"), ("load / read", "#e07b39"))):
         labelled = False
         for i, row in enumerate(rows):
             value = row[1 + k]
@@ -194,10 +205,11 @@ def plot_tiers(rows: Sequence[tuple[str, float | None, float | None]], footer: s
             labelled = True
             ax.annotate(f"{value:.2f}", (value, y), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize=8)
-    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
+    # long places (paths, URLs) wrap rather than push the bars out of the figure
+    ax.set_yticks(range(len(rows)), ["\n".join(textwrap.wrap(label, 34)) or label for label, _, _ in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, peak * 1.18)
-    ax.set_xlabel("GB/s (1e9 B/s, median of the best configuration)")
+    ax.set_xlabel("GB/s (1e9 B/s, median of the runs)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
     fig.text(0.99, 0.01, footer, ha="right", fontsize=6, color="gray")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,7 +46,7 @@ from ckptbench.report.document import (
     Table,
     format_value,
 )
-from ckptbench.units import format_duration, format_size
+from ckptbench.units import format_duration, format_size, percentiles_text, range_text, runs_text
 
 Renderer = Callable[[dict[str, Any]], Section]
 
@@ -92,7 +93,7 @@ def build_report(results: Sequence[tuple[str, dict[str, Any]]], *, title: str, c
     """Render every ``(source, document)`` (all figures drawn, in memory) and the comparison across them."""
     documents = tuple(render_document(source, document) for source, document in results)
     return Report(title=title, created=created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                  tool_version=__version__, overview=tier_comparison(documents), documents=documents)
+                  tool_version=__version__, overview=tier_comparison(results, documents), documents=documents)
 
 
 def render_document(source: str, document: dict[str, Any]) -> DocumentReport:
@@ -232,26 +233,78 @@ def model_section(document: dict[str, Any]) -> Section | None:
     return Section(title="Checkpoint interval model", tables=tables, figures=figures)
 
 
-def tier_comparison(documents: Sequence[DocumentReport]) -> Section | None:
-    """The best write and read rate of each measured result file side by side (two files or more)."""
-    measured = [(d, d.headline) for d in documents if d.headline is not None]
-    if len(measured) < 2:
+def tier_comparison(results: Sequence[tuple[str, dict[str, Any]]],
+                    documents: Sequence[DocumentReport]) -> Section | None:
+    """Like with like, one row per tier or configuration, across the result files (``bench.rows``).
+
+    Checkpoint saves and loads (a shoot-out's ckptbench writer, every tier of a compare file, a preflight's
+    sample, a distributed run) share one table; filesystem and object sweeps (each file's best configuration)
+    another, as raw I/O is not a checkpoint. Of several files about the same place, the newest is shown."""
+    from ckptbench.bench.rows import rows
+
+    where = {d.source: d.where for d in documents}
+    # (table, place, configuration) -> (created, source, (configuration, storage, row))
+    newest: dict[tuple[str, str, str], tuple[str, str, Any]] = {}
+    for source, document in results:
+        try:
+            found = rows(document, source)
+        except UsageError:  # its own section shows what it has; the overview needs its measured runs
+            continue
+        sweep = document["schema"].rpartition("/")[0] in ("ckptbench.bench.fs", "ckptbench.bench.objects")
+        if sweep:
+            leaders = [r for r in found if r.key.get("leader")] or found
+            picked = [max(leaders, key=lambda r: statistics.median(r.runs.get("write_gbps", (0.0,))))]
+        else:
+            picked = [r for r in found if r.key.get("writer") == "ckptbench"]
+        tiers = {t.get("label"): t for t in document.get("tiers") or ()}  # a compare file's
+        for row in picked:
+            tier = tiers.get(row.configuration)
+            place = str(row.key["tier"] if tier else row.key["target"])
+            configuration = "ckptbench (compare tier)" if tier else row.configuration
+            key = ("sweep" if sweep else "checkpoint", place, configuration)
+            created = str(document.get("created", ""))
+            if key not in newest or created >= newest[key][0]:
+                storage = (tier.get("filesystem") or tier.get("kind")) if tier else where.get(source)
+                newest[key] = (created, source, (configuration, storage or "-", row))
+    if len(newest) < 2:
         return None
-    rows = tuple((d.target, d.where or "-", h.workload, h.best, _gbps(h.write_gbps), _gbps(h.read_gbps), d.source)
-                 for d, h in measured)
-    fastest = max(range(len(measured)), key=lambda i: measured[i][1].write_gbps or 0.0)
-    table = Table("best configuration of each result file", ("target", "storage", "workload", "best", "write GB/s",
-                  "read GB/s", "file"), rows, highlight=frozenset({fastest}),
-                  note="filesystem and object sweeps: the configuration with the highest median write; "
-                       "checkpoint shoot-outs: ckptbench's durable save and cold load of a state_dict")
+    left_out = len(results) - len({source for _, source, _ in newest.values()})
+    tables, bars = [], []
+    for table, title, metrics, note in (
+            ("checkpoint", "checkpoint save and load, one row per tier (ckptbench writer)", ("save_gbps", "load_gbps"),
+             "durable saves and cold loads of a model-shaped state_dict: shoot-outs, compare tiers, preflight samples "
+             "and distributed runs (all ranks' bytes / the slowest rank's time)"),
+            ("sweep", "raw I/O, each sweep's best configuration", ("write_gbps", "read_gbps"),
+             "filesystem and object sweeps: the configuration with the highest median write")):
+        chosen = sorted(((place, source, shown) for (kind, place, _), (_, source, shown) in newest.items()
+                         if kind == table),
+                        key=lambda item: -statistics.median(item[2][2].runs.get(metrics[0], (0.0,))))
+        if not chosen:
+            continue
+        body = []
+        for place, source, (configuration, storage, row) in chosen:
+            cells = [place, storage, configuration]
+            for metric in metrics:
+                samples = row.runs.get(metric)
+                cells += ["-", "-"] if not samples else [
+                    f"{statistics.median(samples):.2f}",
+                    range_text({"n": len(samples), "min": min(samples), "max": max(samples)})]
+            cells += [_plural(len(row.runs.get(metrics[0], ())), "run"), source]
+            body.append(tuple(cells))
+            bars.append((f"{place}, {configuration}", *(
+                statistics.median(row.runs[m]) if m in row.runs else None for m in metrics)))
+        first, second = (m.removesuffix("_gbps") for m in metrics)
+        tables.append(Table(title, ("place", "storage", "configuration", f"{first} GB/s", "min–max",
+                                    f"{second} GB/s", "min–max", "runs", "file"), tuple(body),
+                            highlight=frozenset({0}) if len(body) > 1 else frozenset(), note=note))
     from ckptbench.report.report_plots import plot_tiers
 
-    bars = [(f"{d.target} ({d.where})\n{h.workload}" if d.where else f"{d.target}\n{h.workload}",
-             h.write_gbps, h.read_gbps) for d, h in measured]
     footer = f"ckptbench {__version__} report"
-    figure = Figure("write and read GB/s of each result file's best configuration",
+    figure = Figure("median GB/s of every row above (checkpoint save/load, then raw write/read)",
                     _png(lambda p: plot_tiers(bars, footer, p)))
-    return Section(title="Tier comparison", tables=(table,), figures=(figure,))
+    lines = (f"{_plural(left_out, 'older result file')} about the same place left out of this overview "
+             "(each has its own section below)",) if left_out else ()
+    return Section(title="Tier comparison", lines=lines, tables=tuple(tables), figures=(figure,))
 
 
 def _label(key: str) -> str:
@@ -280,7 +333,7 @@ def _png(draw: Callable[[Path], Any]) -> bytes:
 
 
 def _summary(s: dict[str, Any]) -> str:
-    return f"{s['min']:.2f}–{s['max']:.2f}"
+    return range_text(s)
 
 
 def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 2) -> list[str]:
@@ -290,8 +343,7 @@ def _rate_cells(phase: dict[str, Any] | None, scale: float = 1.0, digits: int = 
     s = phase["summary_gbps"]
     lat = phase.get("latency_ms") or {}
     return [f"{phase['gbps'] * scale:.{digits}f}" + (" (cached!)" if phase.get("cached") else ""),
-            f"{s['min'] * scale:.{digits}f}–{s['max'] * scale:.{digits}f}",
-            f"{s['p10'] * scale:.{digits}f}/{s['p90'] * scale:.{digits}f}",
+            range_text(s, scale, digits), percentiles_text(s, scale, digits),
             f"{lat['p99']:.1f}" if "p99" in lat else "-"]
 
 
@@ -352,7 +404,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
     if config.get("direct_requested") and not config["direct"]:
         mode += f" (O_DIRECT unavailable: {config.get('direct_fallback_reason')})"
     lines = [f"{format_size(spec['size_bytes'])} in {spec['files']} files per run · {mode} · "
-             f"{spec['repeat']} runs (+{spec['warmup']} warm-up) per configuration · "
+             f"{runs_text(spec['repeat'], spec['warmup'])} per configuration · "
              f"memcpy {document['memcpy_gbps']:.1f} GB/s · data verified: {'yes' if document.get('data_verified') else 'NO'}"]
     schedules = len({r["config"]["schedule"] for r in results}) > 1
     reads = results[0]["read"] is not None
@@ -377,7 +429,7 @@ def fs_sweep(document: dict[str, Any]) -> Section:
         tables.append(Table("small files: create + write + fsync", (
             "threads", "files", "file size", "sync", "files/s", "min–max", "p50 ms", "p99 ms"), tuple(
             (str(m["threads"]), str(m["files"]), format_size(m["file_size_bytes"]), m["sync"], f"{m['ops_per_s']:.0f}",
-             f"{m['summary_ops_per_s']['min']:.0f}–{m['summary_ops_per_s']['max']:.0f}",
+             range_text(m['summary_ops_per_s'], digits=0),
              f"{m['latency_ms']['p50']:.2f}", f"{m['latency_ms']['p99']:.2f}") for m in document["metadata"])))
     figures = [Figure("write and read GB/s per configuration (median, min–max whiskers; best in bold)",
                       _png(lambda p: plot_fs_sweep(document, p)))]
@@ -401,7 +453,7 @@ def object_sweep(document: dict[str, Any]) -> Section:
     from ckptbench.report.sweep_plot import plot_object_sweep
 
     spec, results, best = document["spec"], document["results"], document["best"]
-    lines = [f"{format_size(spec['size_bytes'])} per run · {spec['repeat']} runs (+{spec['warmup']} warm-up) per "
+    lines = [f"{format_size(spec['size_bytes'])} per run · {runs_text(spec['repeat'], spec['warmup'])} per "
              f"configuration · uploads complete (durable), ranged parallel GETs · "
              f"data verified: {'yes' if document.get('data_verified') else 'NO'}"]
     reads = results[0]["read"] is not None
@@ -450,7 +502,7 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
     lines = [f"{workload['model']} x{workload['scale']:.3g}: {shape['layers']} blocks, hidden {shape['hidden']}, "
              f"{format_size(workload['total_bytes'])} in {workload['tensors']} tensors ({by_dtype}) · "
              f"state_dict on {spec.get('device', 'cpu')} · "
-             f"{spec['repeat']} runs (+{spec['warmup']} warm-up), writers alternating · "
+             f"{runs_text(spec['repeat'], spec['warmup'])}, writers alternating · "
              f"memcpy {document['memcpy_gbps']:.1f} GB/s",
              f"cold loads: {document['cache_drop'].get('how') or document['cache_drop']['method']} · "
              f"data verified: {'yes' if document.get('data_verified') else 'NO'}"]
@@ -479,11 +531,9 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
              f"({memory['first_peak_extra_bytes'] / memory['checkpoint_bytes']:.2f}x the checkpoint)"),
             ("peak extra RSS, later saves", format_size(memory["steady_peak_extra_bytes"])),
             (f"RSS growth over {memory['saves']} saves", format_size(memory["growth_bytes"])))))
-    if document.get("goals"):
-        tables.append(Table("goals", ("goal", "value", "threshold", "status", "what"), tuple(
-            (g["name"], f"{g['value']:.2f}", f"{g['comparison']} {g['goal']:g}", _goal_status(g),
-             g["description"]) for g in document["goals"]),
-            failed=frozenset(i for i, g in enumerate(document["goals"]) if not g["met"])))
+    if document.get("goals"):  # the project's own targets stay in the JSON; readers get the ratios, as facts
+        tables.append(Table("ratios", ("ratio", "value"), tuple(
+            (g["description"], f"{g['value']:.2f}") for g in document["goals"])))
     tables.append(Table("how each writer saves and loads", ("writer", "durable", "load"),
                         tuple((r["writer"], r["durable"], r["load_how"]) for r in results)))
     figures = (Figure("save and load GB/s per writer (median, min–max whiskers); async stall and persist",
@@ -494,15 +544,6 @@ def checkpoint_shootout(document: dict[str, Any]) -> Section:
                         head["save"]["gbps"], head["load"]["gbps"])
     return Section(title=f"Checkpoint writers: {document['target']}", lines=tuple(lines), tables=tuple(tables),
                    figures=figures, headline=headline)
-
-
-def _goal_status(goal: dict[str, Any]) -> str:
-    """met / MISSED, and why where the storage itself cannot reach it (fio's own ratio, older files lack it)."""
-    if goal["met"]:
-        return "met"
-    if not goal.get("reachable", True):
-        return f"MISSED (out of reach here: fio {goal['ceiling']:.2f})"
-    return "MISSED"
 
 
 def _probe_note(probe: dict[str, Any] | None) -> str:

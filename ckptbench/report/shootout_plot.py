@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.units import format_size
 
 _COLORS = {"save": "#3b6fb6", "load": "#e07b39", "stall": "#b63b3b", "persist": "#8fb3de"}
@@ -54,8 +55,8 @@ def _rates(ax: Any, results: list[dict[str, Any]]) -> None:
     peak = 0.0
     for i, op in enumerate(("save", "load")):
         med = np.array([r[op]["gbps"] for r in results])
-        low = med - np.array([r[op]["summary_gbps"]["min"] for r in results])
-        high = np.array([r[op]["summary_gbps"]["max"] for r in results]) - med
+        low, high = (np.array(side) for side in zip(*(whisker(r[op]["summary_gbps"], m)
+                                                       for r, m in zip(results, med, strict=True)), strict=True))
         bars = ax.bar(x + (i - 0.5) * width, med, width, yerr=[low, high], capsize=3, color=_COLORS[op],
                       label=f"{op} (median, min–max)")
         for bar, value, top, record in zip(bars, med, med + high, results, strict=True):
@@ -85,8 +86,8 @@ def _async(ax: Any, runs: list[dict[str, Any]]) -> None:
     width = 0.38
     for i, part in enumerate(("stall", "persist")):
         med = np.array([a[f"{part}_s"] for a in runs])
-        low = med - np.array([a[f"summary_{part}_s"]["min"] for a in runs])
-        high = np.array([a[f"summary_{part}_s"]["max"] for a in runs]) - med
+        low, high = (np.array(side) for side in zip(*(whisker(a[f"summary_{part}_s"], m)
+                                                       for a, m in zip(runs, med, strict=True)), strict=True))
         bars = ax.bar(x + (i - 0.5) * width, med, width, yerr=[low, high], capsize=3, color=_COLORS[part],
                       label=f"{part} (median, min–max)")
         for bar, value, top in zip(bars, med, med + high, strict=True):

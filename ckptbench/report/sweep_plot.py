@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.report.plot_footer import save_with_footer
+from ckptbench.report.plot_style import whisker
 from ckptbench.report.timeseries_plot import best_phases, draw_histogram, draw_timeline, has_series
 from ckptbench.units import format_size
 
@@ -64,8 +65,8 @@ def _plot_bars(document: dict[str, Any], labels: list[str], title: str, path: Pa
     peak = 0.0
     for i, op in enumerate(ops):
         med = np.array([r[op]["gbps"] for r in results])
-        low = med - np.array([r[op]["summary_gbps"]["min"] for r in results])
-        high = np.array([r[op]["summary_gbps"]["max"] for r in results]) - med
+        low, high = (np.array(side) for side in zip(*(whisker(r[op]["summary_gbps"], m)
+                                                       for r, m in zip(results, med, strict=True)), strict=True))
         bars = ax.bar(x + (i - (len(ops) - 1) / 2) * width, med, width, yerr=[low, high], capsize=3,
                       label=f"{op} (median, min–max)", color=colors[op])
         for bar, value, top, record in zip(bars, med, med + high, results, strict=True):

@@ -11,7 +11,8 @@ from typing import Any
 
 from ckptbench.model import interval as single
 from ckptbench.model import twolevel
-from ckptbench.report.report_plots import _save, interval_axis
+from ckptbench.report.plot_style import interval_axis
+from ckptbench.report.report_plots import _save
 from ckptbench.units import format_duration
 
 
@@ -70,7 +71,7 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
             label=f"chosen {chosen}: {100.0 * best['waste_fraction']:.2f}%")
     ax.plot([single_tau / 60.0], [100.0 * remote_only["waste_fraction"]], "s", color="C1", ms=6,
             label=f"remote only {format_duration(single_tau)}: {100.0 * remote_only['waste_fraction']:.2f}%")
-    interval_axis(ax)
+    interval_axis(ax, unit_s=60.0)  # this plot's values are minutes
     lowest = min(best["waste_fraction"], remote_only["waste_fraction"]) * 100.0
     highest = max(best["waste_fraction"], remote_only["waste_fraction"]) * 100.0
     ax.set_ylim(0, min(100.0, max(highest * 2.0, lowest + 5.0)))

@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptbench import safeio
 from ckptbench.model.interval import CheckpointCost, waste_curve
-from ckptbench.report.report_plots import interval_axis
+from ckptbench.report.plot_style import interval_axis
 from ckptbench.units import format_duration
 
 
@@ -33,29 +33,28 @@ def plot_waste_curve(
     n = 300
     grid = [math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / (n - 1)) for i in range(n)]
     curve = waste_curve(cost, mtbf_s, restart_s, grid)
-    minutes = [t / 60.0 for t, _, _ in curve]
+    seconds = [t for t, _, _ in curve]
     exact = [100.0 * w for _, w, _ in curve]
     first = [100.0 * fo / (1.0 + fo) for _, _, fo in curve]  # per-work waste as a share of wall time
 
     fig = Figure(figsize=(8, 4.8), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.plot(minutes, exact, color="C0", lw=2, label="exact model")
-    ax.plot(minutes, first, color="C0", lw=1, ls="--", alpha=0.7, label="first-order formula")
-    ax.axvline(optimum / 60.0, color="C2", lw=1.5, label=f"optimum {format_duration(optimum)}")
-    ax.axvline(marks["young_interval_s"] / 60.0, color="C1", lw=1, ls=":",
+    ax.plot(seconds, exact, color="C0", lw=2, label="exact model")
+    ax.plot(seconds, first, color="C0", lw=1, ls="--", alpha=0.7, label="first-order formula")
+    ax.axvline(optimum, color="C2", lw=1.5, label=f"optimum {format_duration(optimum)}")
+    ax.axvline(marks["young_interval_s"], color="C1", lw=1, ls=":",
                label=f"Young {format_duration(marks['young_interval_s'])}")
-    ax.axvline(marks["daly_interval_s"] / 60.0, color="C4", lw=1, ls="-.",
+    ax.axvline(marks["daly_interval_s"], color="C4", lw=1, ls="-.",
                label=f"Daly {format_duration(marks['daly_interval_s'])}")
     if marks.get("interval_s"):
-        ax.axvline(marks["interval_s"] / 60.0, color="C3", lw=1.5,
+        ax.axvline(marks["interval_s"], color="C3", lw=1.5,
                    label=f"yours {format_duration(marks['interval_s'])}")
     if cost.min_interval_s > lo:
-        ax.axvspan(lo / 60.0, cost.min_interval_s / 60.0, color="0.85", label="two checkpoints in flight")
+        ax.axvspan(lo, cost.min_interval_s, color="0.85", label="two checkpoints in flight")
     best = min(exact)
     ax.set_ylim(0, min(100.0, max(best * 3.0, best + 5.0)))
     interval_axis(ax)
-    ax.set_xlabel("interval: compute time between checkpoints")
     ax.set_ylabel("waste (% of wall time)")
     mode = "async" if cost.is_async else "sync"
     ax.set_title(f"Checkpoint interval ({mode}): MTBF {format_duration(mtbf_s)}, "

@@ -283,3 +283,62 @@ def test_the_command_does_not_import_torch() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "TORCH False" in proc.stderr
     assert json.loads(proc.stdout)["goodput"] > 0
+
+
+RECOVERY = ("--replace", "30m", "--resume", "15m", "--failures", "llama3")
+
+
+def test_a_model_preset_fills_tokens_mfu_and_the_gpu_with_their_sources() -> None:
+    result = run("--model", "llama3-70b", "--gpus", "1024", *RECOVERY, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["tokens"] == 15e12 and doc["mfu"] == 0.41
+    assert doc["peak_flops_per_gpu"] == 989e12 and doc["detect_s"] == 600
+    taken = {d["option"]: d for d in doc["defaults"]}
+    assert set(taken) == {"--tokens", "--mfu", "--gpu", "--peak-tflops", "--detect"}
+    assert "arXiv:2407.21783" in taken["--tokens"]["source"] and "datasheet" in taken["--peak-tflops"]["source"]
+    assert "NCCL" in taken["--detect"]["source"]
+    assert all(any(line.startswith(f"default {option} ") for line in doc["assumptions"]) for option in taken)
+    table = run("--model", "llama3-70b", "--gpus", "1024", *RECOVERY)
+    assert "Defaults: --tokens 15T, --mfu 41%, --gpu h100, --peak-tflops 989, --detect 10m" in table.stdout
+
+
+def test_flags_win_over_the_preset_and_the_gpu_named_sets_the_peak() -> None:
+    result = run("--model", "llama3-405b", "--gpus", "1024", *RECOVERY, "--tokens", "1T", "--gpu", "a100",
+                 "--detect", "1m", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["tokens"] == 1e12 and doc["peak_flops_per_gpu"] == 312e12 and doc["detect_s"] == 60
+    assert [d["option"] for d in doc["defaults"]] == ["--mfu", "--peak-tflops"]
+
+
+def test_every_missing_input_is_named_in_one_message() -> None:
+    result = run("--gpus", "8")
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    for named in ("--params (or --model)", "--tokens", "--peak-tflops (or --gpu)", "--mfu", "--replace", "--resume",
+                  "a failure rate"):
+        assert named in line
+    assert "--detect" not in line.partition("(defaults taken")[0]  # it has a default
+    preset = run("--model", "llama3-70b")
+    (line,) = preset.stderr.strip().splitlines()
+    assert "missing --gpus, --replace, --resume, a failure rate" in line
+    assert "--tokens" not in line.partition("(defaults taken")[0]
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (["--gpu", "h100", "--peak-tflops", "900"], "--gpu and --peak-tflops both give"),
+    (["--gpu", "nosuch"], "unknown gpu preset 'nosuch'"),
+])
+def test_bad_gpu_input_exits_2_in_one_line(change: list[str], named: str) -> None:
+    result = run("--model", "llama3-70b", "--gpus", "1024", *RECOVERY, *change)
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert named in line
+
+
+def test_help_lists_the_defaults() -> None:
+    text = " ".join(run("--help").stdout.split())
+    for default in ("[default: the --model preset's published run: llama3-* 15T", "[default: 10m, PyTorch's NCCL",
+                    "h100, h200 (989), a100 (312), b200 (2250), mi300x (1307.4)", "llama3-* 41%"):
+        assert default in text
