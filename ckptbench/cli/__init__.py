@@ -34,8 +34,8 @@ from ckptbench.errors import CkptbenchError, ConfigError
 #: command name -> "module:attribute"; a command's module is imported only when it runs.
 COMMANDS: dict[str, str] = {
     "bench": "ckptbench.cli.bench:bench",
-    "interval": "ckptbench.cli.interval:interval",
-    "goodput": "ckptbench.cli.goodput:goodput",
+    "interval": "ckptbench.cli.interval_cmd:interval",
+    "goodput": "ckptbench.cli.goodput_cmd:goodput",
     "preflight": "ckptbench.cli.preflight:preflight",
     "compare": "ckptbench.cli.compare:compare",
     "compare-results": "ckptbench.cli.compare_results:compare_results",

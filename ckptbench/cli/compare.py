@@ -12,8 +12,8 @@ import click
 from ckptbench.cli import params
 from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.formats import format_options
-from ckptbench.cli.interval import _local_loss, pct
-from ckptbench.cli.options import failure_options, resolve_failures
+from ckptbench.cli.interval_cmd import pct
+from ckptbench.cli.options import failure_options, resolve_failures, resolve_local_loss
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED
@@ -150,7 +150,7 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     options = storage_options_from(endpoint_url, storage_option, client)
     if two_levels:
         assert local_dir is not None and remote_url is not None
-        loss = _local_loss(local_loss, failures)
+        loss = resolve_local_loss(local_loss, failures)
         if failure_model is None:
             raise UsageError("--local/--remote need a failure rate (--mtbf, --failures, ...): the choice between one "
                              "and two levels is a choice of waste")
@@ -168,8 +168,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
         check_targets(resolved, work)
 
         def run_two(progress: Any) -> Any:
-            from ckptbench.bench.drain import run_drain_bench
-            from ckptbench.decide.twolevel import decide
+            from ckptbench.bench.drain_measure import run_drain_bench
+            from ckptbench.decide.twolevel_choice import decide
 
             report = run_compare(spec, job, resolved, workload=work, progress=progress)
             drain = run_drain_bench(work, resolved[0].storage, resolved[1].storage, repeat=repeat, warmup=warmup,

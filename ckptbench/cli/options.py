@@ -221,3 +221,28 @@ OPTION_KEYS: dict[str, str] = {
 def named(opts: dict[str, Any]) -> dict[str, Any]:
     """The command's options under the names code uses (units in the names)."""
     return {OPTION_KEYS.get(key, key): value for key, value in opts.items()}
+
+
+def resolve_local_loss(text: str | None, failure_preset: str | None) -> tuple[float, str]:
+    """``q`` and its source from ``--local-loss`` (a fraction, or a failure preset that gives one) or the preset."""
+    from ckptbench.model import presets
+    from ckptbench.units import parse_fraction
+
+    if text is None:
+        if failure_preset is not None:
+            preset = presets.load_failures(failure_preset)
+            if preset.local_loss is not None:
+                return preset.local_loss, f"preset {failure_preset} (--failures): {preset.local_loss:.1%} of failures"
+        raise UsageError("two levels need --local-loss: the share of failures that lose the node's local copy "
+                         "(30%, or a failure preset that gives it: llama3)")
+    if text in presets.preset_names("failures"):
+        preset = presets.load_failures(text)
+        if preset.local_loss is None:
+            with_share = [n for n in presets.preset_names("failures") if presets.load_failures(n).local_loss is not None]
+            raise UsageError(f"--local-loss {text}: that failure preset does not give the share of failures that "
+                             f"lose a node", hint=f"give a fraction (30%) or one of: {', '.join(with_share) or 'none'}")
+        return preset.local_loss, f"preset {text}: {preset.local_loss:.1%} of failures take a node out"
+    try:
+        return parse_fraction(text, allow_zero=True), "given (--local-loss)"
+    except ValueError as exc:
+        raise UsageError(f"--local-loss: {exc}, or a failure preset (llama3)") from None

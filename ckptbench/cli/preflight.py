@@ -110,8 +110,8 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
 
     TARGET (a directory, a mount, or s3://BUCKET/PREFIX) defaults to the system's temporary directory;
     the job defaults to llama3-8b trained with FSDP on 64 GPUs (8 nodes) at the Llama 3 failure rate,
-    so `ckptbench preflight` alone runs a complete check in under a minute. The writer saves and loads a model-shaped
-    state_dict of --measure-size on TARGET (durable saves, cold loads, async stall and persist); the
+    so `ckptbench preflight` alone runs a complete check in about a minute and a half. The writer saves
+    and loads a model-shaped state_dict of --measure-size on TARGET (durable saves, cold loads, async stall and persist); the
     job's checkpoint is sized from the model and its parallelism; the failure model turns both into
     the optimal interval, overhead, restore time and goodput.
 

@@ -102,6 +102,15 @@ def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_
         raise ValueError("one list of runs per size, at least one size")
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
     xs, ys = [float(sizes[i]) for i in order], [list(runs_s[i]) for i in order]
+    fitted = _fit_sorted(xs, ys, target_bytes, min_slope)
+    # More bytes never take less time: the range starts no lower than the fastest run of a smaller size.
+    below = [min(y) for x, y in zip(xs, ys, strict=True) if x < target_bytes * (1 - SAME_SIZE)]
+    low = min(max(fitted.low_s, max(below, default=0.0)), fitted.point_s)
+    return Fitted(fitted.point_s, low, fitted.high_s)
+
+
+def _fit_sorted(xs: list[float], ys: list[list[float]], target_bytes: float, min_slope: float) -> Fitted:
+    """:func:`fit_sizes` over sizes in increasing order, before the floor of the smaller sizes' runs."""
     same = [i for i, x in enumerate(xs) if abs(x / target_bytes - 1) <= SAME_SIZE]
     if same or len(xs) == 1:
         i = same[0] if same else 0

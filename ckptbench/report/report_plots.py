@@ -121,7 +121,7 @@ def plot_heatmaps(document: dict[str, Any], panels: Sequence[HeatPanel], title: 
         ax.set_title(panel.title, fontsize=9)
     fig.colorbar(image, ax=list(axes), label="GB/s (1e9 B/s, median)", shrink=0.9)
     fig.suptitle(title, fontsize=9)
-    return _save(fig, document, path, tight=False)
+    return save_figure(fig, document, path, tight=False)
 
 
 def _outline(x: float, y: float) -> Any:
@@ -160,7 +160,7 @@ def plot_waste_points(document: dict[str, Any], curve: Sequence[dict[str, Any]],
     ax.set_title(f"{document.get('target', '')}: waste versus checkpoint interval", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, document, path)
+    return save_figure(fig, document, path)
 
 
 def waste_dot(seconds: Sequence[float], waste: Sequence[float], marks: dict[str, float]) -> tuple[float, float]:
@@ -218,7 +218,7 @@ def plot_tiers(rows: Sequence[tuple[str, float | None, float | None]], footer: s
     return path
 
 
-def _save(fig: Any, document: dict[str, Any], path: Path, *, tight: bool = True) -> Path:
+def save_figure(fig: Any, document: dict[str, Any], path: Path, *, tight: bool = True) -> Path:
     """The common footer (where it was measured) where the document has an environment; else a bare PNG."""
     if isinstance(document.get("environment"), dict) and "created" in document:
         if tight:

@@ -12,7 +12,7 @@ from typing import Any
 from ckptbench.model import interval as single
 from ckptbench.model import twolevel
 from ckptbench.report.plot_style import interval_axis
-from ckptbench.report.report_plots import _save
+from ckptbench.report.report_plots import save_figure
 from ckptbench.units import format_duration
 
 
@@ -83,7 +83,7 @@ def plot_two_level_waste(path: Path, cost: twolevel.TwoLevelCost, mtbf_s: float,
                  f"drain {format_duration(cost.drain_s)} ({winner})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, document or {}, path)
+    return save_figure(fig, document or {}, path)
 
 
 def plot_measured_two_level(document: dict[str, Any], path: Path) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.bench.drain import DrainBench
+from ckptbench.bench.drain_measure import DrainBench
 from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
-from ckptbench.decide.twolevel import decide
+from ckptbench.decide.twolevel_choice import decide
 from ckptbench.model import sizing
 from ckptbench.model.failures import FailureModel
 from ckptbench.model.tiers import TierPrices

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The drain's goals, on a local directory and an S3 server: rate and interference, rounds interleaved.
 
-With ckptbench's writer and drain (``ckptbench.bench.drain.run_drain_bench``, the measurement of
+With ckptbench's writer and drain (``ckptbench.bench.drain_measure.run_drain_bench``, the measurement of
 ``compare --local --remote``), each round in both orders (A B, then B A):
 
 - the drain of a committed local checkpoint to s3:// against ``ckptbench.save`` of the same
@@ -33,7 +33,7 @@ STALL_GOAL = 1.2
 def measure(local: str, endpoint: str, size: int, rounds: int) -> dict:
     import boto3
 
-    from ckptbench.bench.drain import run_drain_bench
+    from ckptbench.bench.drain_measure import run_drain_bench
     from ckptbench.bench.shootout import CheckpointBenchSpec, plan
     from ckptbench.storage.local_target import LocalDirectory
     from ckptbench.storage.object_target import ObjectTarget

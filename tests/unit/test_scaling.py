@@ -72,6 +72,14 @@ def test_the_line_goes_through_the_two_sizes_nearest_the_target():
     assert fit_sizes(sizes[::-1], runs[::-1], 4096 * MiB) == beyond
 
 
+def test_the_range_starts_no_lower_than_a_smaller_sizes_fastest_run():
+    # a noisy stall: the interval of the runs made again would reach zero; 1 GiB took at least 0.19 s
+    f = fit_sizes([512 * MiB, 1024 * MiB], [[0.18, 0.05, 0.30], [0.19, 0.40, 0.21]], 4096 * MiB)
+    assert f.low_s == pytest.approx(0.19) and f.point_s >= 0.19
+    same = fit_sizes([1024 * MiB], [[0.19, 0.40, 0.21]], 1024 * MiB)  # the target's own size: no such floor
+    assert same.low_s < 0.19
+
+
 def test_a_size_at_the_target_is_read_as_measured():
     runs = [[0.30, 0.34], [1.0, 1.2, 1.1], [4.0, 4.4, 3.8]]
     f = fit_sizes([100 * MiB, 400 * MiB, 1000 * MiB], runs, 1020 * MiB)  # 2 % off: that size's runs, in proportion

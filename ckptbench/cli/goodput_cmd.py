@@ -8,7 +8,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.formats import format_options
-from ckptbench.cli.interval import UNITS, emit, pct
+from ckptbench.cli.interval_cmd import UNITS, emit, pct
 from ckptbench.cli.options import (
     FAILURE_RATE,
     GPU_COUNT,

@@ -2,7 +2,7 @@
 
 Inputs: the job on each tier as ``compare`` models it (:class:`~ckptbench.bench.tier_comparison.TierResult`:
 the measured rates scaled to the job, at the runs' median and at their best and worst ends), and the
-measured drain (:class:`~ckptbench.bench.drain.DrainBench`). The two-level schedule is the model of
+measured drain (:class:`~ckptbench.bench.drain_measure.DrainBench`). The two-level schedule is the model of
 ``ckptbench interval`` (:mod:`ckptbench.model.twolevel`) with
 
 - level 1: the local tier's stall and persist for the job (sync: its checkpoint time);

@@ -28,6 +28,7 @@ from ckptbench.cli.options import (
     named,
     resolve_cost,
     resolve_failures,
+    resolve_local_loss,
 )
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
@@ -391,31 +392,6 @@ _TWO_LEVEL = (("--remote-ckpt-time", "remote_ckpt_time_s"), ("--remote-restart",
               ("--local-loss", "local_loss"), ("--remote-every", "remote_every"), ("--peer-replica", "peer_replica"))
 
 
-def _local_loss(text: str | None, failure_preset: str | None) -> tuple[float, str]:
-    """``q`` and its source from ``--local-loss`` (a fraction, or a failure preset that gives one) or the preset."""
-    from ckptbench.model import presets
-    from ckptbench.units import parse_fraction
-
-    if text is None:
-        if failure_preset is not None:
-            preset = presets.load_failures(failure_preset)
-            if preset.local_loss is not None:
-                return preset.local_loss, f"preset {failure_preset} (--failures): {preset.local_loss:.1%} of failures"
-        raise UsageError("two levels need --local-loss: the share of failures that lose the node's local copy "
-                         "(30%, or a failure preset that gives it: llama3)")
-    if text in presets.preset_names("failures"):
-        preset = presets.load_failures(text)
-        if preset.local_loss is None:
-            with_share = [n for n in presets.preset_names("failures") if presets.load_failures(n).local_loss is not None]
-            raise UsageError(f"--local-loss {text}: that failure preset does not give the share of failures that "
-                             f"lose a node", hint=f"give a fraction (30%) or one of: {', '.join(with_share) or 'none'}")
-        return preset.local_loss, f"preset {text}: {preset.local_loss:.1%} of failures take a node out"
-    try:
-        return parse_fraction(text, allow_zero=True), "given (--local-loss)"
-    except ValueError as exc:
-        raise UsageError(f"--local-loss: {exc}, or a failure preset (llama3)") from None
-
-
 def _two_level(
     opts: dict[str, Any], cost: model.CheckpointCost, failures: FailureModel | None, restart_s: float,
     notes: list[str],
@@ -433,7 +409,7 @@ def _two_level(
         raise UsageError("two levels need a failure rate (--mtbf, --gpus with --gpu-mtbf, --failures)")
     if opts.get("remote_every") is not None and opts["every_s"] is None:
         raise UsageError("--remote-every applies with --every (the local interval it evaluates)")
-    q, q_source = _local_loss(opts.get("local_loss"), opts["failure_preset"])
+    q, q_source = resolve_local_loss(opts.get("local_loss"), opts["failure_preset"])
     drain_s = opts["remote_ckpt_time_s"]
     drain_f = cost.interference if cost.is_async else ASSUMED.point
     if not cost.is_async:
