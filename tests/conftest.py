@@ -49,6 +49,16 @@ class Cli:
 
 
 @pytest.fixture
+def two_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Two empty target directories (for compare), the first holding a file no run may touch."""
+    a, b = tmp_path / "fast", tmp_path / "slow"
+    a.mkdir()
+    b.mkdir()
+    (a / "keep.bin").write_bytes(b"keep me")
+    return a, b
+
+
+@pytest.fixture
 def cli() -> Cli:
     return Cli()
 

@@ -378,7 +378,7 @@ def settle(store: Any, *, direct: bool | None, threads: int | None, block_size: 
     default_threads, default_block = knobs.SAVE_THREADS, knobs.SAVE_BLOCK_BYTES
     given = {k: Choice(v, "given", "given by the caller")
              for k, v in (("direct", direct), ("threads", threads), ("block_size", block_size)) if v is not None}
-    local = getattr(store, "local_path", None)
+    local = store.local_path
     mount = mount_of(Path(local)) if local is not None else None
     fstype = mount.fstype if mount else None
     point = mount.mount_point if mount else None
@@ -415,7 +415,7 @@ def read_mode(store: Any, direct: bool | None) -> bool:
     mount (faster beyond the noise, else O_DIRECT), else O_DIRECT."""
     if direct is not None:
         return direct
-    local = getattr(store, "local_path", None)
+    local = store.local_path
     found = cached(mount_of(Path(local))) if local is not None else None
     return True if found is None or found.read_direct is None else bool(found.read_direct.value)
 
@@ -425,7 +425,7 @@ def read_settings(store: Any, direct: bool | None, threads: int, block_size: int
     reads on a network or FUSE mount read each file as one stream of requests of at least
     ``NETWORK_READ_BLOCK_BYTES``: threads reading one file at scattered offsets defeat the client's readahead."""
     mode = read_mode(store, direct)
-    local = getattr(store, "local_path", None)
+    local = store.local_path
     mount = mount_of(Path(local)) if local is not None and not mode else None
     if mount is not None and is_network(mount.fstype):
         threads, block_size = max(1, min(threads, files)), max(block_size, NETWORK_READ_BLOCK_BYTES)

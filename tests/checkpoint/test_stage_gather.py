@@ -185,7 +185,7 @@ def test_kernel_table_and_batches_match_direct_copies(monkeypatch, run, slots, p
 
     monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", run)
     monkeypatch.setattr(knobs, "STAGE_GATHER_SLOTS", slots)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", int(direct))
+    monkeypatch.setattr(knobs, "STAGE_GATHER_MAPPED", int(direct))
     monkeypatch.setattr(knobs, "STAGE_GATHER_BELOW_BYTES", 10_000)  # "mid" is copied directly
     monkeypatch.setattr(gather, "PIECE_BYTES", piece)
     monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
@@ -240,7 +240,7 @@ def test_prepared_work_is_reused_only_for_the_same_copies(monkeypatch, direct):
     state = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate(torch.randint(1, 3000, (120,)))}
     plan, sources = plan_save(state, shard_size=64 * 1024, shard_prefix="s")
     monkeypatch.setattr(gather, "kernel_for", lambda device: _fake_kernel)
-    monkeypatch.setattr(knobs, "STAGE_GATHER_DIRECT", int(direct))
+    monkeypatch.setattr(knobs, "STAGE_GATHER_MAPPED", int(direct))
     monkeypatch.setattr(knobs, "STAGE_GATHER_RUN_BYTES", 20_000)
     uploads, upload = [], gather.upload
     monkeypatch.setattr(gather, "upload", lambda table, *rest: uploads.append(len(table)) or upload(table, *rest))

@@ -35,15 +35,6 @@ QUICK = ["--size", "8MiB", "--repeat", "1", "--warmup", "0"]
 MiB = 2**20
 
 
-@pytest.fixture
-def two_dirs(tmp_path: Path) -> tuple[Path, Path]:
-    a, b = tmp_path / "fast", tmp_path / "slow"
-    a.mkdir()
-    b.mkdir()
-    (a / "keep.bin").write_bytes(b"keep me")
-    return a, b
-
-
 def test_json_numbers_follow_from_the_measurements(cli, two_dirs, tmp_path: Path):
     a, b = two_dirs
     out, png = tmp_path / "results", tmp_path / "tiers.png"

@@ -20,17 +20,8 @@ from ckptbench.model.tiers import TierPrices
 QUICK = ["--size", "8MiB", "--repeat", "2", "--warmup", "0"]
 
 
-@pytest.fixture
-def tiers(tmp_path: Path) -> tuple[Path, Path]:
-    local, remote = tmp_path / "local", tmp_path / "remote"
-    local.mkdir()
-    remote.mkdir()
-    (local / "keep.bin").write_bytes(b"keep me")
-    return local, remote
-
-
-def test_both_tiers_the_drain_and_a_recommendation(cli, tiers, tmp_path: Path):
-    local, remote = tiers
+def test_both_tiers_the_drain_and_a_recommendation(cli, two_dirs, tmp_path: Path):
+    local, remote = two_dirs
     png = tmp_path / "tiers.png"
     doc = cli.json("compare", "--local", str(local), "--remote", str(remote), *QUICK, "--mtbf", "6h",
                    "--restart", "5m", "--local-loss", "30%", "--plot", str(png))
@@ -63,8 +54,8 @@ def test_both_tiers_the_drain_and_a_recommendation(cli, tiers, tmp_path: Path):
     assert sorted(p.name for p in local.iterdir()) == ["keep.bin"] and list(remote.iterdir()) == []
 
 
-def test_the_table_says_what_to_run(cli, tiers):
-    local, remote = tiers
+def test_the_table_says_what_to_run(cli, two_dirs):
+    local, remote = two_dirs
     result = cli("compare", "--local", str(local), "--remote", str(remote), *QUICK, "--failures", "llama3",
                  "--gpus", "16384")
     assert result.exit_code == 0, result.stderr
@@ -94,8 +85,8 @@ def test_the_table_says_what_to_run(cli, tiers):
          "127.0.0.1:9"),
     ],
 )
-def test_bad_input_is_one_line_exit_2_before_anything_is_measured(cli, tiers, args, needle):
-    a, b = tiers
+def test_bad_input_is_one_line_exit_2_before_anything_is_measured(cli, two_dirs, args, needle):
+    a, b = two_dirs
     start = time.monotonic()
     result = cli("compare", *[arg.format(a=a, b=b) for arg in args])
     assert result.exit_code == 2, result.stdout + result.stderr

@@ -166,7 +166,7 @@ def test_writers_side_by_side_on_s3(cli, s3_server, s3_bucket):
 @pytest.mark.s3
 def test_s3torchconnector_writer_needs_its_package(cli, s3_server, s3_bucket, monkeypatch):
     monkeypatch.setitem(sys.modules, "s3torchconnector.dcp", None)  # as if it were not installed
-    result = cli("bench", f"s3://{s3_bucket}/x", "--endpoint-url", s3_server.endpoint, "--workload", "checkpoint",
+    result = cli("bench", f"s3://{s3_bucket}/x", *_options(s3_server), "--workload", "checkpoint",
                  "--size", "8MiB", "--writers", "ckptbench,s3torchconnector")
     assert result.exit_code == 2 and "pip install s3torchconnector" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
