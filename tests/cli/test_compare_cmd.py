@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from compare_helpers import assert_refused_before_measuring
 
 from ckptbench.bench.tier_comparison import JobSpec, Measured, TierModel, model_tier
 from ckptbench.errors import ConfigError, UsageError
@@ -143,15 +143,7 @@ def test_table_with_a_tier_file_its_bill_and_sync_mode(cli, two_dirs, tmp_path: 
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_anything_is_written(cli, two_dirs, args, needle):
-    a, b = two_dirs
-    start = time.monotonic()
-    result = cli("compare", *[arg.format(a=a, b=b) for arg in args])
-    assert result.exit_code == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ckptbench: error:"), result.stderr
-    assert needle in lines[0]
-    assert time.monotonic() - start < 20  # checked before any tier is measured
-    assert sorted(p.name for p in a.iterdir()) == ["keep.bin"] and list(b.iterdir()) == []
+    assert_refused_before_measuring(cli, two_dirs, args, needle)
 
 
 def test_a_directory_named_like_a_tier_is_reachable_as_a_path(cli, two_dirs, tmp_path: Path, monkeypatch):
