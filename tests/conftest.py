@@ -21,6 +21,9 @@ os.environ.setdefault("CKPTBENCH_LOG_PROGRESS", "0")
 # measurement on (tests/checkpoint/test_tuning.py): a test's save then writes exactly what it says, and no probe
 # writes land in the tests that intercept or count the writes of a save.
 os.environ.setdefault("CKPTBENCH_TUNE", "0")
+# preflight's write past the write-back cache, kept short in tests (its own tests set what they need)
+os.environ.setdefault("CKPTBENCH_SUSTAINED_PROBE_MAX_BYTES", str(64 << 20))
+os.environ.setdefault("CKPTBENCH_SUSTAINED_PROBE_DIRECT_S", "1")
 
 from ckptbench.cli import main  # noqa: E402
 

@@ -29,7 +29,7 @@ def config(tmp_path: Path):
 def test_preflight_flags_override_the_run_config(cli, tmp_path: Path, caplog):
     with caplog.at_level(logging.INFO, logger="ckptbench.cli"):
         result = cli("--config", str(RUN_CONFIG), "preflight", str(tmp_path), "--mtbf", "3h", "--params", "7B",
-                     "--measure-size", "24MiB", "--repeat", "1", "--json")
+                     "--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1", "--json")
     doc = json.loads(result.stdout)
     assert result.exit_code == (1 if doc["verdict"] == "FAIL" else 0), result.stderr
     job = doc["job"]

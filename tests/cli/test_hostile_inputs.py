@@ -56,7 +56,7 @@ BENCH_FS = ["--files", "1", "--threads", "1", "--block-size", "1MiB", "--repeat"
 BENCH_CKPT = ["--workload", "checkpoint", "--repeat", "1", "--warmup", "0", "--json", *MiB1]
 BENCH_S3 = ["s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9", "--storage-option", "max_attempts=1",
             "--repeat", "1", "--warmup", "0", *MiB1]
-PREFLIGHT = ["--measure-size", "24MiB", "--repeat", "1", "--params", "100M", "--ranks", "1", "--mtbf", "1d",
+PREFLIGHT = ["--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1", "--params", "100M", "--ranks", "1", "--mtbf", "1d",
              "--max-ckpt-time", "60s", "--json"]
 INTERVAL = ["--ckpt-time", "140s", "--mtbf", "3h", "--json"]
 INTERVAL_BYTES = ["--bandwidth", "1GB/s", "--mtbf", "3h", "--json"]
@@ -90,7 +90,7 @@ NUMERIC_OPTIONS: list[tuple[str, str, list[str]]] = [
     *[("bench", o, BENCH_S3) for o in ("--object-size", "--concurrency", "--part-size")],
     *[("preflight", o, ["{target}", *PREFLIGHT]) for o in (
         "--ranks", "--gpus-per-node", "--tp", "--pp", "--interval", "--restart", "--max-overhead", "--max-ckpt-time",
-        "--retain", "--aggregate-bandwidth", "--interference", "--gpu-hour-usd", "--measure-size", "--repeat",
+        "--retain", "--aggregate-bandwidth", "--interference", "--gpu-hour-usd", "--measure-size", "--measure-time", "--repeat",
         "--mtbf", "--params")],
     *[("preflight", o, ["{target}", *_drop(PREFLIGHT, "--mtbf")]) for o in ("--faults-per-day", "--node-mtbf")],
     *[("interval", o, INTERVAL) for o in ("--ckpt-time", "--mtbf", "--restart", "--every")],
@@ -147,7 +147,7 @@ OUTPUT_OPTIONS: list[tuple[str, str, list[str]]] = [
 #: never a traceback, never a run that does not end
 HUGE_FINITE = {"99999999999999999999PiB", "99999999999999999999"}
 #: options where zero is a valid value: the command must succeed
-ZERO_IS_VALID = {("bench", "--warmup"), ("preflight", "--interference"), ("interval", "--seed"),
+ZERO_IS_VALID = {("bench", "--warmup"), ("preflight", "--interference"), ("preflight", "--measure-time"), ("interval", "--seed"),
                  ("interval", "--interference"), ("interval", "--restart"), ("goodput", "--hot-spares"),
                  ("goodput", "--interference"), ("goodput", "--detect"), ("goodput", "--replace"),
                  ("goodput", "--resume")}

@@ -21,7 +21,8 @@ def test_every_command_sizes_the_job_and_counts_interference_alike(cli, tmp_path
     a.mkdir()
     b.mkdir()
     result = cli("preflight", str(a), "--model", "llama3-70b", "--ranks", "1", "--gpus-per-node", "1", "--mtbf", "30d",
-                 "--measure-size", "24MiB", "--repeat", "1", "--max-ckpt-time", "1d", "--json")
+                 "--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1", "--max-ckpt-time", "1d",
+                 "--json")
     assert result.exit_code in (0, 1, 3), result.stderr  # 988 GB on one node may not fit this disk: FAIL is fine
     preflight = json.loads(result.stdout)
     compare = cli.json("compare", str(a), str(b), "--model", "llama3-70b", "--ranks", "1", "--mtbf", "30d",

@@ -318,7 +318,7 @@ def test_skip_unknown(cli, tmp_path: Path):
 
 def test_preflight_result_renders(cli, tmp_path: Path):
     """A real (tiny) preflight result: its section, the checks table and the waste curve."""
-    result = cli("preflight", str(tmp_path), "--measure-size", "16MiB", "--repeat", "1", "--params", "100M",
+    result = cli("preflight", str(tmp_path), "--measure-size", "16MiB", "--measure-time", "0", "--repeat", "1", "--params", "100M",
                  "--ranks", "1", "--mtbf", "1d", "--json")
     assert result.exit_code in (0, 1), result.stderr
     source = tmp_path / "preflight.json"

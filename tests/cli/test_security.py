@@ -29,7 +29,7 @@ from ckptbench.storage.local_target import LocalDirectory
 REPO = Path(__file__).resolve().parents[2]
 BENCH_TINY = ["--size", "1MiB", "--files", "1", "--threads", "1", "--block-size", "1MiB", "--repeat", "1",
               "--warmup", "0", "--no-read"]
-PREFLIGHT_TINY = ["--measure-size", "24MiB", "--repeat", "1", "--params", "100M", "--ranks", "1", "--mtbf", "1d"]
+PREFLIGHT_TINY = ["--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1", "--params", "100M", "--ranks", "1", "--mtbf", "1d"]
 TINY = {"bench": BENCH_TINY, "preflight": PREFLIGHT_TINY}
 
 

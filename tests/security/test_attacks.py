@@ -105,7 +105,8 @@ def test_a_checkpoint_path_planted_as_another_users_symlink_is_not_followed(aren
 
 @pytest.mark.parametrize("command", ["bench", "preflight"])
 def test_a_target_others_can_write_without_the_sticky_bit_is_refused(arena: Arena, command: str) -> None:
-    args = BENCH_TINY if command == "bench" else ["--measure-size", "24MiB", "--repeat", "1", "--params", "100M"]
+    args = BENCH_TINY if command == "bench" else ["--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1",
+                                                          "--params", "100M"]
     line = one_error_line(ckptbench_cli(command, str(arena.shared), *args))
     assert "writable by every user" in line and "sticky bit" in line and "--force" in line
     assert list(arena.shared.iterdir()) == []
