@@ -103,6 +103,8 @@ def fit_sizes(sizes: Sequence[float], runs_s: Sequence[Sequence[float]], target_
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
     xs, ys = [float(sizes[i]) for i in order], [list(runs_s[i]) for i in order]
     fitted = _fit_sorted(xs, ys, target_bytes, min_slope)
+    if any(abs(x / target_bytes - 1) <= SAME_SIZE for x in xs):
+        return fitted  # measured at the target: its own runs say how low it goes
     # More bytes never take less time: the range starts no lower than the fastest run of a smaller size.
     below = [min(y) for x, y in zip(xs, ys, strict=True) if x < target_bytes * (1 - SAME_SIZE)]
     low = min(max(fitted.low_s, max(below, default=0.0)), fitted.point_s)

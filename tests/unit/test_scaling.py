@@ -78,6 +78,9 @@ def test_the_range_starts_no_lower_than_a_smaller_sizes_fastest_run():
     assert f.low_s == pytest.approx(0.19) and f.point_s >= 0.19
     same = fit_sizes([1024 * MiB], [[0.19, 0.40, 0.21]], 1024 * MiB)  # the target's own size: no such floor
     assert same.low_s < 0.19
+    # measured at the target too: a smaller size's slower runs (noise) do not lift the range above the target's own
+    both = fit_sizes([256 * MiB, 1024 * MiB], [[0.25, 0.26], [0.19, 0.40, 0.21]], 1024 * MiB)
+    assert both.low_s < 0.19
 
 
 def test_a_size_at_the_target_is_read_as_measured():
