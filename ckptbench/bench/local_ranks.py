@@ -37,7 +37,8 @@ def _free_port() -> int:
 
 
 def run_local_ranks(target: str, *, ranks: int, size_bytes: int, model: str, repeat: int, warmup: int = 1,
-                    timeout_s: float = 900.0, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+                    timeout_s: float = 900.0, storage_options: dict[str, str] | None = None,
+                    device: str = "cpu") -> dict[str, Any]:
     """Run the distributed checkpoint benchmark with ``ranks`` processes on this host; return rank 0's document.
 
     ``size_bytes`` is all ranks' shares together (fully sharded: each writes about ``size_bytes / ranks``).
@@ -50,7 +51,7 @@ def run_local_ranks(target: str, *, ranks: int, size_bytes: int, model: str, rep
                TORCH_CPP_LOG_LEVEL="FATAL", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(ranks),
                LOCAL_WORLD_SIZE=str(ranks))
     argv = [sys.executable, "-m", "ckptbench", "bench", target, "--workload", "checkpoint", "--model", model,
-            "--size", f"{size_bytes}B", "--repeat", str(repeat), "--warmup", str(warmup), "--json"]
+            "--size", f"{size_bytes}B", "--repeat", str(repeat), "--warmup", str(warmup), "--device", device, "--json"]
     for key, value in (storage_options or {}).items():
         argv += ["--storage-option", f"{key}={value}"]
     with tempfile.TemporaryDirectory(prefix="ckptbench-ranks-") as scratch:

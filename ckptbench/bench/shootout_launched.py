@@ -87,9 +87,14 @@ class DistributedBenchSpec:
     repeat: int = 3
     warmup: int = 1
     threads: int | None = None
+    #: "cpu", or "cuda": each rank's state_dict on its own GPU (cuda:LOCAL_RANK, wrapping around the GPUs the
+    #: host has), saved with device-to-host staging and loaded back to it, as training does.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         check_run(self.scale, self.size_bytes, self.repeat, self.warmup, self.threads)
+        if self.device not in ("cpu", "cuda"):
+            raise UsageError(f"device {self.device!r} must be cpu or cuda under a launch (each rank uses its own GPU)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"workload": "checkpoint", "writer": "ckptbench", **asdict(self)}
@@ -311,6 +316,9 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
             target.require_free(required_disk_bytes(workload))
         except InsufficientSpaceError as exc:
             problem = str(exc)
+    device = "cpu"
+    if problem is None and spec.device == "cuda":
+        device, problem = _rank_device(world.local_rank, mine.total_bytes)
     _refuse_if_short(world, problem)
     if isinstance(target, ObjectTarget) and world.is_first:
         target.prepare()
@@ -319,10 +327,10 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     progress.begin(mine.total_bytes * rounds * 3)
     progress.phase(f"rank {world.rank}: building its share ({format_size(mine.total_bytes)}, "
                    f"{len(mine.tensors)} tensors)")
-    from ckptbench.bench.workloads import _SEED, build_state_dict
+    from ckptbench.bench.workloads import _SEED, build_state_dict, to_device
     from ckptbench.bench.writers import verify_state_dict
 
-    state_dict = build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP)
+    state_dict = to_device(build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP), device)
     ckpt = Checkpointer(threads=spec.threads)
     measured: list[RoundResult] = []
     try:
@@ -339,7 +347,7 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                 world.barrier("dropping the page cache")
                 progress.phase(f"load {label} (cold)")
                 loaded: dict[str, Any] = {}
-                load = _timed(world, "load", round_, _load, ckpt, location, loaded)
+                load = _timed(world, "load", round_, _load, ckpt, location, loaded, device)
                 progress.end_step(mine.total_bytes)
                 progress.phase(f"verifying {label}")
                 verify_state_dict(state_dict, loaded["state_dict"], f"rank {world.rank}")
@@ -351,7 +359,7 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                 progress.end_step(mine.total_bytes)
                 if round_ == spec.warmup:  # the first measured round: the async save is verified too
                     progress.phase("verifying the async save")
-                    verify_state_dict(state_dict, ckpt.load(async_location, distributed=True),
+                    verify_state_dict(state_dict, ckpt.load(async_location, distributed=True, device=device),
                                       f"rank {world.rank} (async)")
                 world.barrier("removing the round's checkpoints")
                 if first_here:  # one rank per host: node-local disks are emptied too
@@ -371,6 +379,22 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
         rounds=tuple(measured), cache_drop=cache_drop, environment=environment, launch=launch)
 
 
+def _rank_device(local_rank: int, nbytes: int) -> tuple[str, str | None]:
+    """(this rank's GPU, None), or ("cpu", why it cannot have one): torch sees no GPU, or too little memory."""
+    import torch
+
+    from ckptbench.bench.workloads import check_device
+
+    if not torch.cuda.is_available():
+        return "cpu", f"--device cuda: torch sees no GPU on this host (torch {torch.__version__})"
+    device = f"cuda:{local_rank % torch.cuda.device_count()}"
+    try:
+        check_device(device, nbytes)
+    except UsageError as exc:
+        return "cpu", str(exc)
+    return device, None
+
+
 def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:
     result = ckpt.save(state_dict, location, distributed=True)
     return result.bytes, result.stage_s + result.write_s, None  # type: ignore[union-attr]
@@ -384,8 +408,8 @@ def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -
     return result.bytes, result.stage_s + result.write_s, stall_s
 
 
-def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any]) -> tuple[int, float, None]:
-    out["state_dict"] = ckpt.load(location, distributed=True)
+def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any], device: str) -> tuple[int, float, None]:
+    out["state_dict"] = ckpt.load(location, distributed=True, device=device)
     from ckptbench.bench.workloads import state_dict_bytes
 
     return state_dict_bytes(out["state_dict"]), ckpt.last_load_s, None

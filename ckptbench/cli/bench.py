@@ -119,7 +119,8 @@ CLIENT_OPTION = click.option(
                    "s3torchconnector].")
 @click.option("--device", default=None, metavar="cpu|cuda|cuda:N",
               help="Checkpoint workload: where the state_dict lives while it is saved, and where loads put it. "
-                   "cuda measures what training does: device-to-host staging, then the writes  [default: cpu].")
+                   "cuda measures what training does: device-to-host staging, then the writes; under "
+                   "torchrun/srun each rank uses its own GPU (cuda:LOCAL_RANK)  [default: cpu].")
 @click.option("--object-size", type=params.SIZE_LIST, default=None,
               help=f"s3:// sweep: object sizes; a comma list sweeps them  [default: {DEFAULT_OBJECT_SIZE}].")
 @click.option("--concurrency", type=params.INT_LIST, default=None,
@@ -225,14 +226,17 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         if "workload" in given and workload != "checkpoint":
             raise UsageError("under a distributed launch bench measures the checkpoint workload",
                              hint="drop --workload fs (the filesystem sweep runs in one process)")
-        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"device", "sample_every"}))
+        misplaced = sorted(given & (set(FS_ONLY) | set(OBJECT_ONLY) | {"sample_every"}))
         if misplaced:
-            flag = {**FS_ONLY, **OBJECT_ONLY, "device": "--device", "sample_every": "--sample-every"}[misplaced[0]]
+            flag = {**FS_ONLY, **OBJECT_ONLY, "sample_every": "--sample-every"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
+        if device not in (None, "cpu", "cuda"):
+            raise UsageError(f"--device {device}: under a launch each rank uses its own GPU",
+                             hint="give --device cuda (rank r uses cuda:LOCAL_RANK)")
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
                            output_format=output_format, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
                            writers=writers, storage_options=options, force=force, dp=dp, tp=tp, pp=pp, zero=zero,
-                           default_model=DEFAULT_MODEL)
+                           default_model=DEFAULT_MODEL, device=device or "cpu")
         return
     if runtime is not None and (workload == "checkpoint" or on_objects):
         raise UsageError("--runtime runs the filesystem sweep (a directory, --workload fs) by time; "

@@ -46,7 +46,8 @@ def parallelism_for(world_size: int, dp: int | None, tp: int | None, pp: int | N
 def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: int, threads: list[int], repeat: int,
                        warmup: int, output_format: str, plot_path: Path | None, output_dir: Path | None, model: str | None,
                        scale: float | None, writers: list[str] | None, storage_options: dict[str, str], force: bool,
-                       dp: int | None, tp: int | None, pp: int | None, zero: str | None, default_model: str) -> None:
+                       dp: int | None, tp: int | None, pp: int | None, zero: str | None, default_model: str,
+                       device: str = "cpu") -> None:
     """The checkpoint workload on every rank at once; rank 0 prints, writes --output and --plot."""
     # c10d logs its own view of every failure (socket timeouts, peers gone) in C++ on stderr; ours
     # names the rank and the fix in one line. Set TORCH_CPP_LOG_LEVEL to see theirs too.
@@ -65,7 +66,7 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
     spec = DistributedBenchSpec(
         model=default_model if model is None else model, scale=scale, size_bytes=None if scale is not None else size,
         parallelism=parallelism_for(launch.world_size, dp, tp, pp, zero), repeat=repeat, warmup=warmup,
-        threads=threads[0] if "threads" in given else None)
+        threads=threads[0] if "threads" in given else None, device=device)
     storage = resolve_target(target, storage_options, force=force)
     plan(spec, launch.world_size)  # a bad layout or model fails here, before any rank waits for another
     world = current_world()

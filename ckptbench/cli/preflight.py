@@ -94,6 +94,11 @@ def _interval(value: str) -> float | None:
                    "it is measured as near the node's bytes as this time and the host's memory allow (the node's "
                    "own bytes when they fit: no extrapolation); 0 measures only --measure-size and a quarter of it.")
 @click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs.")
+@click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+              help="Where the measured state_dict lives, as in training: cuda saves it with device-to-host staging, "
+                   "loads it back to the GPU, and measures the interference as a GPU compute loop's slowdown while "
+                   "the checkpoint persists (used instead of the assumed value). Under torchrun/srun: cpu or cuda "
+                   "(each rank on cuda:LOCAL_RANK).")
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
@@ -168,19 +173,21 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     options = storage_options_from(opts["endpoint_url"], opts["storage_option"])
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
-    storage = resolve_target(target, options, force=opts["force"])
     from ckptbench.cli.launch import launch_from_environment
 
     launch = launch_from_environment()
+    device = _device(opts["device"], opts["measure_size"], launched=launch is not None)
+    storage = resolve_target(target, options, force=opts["force"])
     if launch is not None:
         code = preflight_under_launch(launch, job, storage, model=DEFAULT_MODEL if preset is None else preset,
                                       repeat=opts["repeat"], output_format=opts["output_format"], output_dir=opts["output_dir"],
-                                      plot_path=opts["plot_path"])
+                                      plot_path=opts["plot_path"], device=device)
         ctx.exit(code)
     from ckptbench.bench.shootout import CheckpointBenchSpec, plan
 
     spec = CheckpointBenchSpec(model=DEFAULT_MODEL if preset is None else preset, size_bytes=opts["measure_size"],
-                               writers=("ckptbench",), repeat=opts["repeat"], warmup=1, memory_saves=0)
+                               writers=("ckptbench",), repeat=opts["repeat"], warmup=1, memory_saves=0,
+                               device=device)
     workload = plan(spec, size_option="--measure-size")  # a bad --measure-size fails here, before anything is written
     report_box: list[PreflightReport] = []
 
@@ -235,7 +242,8 @@ class PreflightReport:
                 "async_stall_s": v.measurements.stall_s, "async_stall_s_range": _pair(v.measurements.stall_s_range),
                 "async_persist_s": v.measurements.persist_s,
                 "async_persist_s_range": _pair(v.measurements.persist_s_range),
-                "interference": v.measurements.interference,
+                "device": v.measurements.device, "interference": v.measurements.interference,
+                "interference_range": _pair(v.measurements.interference_range),
                 "probe_interference": v.measurements.probe_interference,
                 "memcpy_bps": v.measurements.memcpy_bps, "free_bytes": v.measurements.free_bytes,
                 "host_memory_bytes": v.measurements.host_memory_bytes, "threads": v.measurements.threads,
@@ -279,8 +287,25 @@ def _local_world_size() -> int | None:
     return None
 
 
+def _device(device: str, sample_bytes: int, *, launched: bool) -> str:
+    """``device`` checked before anything is measured: cpu, or a GPU torch sees with room for the sample
+    (under a launch: cpu or cuda, each rank on its own GPU)."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device {device!r} must be cpu, cuda or cuda:N")
+    if launched and device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: under a launch each rank uses its own GPU",
+                         hint="give --device cuda (rank r uses cuda:LOCAL_RANK)")
+    if device != "cpu" and not launched:
+        from ckptbench.bench.workloads import check_device
+
+        check_device(device, sample_bytes)
+    return device
+
+
 def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, repeat: int, output_format: str,
-                           output_dir: Path | None, plot_path: Path | None) -> int:
+                           output_dir: Path | None, plot_path: Path | None, device: str = "cpu") -> int:
     """Every rank of a torchrun/srun launch writes and cold-reads its real share of the job's checkpoint at
     once (the distributed bench); rank 0 evaluates the verdict on that measurement and prints it.
     Returns the exit status (every rank returns rank 0's)."""
@@ -296,7 +321,7 @@ def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, r
     rank_bytes = -(-job.node_bytes // per_node)  # the node's bytes, shared evenly by its ranks
     spec = DistributedBenchSpec(model=model, size_bytes=rank_bytes * launch.world_size,
                                 parallelism=Parallelism(dp=launch.world_size, sharding="fsdp"), repeat=repeat,
-                                warmup=1)
+                                warmup=1, device=device)
     plan(spec, launch.world_size)
     world = current_world()
     if world is None:
@@ -365,7 +390,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     from ckptbench.bench.shootout import plan, run_checkpoint_bench
     from ckptbench.bench.sustained import write_slowdown
     from ckptbench.decide.scaling import fit_sizes
-    from ckptbench.decide.verdict import Measurements, evaluate, interference_fraction
+    from ckptbench.decide.verdict import Measurements, evaluate
     from ckptbench.storage.local_target import LocalDirectory
 
     report = run_checkpoint_bench(spec, storage, progress=progress, workload=workload)
@@ -378,7 +403,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     progress.phase("the writer's own rate into memory (tmpfs)")
     ceiling = writer_ceiling_bps(workload, threads=spec.threads)
     # More writer processes than cores would measure this host's CPU contention, not the storage.
-    writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX, os.cpu_count() or 1)
+    writers = min(job.ranks, job.ranks_per_node, knobs.SAMPLE_RANKS_MAX, os.cpu_count() or 1, _gpus(spec.device))
     if writers < 2 or not local:
         writers = 1
     small = plan(dataclasses.replace(spec, size_bytes=workload.total_bytes // 4))
@@ -397,7 +422,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
 
         progress.phase(f"{writers} writers at once ({format_size(sample.total_bytes)} in all), as a node's ranks")
         together = run_local_ranks(str(storage), ranks=writers, size_bytes=sample.total_bytes, model=spec.model,
-                                   repeat=spec.repeat, warmup=1)
+                                   repeat=spec.repeat, warmup=1, device="cpu" if spec.device == "cpu" else "cuda")
         return _together_runs(together)
 
     target = job.node_bytes
@@ -439,17 +464,42 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         write_bps_range=(target / save.high_s / slower, target / save.low_s / slower),
         read_bps_range=(target / load.high_s, target / load.low_s),
         stall_s_range=(stall.low_s, stall.high_s), persist_s_range=(persist.low_s * slower, persist.high_s * slower),
-        interference=None, probe_interference=interference_fraction(async_.interference_median),
+        **_interference(spec.device, async_),
         memcpy_bps=report.memcpy_bps, shared_storage=not local or fstype.startswith(SHARED_FILESYSTEMS),
         free_bytes=storage.free_bytes() if local else None, host_memory_bytes=env.get("memory_bytes"),
         threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
         block_size_bytes=ours.details.get("block_size_bytes"), shape="sample",
         bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=largest_bytes,
-        per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes,
+        per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes, device=spec.device,
     )
     if writers > 1:
         doc["together"] = largest_doc
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
+
+
+def _gpus(device: str) -> int:
+    """How many sample writers ``device`` allows: one per GPU (a node's ranks each have their own)."""
+    if device == "cpu":
+        return 1 << 30
+    if device != "cuda":
+        return 1  # one named GPU: one writer
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def _interference(device: str, async_: Any) -> dict[str, Any]:
+    """Measurements' interference fields: on a GPU the compute probe is the training device's slowdown and
+    decides (point = median of the runs, range = their extremes); on the CPU it is information only."""
+    from ckptbench.decide.verdict import interference_fraction
+
+    if device == "cpu":
+        return {"interference": None, "probe_interference": interference_fraction(async_.interference_median)}
+    runs = [interference_fraction(v) for v in async_.interference if v is not None]
+    if not runs:
+        return {"interference": None, "probe_interference": None}
+    return {"interference": interference_fraction(async_.interference_median),
+            "interference_range": (min(runs), max(runs)), "probe_interference": None}
 
 
 #: The share of the available memory a larger sample may take (with the copies the bench keeps of it).
@@ -471,9 +521,18 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
     if budget_s <= 0 or available is None or job.node_bytes <= sampled_bytes:
         return None
     run_seconds = sum(statistics.median(runs[q]) for q in ("save", "load", "stall", "persist"))
+    most = workload.full_bytes
+    if spec.device != "cpu":  # the GPU holds the state_dict and a loaded copy (bench.workloads.DEVICE_COPIES)
+        import torch
+
+        from ckptbench.bench.workloads import DEVICE_COPIES
+
+        index = torch.device(spec.device).index
+        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device() if index is None else index)
+        most = min(most, free * SAMPLE_MEMORY_SHARE / DEVICE_COPIES * writers)
     size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + spec.warmup,
                          memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=MEMORY_COPIES, budget_s=budget_s,
-                         most_bytes=workload.full_bytes)
+                         most_bytes=most)
     if size is None:
         return None
     return plan(dataclasses.replace(spec, size_bytes=size // writers * writers), size_option="--measure-size")
@@ -529,6 +588,8 @@ def _print(doc: dict[str, Any]) -> None:
         f"{job['nodes']} node(s), {ck['recipe']['description']}, {ck['parallelism']['sharding']} sharding  ·  "
         f"MTBF {format_duration(job['failures']['mtbf_s'])} ({job['failures']['source']})")
     who = f"{m['writers']} writers at once" if m["writers"] > 1 else "one writer"
+    if m.get("device", "cpu") != "cpu":
+        who += f", the state_dict on {m['device']}: saves staged device-to-host, loads back to it"
     scaling = m["checkpoint_bench"].get("scaling") if m["shape"] == "sample" else None
     measured = f"measured ({who})"
     if scaling:

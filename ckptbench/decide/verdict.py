@@ -138,6 +138,8 @@ class Measurements:
     block_size_bytes: int | None = None
     launched_ranks: int = 1
     per_rank_bytes: int | None = None  # what each rank wrote (the busiest); None: measured_bytes, one process
+    interference_range: tuple[float, float] | None = None  # over the runs of the measured interference
+    device: str = "cpu"  # where the measured state_dict lived: cpu, or cuda:N (staged device-to-host)
     writers: int = 1  # processes that wrote at once in the measurement (a node's ranks are processes)
     sampled_bytes: int | None = None  # the largest size measured, when the times were fitted to measured_bytes
     bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck: writer- or storage-bound
@@ -218,7 +220,7 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
         read_bps_range=(node_bytes / load.high_s, node_bytes / load.low_s),
         stall_s_range=(stall.low_s, stall.high_s), persist_s_range=(persist.low_s, persist.high_s), shape=shape,
         launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]),
-        writers=len(bench["rank_bytes"]) // hosts)
+        writers=len(bench["rank_bytes"]) // hosts, device=(bench.get("spec") or {}).get("device", "cpu"))
 
 
 def job_interference(job: Job, m: Measurements) -> Interference:
@@ -226,7 +228,10 @@ def job_interference(job: Job, m: Measurements) -> Interference:
     if job.interference is not None:
         return Interference.given(job.interference)
     if m.interference is not None:
-        return Interference.given(m.interference, "measured on the training device during persist")
+        low, high = m.interference_range or (m.interference, m.interference)
+        return Interference(m.interference, min(low, m.interference), max(high, m.interference),
+                            f"measured on the training device ({m.device}): a compute loop's slowdown there while "
+                            "the checkpoint persists")
     return ASSUMED
 
 

@@ -116,6 +116,7 @@ def test_run_config_feeds_the_job(cli, tmp_path: Path):
     (["{missing}"], "does not exist"),
     (["--node-memory", "0"], "--node-memory"),
     (["--node-network", "0"], "--node-network"),
+    (["--device", "tpu"], "--device 'tpu' must be cpu, cuda or cuda:N"),
 ])
 def test_bad_input(cli, tmp_path: Path, args, needle):
     target = tmp_path / "t"
@@ -231,3 +232,24 @@ def test_a_drop_to_a_sustained_rate_is_what_the_prediction_uses(cli, tmp_path: P
     assert s["timeline"]["bytes"] == list(burst.bytes)
     text = cli(*args).stdout
     assert "write-back cache" in text and "sustained" in text
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_is_one_line_before_anything_is_measured(cli, tmp_path: Path):
+    target = tmp_path / "t"
+    target.mkdir()
+    result = cli("preflight", str(target), *TINY, "--device", "cuda")
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda needs a CUDA GPU" in lines[0], lines
+    assert list(target.iterdir()) == []
+
+
+def test_a_cpu_measurement_records_its_device_and_assumes_the_interference(cli, tmp_path: Path):
+    target = tmp_path / "t"
+    target.mkdir()
+    doc = cli.json("preflight", str(target), *TINY, "--params", "100M", "--ranks", "1", "--mtbf", "1d",
+                   "--max-ckpt-time", "60s", "--device", "cpu")
+    m, p = doc["measurements"], doc["predictions"]
+    assert m["device"] == "cpu" and m["interference"] is None and m["interference_range"] is None
+    assert p["interference_source"].startswith("assumed")

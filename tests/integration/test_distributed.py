@@ -457,6 +457,20 @@ def test_layout_options_outside_a_launch_are_refused(tmp_path: Path):
     assert "--dp splits the checkpoint over the ranks of a distributed launch" in result.output
 
 
+@pytest.mark.parametrize("command", ["bench", "preflight"])
+def test_a_named_gpu_under_a_launch_is_refused_before_any_rank_waits(tmp_path: Path, command: str):
+    from click.testing import CliRunner
+
+    from ckptbench.cli import main
+
+    args = [command, str(tmp_path), "--device", "cuda:1"] + (["--workload", "checkpoint"] if command == "bench" else [])
+    result = CliRunner().invoke(main, args, env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    assert result.exit_code == 2, result.output
+    assert "under a" in result.output and "launch each rank uses its own GPU" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- the worker ---------------------------------------------------------------------------------
 
 

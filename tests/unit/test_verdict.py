@@ -208,6 +208,13 @@ def test_interference_is_assumed_not_probed_unless_given_or_measured_on_the_devi
     assert given.predictions["interference"] == 0.3 and given.predictions["interference_range"] == [0.3, 0.3]
     device = evaluate(job(), measured(interference=0.1))
     assert device.predictions["interference"] == 0.1 and "training device" in device.predictions["interference_source"]
+    # measured on a GPU over several runs: the runs' extremes are the range, the device is named
+    gpu = evaluate(job(), measured(interference=0.1, interference_range=(0.04, 0.3), device="cuda:0"))
+    assert gpu.predictions["interference_range"] == [0.04, 0.3] and "(cuda:0)" in gpu.predictions["interference_source"]
+    # the interference's range widens the waste's (the async mode's cost grows with it)
+    assert gpu.predictions["mode"] == device.predictions["mode"] == "async"
+    assert gpu.predictions["waste_fraction_range"][1] > device.predictions["waste_fraction_range"][1]
+    assert gpu.predictions["waste_fraction_range"][0] < device.predictions["waste_fraction_range"][0]
 
 
 def test_the_interval_is_a_round_value_inside_the_plateau():
