@@ -108,10 +108,14 @@ def main() -> None:
             print(f"{name:14s} {key:18s} predicted {r['predicted_s']:7.3f} s [{low:7.3f}, {high:7.3f}]  measured "
                   f"{median:7.3f} s ({values[0]:.3f}-{values[-1]:.3f})  {'inside' if r['inside'] else 'OUTSIDE'}  "
                   f"error {r['point_error']:+.0%}  width {r['range_width']:.2f}x", flush=True)
+        _write(args, rows)  # after each shape: a run stopped early keeps the shapes it finished
     held = sum(r["inside"] for r in rows)
     print(f"\n{held}/{len(rows)} measured medians inside their predicted ranges; point errors "
           f"{min(r['point_error'] for r in rows):+.0%} to {max(r['point_error'] for r in rows):+.0%}; widest range "
           f"{max(r['range_width'] for r in rows):.2f}x")
+
+
+def _write(args: argparse.Namespace, rows: list[dict]) -> None:
     if args.output:
         args.output.write_text(json.dumps({
             "schema": "ckptbench.prediction-check/1", "host": socket.gethostname(), "machine": platform.platform(),
