@@ -106,6 +106,16 @@ class Report:
         return [f for s in sections for f in s.figures]
 
 
+def format_ranged(key: str, value: Any, span: Any) -> str:
+    """``value`` with its range ``span`` ([low, high], either end may be None) as "point (low–high)"; the point
+    alone when there is no range or both ends read the same as it."""
+    point = format_value(key, value)
+    if not isinstance(span, (list, tuple)) or len(span) != 2 or all(v is None for v in span):
+        return point
+    low, high = (format_value(key, v) if v is not None else "?" for v in span)
+    return point if low == high == point else f"{point} ({low}–{high})"
+
+
 def format_value(key: str, value: Any) -> str:
     """A JSON value as a table cell, its unit taken from the key's suffix (``_s``, ``_bytes``, ``_gbps``...)."""
     if value is None:

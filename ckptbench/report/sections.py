@@ -44,6 +44,7 @@ from ckptbench.report.document import (
     Report,
     Section,
     Table,
+    format_ranged,
     format_value,
 )
 from ckptbench.units import format_duration, format_size, percentiles_text, range_text, runs_text
@@ -572,8 +573,8 @@ def preflight(document: dict[str, Any]) -> Section:
     keys = ("checkpoint_total_bytes", "checkpoint_per_rank_bytes", "checkpoint_per_node_bytes", "sync_checkpoint_s",
             "async_stall_s", "async_persist_s", "restore_s", "blocking_s", "interval_s", "optimal_interval_s",
             "overhead_fraction", "waste_fraction", "goodput", "wasted_gpu_hours_per_day", "wasted_usd_per_day")
-    predicted = Table("predicted for the job", ("quantity", "value"),
-                      tuple((_label(k), format_value(k, p[k])) for k in keys if k in p))
+    predicted = Table("predicted for the job: point (range)", ("quantity", "value"),
+                      tuple((_label(k), format_ranged(k, p[k], p.get(f"{k}_range"))) for k in keys if k in p))
     advice = Table("recommendation", ("setting", "value", "why"),
                    tuple((a["setting"], format_value(a["setting"], a["value"]), a["reason"])
                          for a in document["recommendation"]))
@@ -622,12 +623,14 @@ def compare(document: dict[str, Any]) -> Section:
                  ("optimal interval, job", "model", "optimal_interval_s"),
                  ("waste at optimum, job", "model", "waste_fraction"))
     columns = ("quantity", *(f"{t['label']} ({t['filesystem']})" for t in tiers))
-    rows = tuple((label, *(format_value(key, (t.get(part) or {}).get(key)) for t in tiers))
+    rows = tuple((label, *(format_ranged(key, (t.get(part) or {}).get(key),
+                                         (t.get(f"{part}_range") or {}).get(key) if part == "model" else None)
+                           for t in tiers))
                  for label, part, key in rows_spec)
     lines = tuple(f"assumption: {a}" for a in document.get("assumptions", []))
     figures = (Figure("tiers side by side", _png(lambda p: plot_compare(document, p))),)
     return Section(title=f"Tier comparison: {', '.join(t['label'] for t in tiers)}", lines=lines,
-                   tables=(Table("per tier", columns, rows),), figures=figures)
+                   tables=(Table("per tier: point (range)", columns, rows),), figures=figures)
 
 
 @section("ckptbench.bench.distributed/1")

@@ -98,3 +98,28 @@ def test_every_interval_plot_uses_the_one_axis_style(monkeypatch, tmp_path):
     waste_plot.plot_waste_curve(tmp_path / "c.png", CheckpointCost.sync(140.0), 10800.0, 600.0,
                            {"optimal_interval_s": 1647.0, "young_interval_s": 1739.0, "daly_interval_s": 1647.0})
     assert sorted(called) == sorted(m.__name__ for m in (report_plots, waste_plot, preflight_plot))
+
+
+def test_predictions_carry_their_ranges_in_the_report(cli, tmp_path):
+    """Every prediction the report prints shows its range next to the point: preflight's and compare's."""
+    preflight, compare = RESULTS / "preflight-h200-20261127T155446.json", RESULTS / "compare-vm-20261127T132749.json"
+    out = tmp_path / "r.md"
+    assert cli("report", str(preflight), str(compare), "--markdown", str(out)).exit_code == 0, out
+    text = out.read_text()
+    p = json.loads(preflight.read_text())["predictions"]
+    low, high = (units.format_duration(v) for v in p["sync_checkpoint_s_range"])
+    row = next(line for line in text.splitlines() if line.startswith("| sync checkpoint |"))
+    assert f"{units.format_duration(p['sync_checkpoint_s'])} ({low}–{high})" in row
+    tier = json.loads(compare.read_text())["tiers"][0]
+    low, high = (format_value("waste_fraction", v) for v in tier["model_range"]["waste_fraction"])
+    row = next(line for line in text.splitlines() if line.startswith("| waste at optimum, job |"))
+    assert f"{format_value('waste_fraction', tier['model']['waste_fraction'])} ({low}–{high})" in row
+
+
+@pytest.mark.parametrize(("span", "shown"), [
+    (None, "1.5 s"), ([1.5, 1.5], "1.5 s"), ([1.0, 2.0], "1.5 s (1 s–2 s)"), ([1.0, None], "1.5 s (1 s–?)"),
+])
+def test_a_range_is_shown_only_where_it_says_something(span, shown):
+    from ckptbench.report.document import format_ranged
+
+    assert format_ranged("x_s", 1.5, span) == shown
