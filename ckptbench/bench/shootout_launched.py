@@ -318,7 +318,9 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
             problem = str(exc)
     device = "cpu"
     if problem is None and spec.device == "cuda":
-        device, problem = _rank_device(world.local_rank, mine.total_bytes)
+        from ckptbench.bench.workloads import rank_device
+
+        device, problem = rank_device(world.local_rank, mine.total_bytes)
     _refuse_if_short(world, problem)
     if isinstance(target, ObjectTarget) and world.is_first:
         target.prepare()
@@ -377,22 +379,6 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     return DistributedBenchReport(
         target=str(target), spec=spec, workload=workload, rank_bytes=tuple(per_rank), hosts=hosts,
         rounds=tuple(measured), cache_drop=cache_drop, environment=environment, launch=launch)
-
-
-def _rank_device(local_rank: int, nbytes: int) -> tuple[str, str | None]:
-    """(this rank's GPU, None), or ("cpu", why it cannot have one): torch sees no GPU, or too little memory."""
-    import torch
-
-    from ckptbench.bench.workloads import check_device
-
-    if not torch.cuda.is_available():
-        return "cpu", f"--device cuda: torch sees no GPU on this host (torch {torch.__version__})"
-    device = f"cuda:{local_rank % torch.cuda.device_count()}"
-    try:
-        check_device(device, nbytes)
-    except UsageError as exc:
-        return "cpu", str(exc)
-    return device, None
 
 
 def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:

@@ -293,6 +293,37 @@ def check_device(device: str, nbytes: int) -> None:
                          hint="lower --scale or --size")
 
 
+def rank_device(local_rank: int, nbytes: int) -> tuple[str, str | None]:
+    """(this rank's GPU, None), or ("cpu", why it cannot have one): torch sees no GPU, or too little memory.
+    Ranks wrap around the host's GPUs (cuda:LOCAL_RANK mod their count)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", f"--device cuda: torch sees no GPU on this host (torch {torch.__version__})"
+    device = f"cuda:{local_rank % torch.cuda.device_count()}"
+    try:
+        check_device(device, nbytes)
+    except UsageError as exc:
+        return "cpu", str(exc)
+    return device, None
+
+
+def gpu_count() -> int:
+    """The GPUs torch sees here (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_free_bytes(device: str) -> int:
+    """Free memory of the GPU ``device`` names (cuda: the current one)."""
+    import torch
+
+    index = torch.device(device).index
+    free, _ = torch.cuda.mem_get_info(torch.cuda.current_device() if index is None else index)
+    return int(free)
+
+
 def to_device(state_dict: dict[str, Any], device: str) -> dict[str, Any]:
     """``state_dict`` moved to ``device`` one tensor at a time (each CPU copy freed as it goes)."""
     if device == "cpu":

@@ -483,9 +483,9 @@ def _gpus(device: str) -> int:
         return 1 << 30
     if device != "cuda":
         return 1  # one named GPU: one writer
-    import torch
+    from ckptbench.bench.workloads import gpu_count
 
-    return max(1, torch.cuda.device_count())
+    return max(1, gpu_count())
 
 
 def _interference(device: str, async_: Any) -> dict[str, Any]:
@@ -523,13 +523,9 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
     run_seconds = sum(statistics.median(runs[q]) for q in ("save", "load", "stall", "persist"))
     most = workload.full_bytes
     if spec.device != "cpu":  # the GPU holds the state_dict and a loaded copy (bench.workloads.DEVICE_COPIES)
-        import torch
+        from ckptbench.bench.workloads import DEVICE_COPIES, device_free_bytes
 
-        from ckptbench.bench.workloads import DEVICE_COPIES
-
-        index = torch.device(spec.device).index
-        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device() if index is None else index)
-        most = min(most, free * SAMPLE_MEMORY_SHARE / DEVICE_COPIES * writers)
+        most = min(most, device_free_bytes(spec.device) * SAMPLE_MEMORY_SHARE / DEVICE_COPIES * writers)
     size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + spec.warmup,
                          memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=MEMORY_COPIES, budget_s=budget_s,
                          most_bytes=most)

@@ -197,11 +197,20 @@ def checks_section(document: dict[str, Any]) -> Section | None:
         columns += [k for k in check if k not in columns]
     if all(str(check.get("unit", "_")).startswith("_") for check in checks) and "unit" in columns:
         columns.remove("unit")  # a suffix unit is already in the formatted value and threshold
-    rows = tuple(tuple(format_value(_unit_key(check, k), check.get(k)) for k in columns) for check in checks)
+    rows = tuple(tuple(_check_cell(check, k) for k in columns) for check in checks)
     failed = frozenset(i for i, check in enumerate(checks) if str(check.get("status", "")).upper() in ("FAIL", "FAILED"))
     verdict = document.get("verdict")
     lines = (f"verdict: {verdict}",) if isinstance(verdict, str) else ()
     return Section(title="Checks", lines=lines, tables=(Table("checks", tuple(columns), rows, failed=failed),))
+
+
+def _check_cell(check: dict[str, Any], key: str) -> str:
+    """One cell of the checks table; ``value_range`` as "low–high" in the value's unit."""
+    span = check.get(key)
+    if key == "value_range" and isinstance(span, (list, tuple)) and len(span) == 2:
+        low, high = (format_value(_unit_key(check, "value"), v) for v in span)
+        return low if low == high else f"{low}–{high}"
+    return format_value(_unit_key(check, key), span)
 
 
 def _unit_key(check: dict[str, Any], key: str) -> str:

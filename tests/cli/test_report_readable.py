@@ -123,3 +123,13 @@ def test_a_range_is_shown_only_where_it_says_something(span, shown):
     from ckptbench.report.document import format_ranged
 
     assert format_ranged("x_s", 1.5, span) == shown
+
+
+def test_check_ranges_read_in_the_checks_unit(cli, tmp_path):
+    preflight = RESULTS / "preflight-h200-20261127T155446.json"
+    out = tmp_path / "r.md"
+    assert cli("report", str(preflight), "--markdown", str(out)).exit_code == 0
+    check = next(c for c in json.loads(preflight.read_text())["checks"] if c["name"] == "checkpoint-time")
+    low, high = (units.format_duration(v) for v in check["value_range"])
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| checkpoint-time |"))
+    assert f"| {low}–{high} |" in row and "e+09" not in out.read_text()
