@@ -64,6 +64,13 @@ def test_a_scaled_subset_runs_and_reports_both_units(cli, tmp_path):
         assert m[op]["runs_duration_s"] == [r["duration_s"] for r in rounds]  # each run: the slowest rank's
         assert m[op]["gib_per_s"] == pytest.approx(m[op]["gbps"] * 1e9 / GIB)
     assert list(tmp_path.iterdir()) == []
+    result = tmp_path / "mlperf.json"
+    result.write_text(out.stdout)
+    report = cli("report", str(result), "--markdown", str(tmp_path / "r.md"))
+    assert report.exit_code == 0, report.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "llama3-8b: subset mode: ranks 0-1 of 8" in text
+    assert f"MLPerf write: {m['write']['gib_per_s']:.2f} GB/s (GiB/s) = {m['write']['gbps']:.2f} GB/s (1e9 B/s)" in text
 
 
 @pytest.mark.parametrize(("args", "named"), [
