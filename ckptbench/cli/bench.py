@@ -64,7 +64,7 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...], clien
 CLIENT_OPTION = click.option(
     "--client", type=click.Choice(S3_CLIENTS), default=None,
     help="s3://: the S3 client that moves the data: boto3, s3fs (pip install s3fs) or crt (the AWS CRT: pip "
-         f"install awscrt)  [default: {S3_DEFAULT_CLIENT}, the fastest measured; see the README].")
+         f"install awscrt)  [default: {S3_DEFAULT_CLIENT}, the fastest measured; see docs/commands/bench.md].")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
