@@ -59,3 +59,17 @@ def test_ranks_is_refused_under_a_launch(tmp_path: Path):
         (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
         assert line.startswith("ckptbench: error: --ranks 2: under a launch every launched rank runs (this one has 2)")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_launch_of_the_workloads_rank_count_is_mlperfs_default_mode(tmp_path: Path):
+    """llama3-8b's 8 ranks started as srun would: every rank writes an eighth of the (scaled) checkpoint."""
+    argv = [sys.executable, "-m", "ckptbench", "bench", str(tmp_path), "--mlperf", "llama3-8b", "--scale", "0.00001",
+            "--repeat", "1", "--json"]
+    procs = by_hand([argv] * 8, cwd=tmp_path, timeout=300)
+    assert [p.returncode for p in procs] == [0] * 8, procs[0].stderr[-3000:]
+    m = json.loads(procs[0].stdout)["mlperf"]  # rank 0 alone prints
+    assert m["mode"] == "default" and m["what_ran"] == "default mode: all 8 ranks" and m["ranks_run"] == 8
+    assert sum(m["rank_bytes"]) == pytest.approx(WORKLOADS["llama3-8b"].checkpoint_bytes * 0.00001, abs=8 * 16)
+    assert all(p.stdout == "" for p in procs[1:])
+    assert list(tmp_path.iterdir()) == []
