@@ -5,8 +5,9 @@ share of ``size_bytes`` at the same moment.
 It is how ``preflight`` measures concurrency in one command: a node's ranks are processes, so their writes
 contend the way one process's threads do not. The processes are ``python -m ckptbench bench TARGET
 --workload checkpoint`` with the environment of a launch (``RANK``, ``WORLD_SIZE``, a free loopback port);
-rank 0 prints the ``ckptbench.bench.distributed/1`` document. Only the processes started here are
-stopped, by PID, when the run fails or is interrupted.
+rank 0 prints the ``ckptbench.bench.distributed/1`` document. ``run_ranks_here`` starts any command that way
+(``bench --mlperf``'s subset mode). Only the processes started here are stopped, by PID, when the run fails
+or is interrupted.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ def run_local_ranks(target: str, *, ranks: int, size_bytes: int, model: str, rep
 
     ``size_bytes`` is all ranks' shares together (fully sharded: each writes about ``size_bytes / ranks``).
     Raises StorageIOError with the first rank's one-line error when the run fails."""
+    argv = ["bench", target, "--workload", "checkpoint", "--model", model, "--size", f"{size_bytes}B", "--repeat",
+            str(repeat), "--warmup", str(warmup), "--device", device, "--json"]
+    for key, value in (storage_options or {}).items():
+        argv += ["--storage-option", f"{key}={value}"]
+    return run_ranks_here(argv, target=target, ranks=ranks, timeout_s=timeout_s)
+
+
+def run_ranks_here(args: list[str], *, target: str, ranks: int, timeout_s: float) -> dict[str, Any]:
+    """``python -m ckptbench ARGS`` as ``ranks`` processes of one launch on this host; return the JSON document
+    rank 0 prints. Raises StorageIOError with the first rank's one-line error when the run fails."""
     if ranks < 2:
         raise ValueError(f"ranks {ranks} must be at least 2")
     port = str(_free_port())
@@ -50,10 +61,7 @@ def run_local_ranks(target: str, *, ranks: int, size_bytes: int, model: str, rep
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), CKPTBENCH_LOG_PROGRESS="0",
                TORCH_CPP_LOG_LEVEL="FATAL", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(ranks),
                LOCAL_WORLD_SIZE=str(ranks))
-    argv = [sys.executable, "-m", "ckptbench", "bench", target, "--workload", "checkpoint", "--model", model,
-            "--size", f"{size_bytes}B", "--repeat", str(repeat), "--warmup", str(warmup), "--device", device, "--json"]
-    for key, value in (storage_options or {}).items():
-        argv += ["--storage-option", f"{key}={value}"]
+    argv = [sys.executable, "-m", "ckptbench", *args]
     with tempfile.TemporaryDirectory(prefix="ckptbench-ranks-") as scratch:
         procs: list[subprocess.Popen] = []
         outputs = [Path(scratch) / f"rank{r}.out" for r in range(ranks)]

@@ -4,7 +4,7 @@ exchanges that name the rank that failed.
 A launch is detected from the environment: torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT``; under Slurm (``srun``) ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` and
 ``SLURM_LOCALID`` stand in for the first three, and ``MASTER_ADDR``/``MASTER_PORT`` must still be set
-(the README shows the usual lines). A world of one process is not a launch: everything runs as usual.
+(docs/commands/bench.md and docs/library.md show the usual lines). A world of one process is not a launch: everything runs as usual.
 
 :func:`current_world` joins the launch. When the caller already has a default process group (a
 training job did ``init_process_group``), ckptbench uses it and its rendezvous store; otherwise it

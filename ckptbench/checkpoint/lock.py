@@ -1,4 +1,4 @@
-"""The save lock: one save at a time per checkpoint location (the README's Concurrency guarantee).
+"""The save lock: one save at a time per checkpoint location (the Concurrency guarantee, docs/guarantees.md).
 
 Why a lock: shards carry a per-save id and, after its commit, a save removes the files its manifest
 does not name (older or crashed saves). Two saves to one location at once would each remove the

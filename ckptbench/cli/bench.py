@@ -64,7 +64,7 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...], clien
 CLIENT_OPTION = click.option(
     "--client", type=click.Choice(S3_CLIENTS), default=None,
     help="s3://: the S3 client that moves the data: boto3, s3fs (pip install s3fs) or crt (the AWS CRT: pip "
-         f"install awscrt)  [default: {S3_DEFAULT_CLIENT}, the fastest measured; see the README].")
+         f"install awscrt)  [default: {S3_DEFAULT_CLIENT}, the fastest measured; see docs/commands/bench.md].")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -138,11 +138,19 @@ CLIENT_OPTION = click.option(
               help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
                    "files would land among the system's own.")
 @click.option("--mlperf", type=click.Choice(["llama3-8b", "llama3-70b", "llama3-405b", "llama3-1t"]), default=None,
-              help="MLPerf Storage v2.0's checkpointing workload (its TP x PP x DP, ZeRO stage and checkpoint size): "
-                   "its subset mode, --ranks processes here each writing its rank's share, 10 writes then 10 cold "
-                   "reads; reported in GB/s and MLPerf's GB/s (GiB/s). --scale shrinks it (then not comparable).")
+              help="MLPerf Storage v2.0's checkpointing workload (its TP x PP x DP, ZeRO stage and checkpoint size), "
+                   "each rank writing its MLPerf share: under torchrun/srun every launched rank (all of the "
+                   "model's ranks: default mode; fewer: subset mode), else --ranks processes here (subset mode). "
+                   "10 writes, the page cache dropped, 10 reads; reported in GB/s and MLPerf's GB/s (GiB/s). "
+                   "--scale shrinks every rank's bytes for a test/dev run (then not comparable).")
 @click.option("--ranks", type=params.POSITIVE_INT, default=None,
-              help="--mlperf: ranks run on this host, the first of the model's layout  [default: 8].")
+              help="--mlperf without a launcher: ranks run on this host, the first of the model's layout  "
+                   "[default: 8].")
+@click.option("--num-checkpoints-write", "num_checkpoints_write", type=params.RUNS, default=None,
+              help="--mlperf: checkpoints written before the reads (MLPerf's num_checkpoints_write)  [default: 10].")
+@click.option("--num-checkpoints-read", "num_checkpoints_read", type=params.RUNS, default=None,
+              help="--mlperf: checkpoints read after the page cache is dropped (MLPerf's num_checkpoints_read); "
+                   "read i reads checkpoint i mod the writes  [default: 10].")
 @click.option("--dp", type=params.POSITIVE_INT, default=None,
               help="Under torchrun/srun: data-parallel ranks  [default: the ranks tp x pp leave].")
 @click.option("--tp", type=params.POSITIVE_INT, default=None, help="Under torchrun/srun: tensor-parallel size  [default: 1].")
@@ -158,7 +166,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
           concurrency: list[int] | None, part_size: list[int] | None, endpoint_url: str | None,
           storage_option: tuple[str, ...], client: str | None, force: bool, dp: int | None, tp: int | None, pp: int | None,
           zero: str | None, device: str | None, runtime: float | None, sample_every: float, mlperf: str | None,
-          ranks: int | None) -> None:
+          ranks: int | None, num_checkpoints_write: int | None, num_checkpoints_read: int | None) -> None:
     """Measure a directory (local NVMe or a mounted network filesystem) or an object store like a
     checkpoint writer would.
 
@@ -184,6 +192,7 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
       ckptbench bench s3://bucket/tmp --endpoint-url http://rgw:7480 --object-size 64MiB,256MiB --concurrency 8,32
       ckptbench bench s3://bucket/tmp --workload checkpoint --scale 0.02
       ckptbench bench /mnt/nvme --mlperf llama3-70b                (MLPerf Storage's checkpointing, 8 ranks)
+      srun -N 8 --ntasks-per-node 8 python -m ckptbench bench /mnt/lustre --mlperf llama3-70b    (all 64 ranks)
       torchrun --nproc-per-node 8 -m ckptbench bench /mnt/lustre --model llama3-70b --scale 0.05 --tp 8
 
     With --workload checkpoint, a state_dict with the model's tensor shapes (bf16 weights, fp32 optimizer
@@ -211,11 +220,14 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
                          "directory")
     launch = launch_from_environment()
     if mlperf is not None:
-        _bench_mlperf(mlperf, target, given, launch, ranks=ranks, scale=scale, repeat=repeat, warmup=warmup,
-                      output_format=output_format, plot_path=plot_path, output_dir=output_dir, storage_options=options)
+        _bench_mlperf(mlperf, target, given, launch=launch, ranks=ranks, scale=scale, repeat=repeat,
+                      writes=num_checkpoints_write, reads=num_checkpoints_read, output_format=output_format,
+                      plot_path=plot_path, output_dir=output_dir, storage_options=options, force=force)
         return
-    if ranks is not None:
-        raise UsageError("--ranks goes with --mlperf (the MLPerf ranks run on this host)")
+    for name, flag in (("ranks", "--ranks"), ("num_checkpoints_write", "--num-checkpoints-write"),
+                       ("num_checkpoints_read", "--num-checkpoints-read")):
+        if name in given:
+            raise UsageError(f"{flag} goes with --mlperf (MLPerf's checkpointing workload)")
     if launch is None:
         misplaced = sorted(given & set(LAUNCH_ONLY))
         if misplaced:
@@ -290,26 +302,22 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
     )
 
 
-def _bench_mlperf(name: str, target: str, given: set[str], launch: Any, **kwargs: Any) -> None:
-    """``--mlperf``: its sizes and layout come from MLPerf's table; the options that would change them are refused."""
+def _bench_mlperf(name: str, target: str, given: set[str], *, repeat: int, writes: int | None, reads: int | None,
+                  **kwargs: Any) -> None:
+    """``--mlperf``: its sizes, layout and procedure come from MLPerf; the options that would change them are
+    refused. ``--repeat`` sets both checkpoint counts; ``--num-checkpoints-write/-read`` each one."""
+    from ckptbench.bench.mlperf import CHECKPOINTS
     from ckptbench.cli.bench_mlperf import bench_mlperf
 
-    if launch is not None:
-        raise UsageError("--mlperf runs MLPerf's subset mode: the host's ranks are processes it starts itself",
-                         hint="run it without torchrun/srun, on each host to measure")
-    allowed = {"target", "mlperf", "ranks", "scale", "repeat", "warmup", "json", "format", "plot_path", "output_dir",
-               "endpoint_url", "storage_option"}
+    allowed = {"target", "mlperf", "ranks", "scale", "repeat", "num_checkpoints_write", "num_checkpoints_read",
+               "json", "format", "plot_path", "output_dir", "endpoint_url", "storage_option", "client", "force"}
     misplaced = sorted(given - allowed)
     if misplaced:
         raise UsageError(f"--{misplaced[0].replace('_', '-')} does not apply to --mlperf: its sizes, layout and "
                          "procedure are MLPerf's")
-    from ckptbench.bench.mlperf import CHECKPOINTS
-
-    if "repeat" not in given:  # MLPerf: 10 checkpoints written, then read; no warm-up
-        kwargs["repeat"] = CHECKPOINTS
-    if "warmup" not in given:
-        kwargs["warmup"] = 0
-    bench_mlperf(name, target, **kwargs)
+    count = repeat if "repeat" in given else CHECKPOINTS
+    bench_mlperf(name, target, writes=count if writes is None else writes, reads=count if reads is None else reads,
+                 **kwargs)
 
 
 def fit_block_sizes(spec: FsBenchSpec, *, chosen: bool) -> FsBenchSpec:

@@ -642,6 +642,19 @@ def compare(document: dict[str, Any]) -> Section:
                    tables=(Table("per tier: point (range)", columns, rows),), figures=figures)
 
 
+def _mlperf_lines(document: dict[str, Any]) -> tuple[str, ...]:
+    """``bench --mlperf``: what ran and its figures in MLPerf's "GB/s" (GiB/s) and in GB/s."""
+    m = document.get("mlperf")
+    if not m:
+        return ()
+    p = m["procedure"]
+    return (f"MLPerf Storage v2.0 checkpointing, {m['workload']['name']}: {m['what_ran']}; "
+            f"{p['num_checkpoints_write']} writes, the page cache dropped once, {p['num_checkpoints_read']} reads"
+            + ("" if m["comparable"] else f"; scaled to {m['scale']:g} (not comparable with a submission)"),
+            *(f"MLPerf {op}: {m[op]['gib_per_s']:.2f} GB/s (GiB/s) = {m[op]['gbps']:.2f} GB/s (1e9 B/s), mean of "
+              f"{len(m[op]['runs_duration_s'])} checkpoints, each the slowest rank's" for op in ("write", "read")))
+
+
 @section("ckptbench.bench.distributed/1")
 def distributed(document: dict[str, Any]) -> Section:
     """``ckptbench bench`` under torchrun/srun: aggregate per operation, every rank in the median save round."""
@@ -655,7 +668,7 @@ def distributed(document: dict[str, Any]) -> Section:
              f"{format_size(max(rank_bytes))}",
              f"aggregation: {document['aggregation']}",
              f"cold loads: {document['cache_drop'].get('how') or document['cache_drop']['method']} · "
-             f"data verified: {'yes' if document.get('data_verified') else 'NO'}")
+             f"data verified: {'yes' if document.get('data_verified') else 'NO'}", *_mlperf_lines(document))
     names = {"save": "durable save", "load": "cold load", "async": "async save (stall + persist)"}
     summary = document["summary"]
     aggregate = Table("aggregate per operation (median of the rounds)",

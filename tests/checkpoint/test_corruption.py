@@ -1,4 +1,4 @@
-"""Corruption detection (a README guarantee): a damaged checkpoint is refused with an error that
+"""Corruption detection (a guarantee in docs/guarantees.md): a damaged checkpoint is refused with an error that
 names the file and the tensor, never a KeyError/TypeError traceback and never wrong tensors.
 
 Damaged shards (a flipped byte, a truncated or missing shard) are in test_save_load.py; here the

@@ -1,4 +1,4 @@
-"""The README guarantees of crash safety and, for the library, of signals during an async save.
+"""The guarantees (docs/guarantees.md) of crash safety and, for the library, of signals during an async save.
 
 - SIGKILL at many seeded random moments of sync and async saves, the very first save included:
   afterwards ``load`` returns a whole version, bit-exact and never older than the last one the

@@ -1,4 +1,4 @@
-"""Disk full (a README guarantee): a save that runs out of space on a real (tiny tmpfs) filesystem
+"""Disk full (a guarantee in docs/guarantees.md): a save that runs out of space on a real (tiny tmpfs) filesystem
 says how much it needed and how much is free, commits nothing, leaves none of its files behind, and
 the checkpoint committed before it still loads bit-exact.
 

@@ -1,4 +1,4 @@
-"""Disk full (a README guarantee; the command line): ``bench`` on a tiny tmpfs that fills up in the
+"""Disk full (a guarantee in docs/guarantees.md; the command line): ``bench`` on a tiny tmpfs that fills up in the
 middle of the run stops with one line saying so (and what the run needed), exit 2, no traceback,
 and its scratch directory removed, for the filesystem sweep and the checkpoint workload's writers.
 

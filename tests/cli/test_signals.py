@@ -1,4 +1,4 @@
-"""Signals (a README guarantee; the command line): SIGINT (Ctrl-C) or SIGTERM sent to a real
+"""Signals (a guarantee in docs/guarantees.md; the command line): SIGINT (Ctrl-C) or SIGTERM sent to a real
 ``python -m ckptbench`` while it measures (``bench`` on a directory, ``bench --workload checkpoint``,
 ``compare`` of two directories, ``preflight``) stops it cleanly: exit 130 for SIGINT, 143 for SIGTERM,
 one line on stderr naming the signal, no traceback, nothing on stdout, every scratch directory removed,

@@ -1,5 +1,5 @@
 """Trust boundaries: a checkpoint or a target from someone else cannot make ckptbench write, delete or
-read outside it, or hang (guarantee 9 of the README).
+read outside it, or hang (guarantee 9 in docs/guarantees.md).
 
 Each attack is staged by a second, unprivileged user (``nobody``, through ``setpriv``) in a directory
 it can write to; the victim, root, then runs ckptbench there. Every test checks that the attack fails

@@ -239,7 +239,7 @@ def test_both_prices_are_refused_naming_both() -> None:
 
 
 def test_first_order_accounting_is_close_to_the_exact_model_only_for_small_ratios() -> None:
-    # README case: checkpoint every 30 min, 2.5 h recovery, one fault a day: ratio 0.13, within 1 %.
+    # the case of docs/commands/goodput.md: checkpoint every 30 min, 2.5 h recovery, one fault a day: ratio 0.13, within 1 %.
     short = CheckpointPolicy(1800, CheckpointCost.sync(140))
     assert first_order_ratio(RUN, ONE_PER_DAY, RECOVERY, short) == pytest.approx((1800 + 140 + 9000) / 86400)
     result = estimate(RUN, ONE_PER_DAY, RECOVERY, checkpoint=short)
