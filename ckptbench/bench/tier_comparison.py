@@ -188,6 +188,9 @@ class JobSpec:
     every_s: float | None = None
     run_s: float = 30 * 86400.0
     keep: int = 2
+    #: Each tier's interference is its own, measured on the training device (``--device cuda``: the compute
+    #: probe on the GPU while that tier's checkpoint persists), instead of ``interference``.
+    interference_measured: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -223,6 +226,7 @@ class JobSpec:
             "rank_bytes": self.rank_bytes,
             "mode": self.mode,
             "interference": self.interference,
+            "interference_measured": self.interference_measured,
             "mtbf_s": f.mtbf_s if f else None,
             "failures_per_day": f.faults_per_day if f else None,
             "failure_source": f.source if f else None,
@@ -379,9 +383,20 @@ class TierModel:
     bill: dict[str, Any] | None = None
     error: str | None = None
     interval_error: str | None = None
+    interference: float = 0.0  # what the async model used on this tier (see tier_interference)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def tier_interference(job: JobSpec, measured: Measured) -> float:
+    """The interference the model uses on a tier: 0 for sync checkpoints; the tier's own, measured on the
+    training device, when the job says so and the probe saw steps during the persist; else the job's."""
+    if job.mode == "sync":
+        return 0.0
+    if job.interference_measured and measured.interference is not None:
+        return from_slowdown(measured.interference) or 0.0
+    return job.interference
 
 
 def model_tier(job: JobSpec, measured: Measured, prices: TierPrices, *, part_bytes: int | None,
@@ -397,14 +412,15 @@ def model_tier(job: JobSpec, measured: Measured, prices: TierPrices, *, part_byt
         stall_s = measured.stall_s * rank / measured.workload_bytes
         persist_s = rank * measured.persist_s / measured.workload_bytes
     out: dict[str, Any] = {"checkpoint_s": checkpoint_s, "stall_s": stall_s, "persist_s": persist_s,
-                           "restore_s": restore_s, "restart_s": restart_s, "blocking_s": None}
+                           "restore_s": restore_s, "restart_s": restart_s, "blocking_s": None,
+                           "interference": tier_interference(job, measured)}
     try:
         if job.mode == "sync":
             cost = interval.CheckpointCost.sync(checkpoint_s)
         elif stall_s is None or persist_s is None:
             raise UsageError("no async save was measured on this tier")
         else:
-            cost = interval.CheckpointCost(stall_s, persist_s, job.interference)
+            cost = interval.CheckpointCost(stall_s, persist_s, out["interference"])
         out["blocking_s"] = cost.blocking_s
         if job.failures is not None:
             analysis = interval.analyse(cost, job.failures.mtbf_s, restart_s)
@@ -626,7 +642,12 @@ class CompareReport:
         if job.ranks > 1:
             out.append(f"{job.ranks} ranks each write {format_size(job.rank_bytes)} at the rate "
                        "measured here from one client: a tier that cannot serve them all at once will be slower")
-        if job.mode == "async":
+        if job.mode == "async" and job.interference_measured:
+            shown = ", ".join(f"{r.label} {r.model.interference:.1%}" for r in self.tiers)
+            out.append(f"the model uses each tier's interference measured on the training device: {shown} (a GPU "
+                       "compute loop's slowdown while that tier's checkpoint persists; a tier where no step finished "
+                       f"during the persist uses {job.interference:.0%})")
+        elif job.mode == "async":
             measured = [(r.label, r.measured.interference) for r in self.tiers if r.measured.interference is not None]
             if measured:
                 shown = ", ".join(f"{label} {from_slowdown(value):.0%}" for label, value in measured)

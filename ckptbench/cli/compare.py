@@ -60,6 +60,10 @@ DEFAULT_RUN_TIME = "30d"
 @click.option("--interference", type=params.FRACTION_OR_ZERO, default=None,
               help="Async: fraction of training throughput lost while a checkpoint persists (5%)  [default: "
                    "2 %, assumed; the CPU probe on this host is reported, not used].")
+@click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+              help="Where the measured state_dict lives, as in training: cuda saves it with device-to-host staging, "
+                   "loads it back to the GPU, and measures each tier's interference as a GPU compute loop's slowdown "
+                   "while that tier's checkpoint persists (used instead of the assumed value).")
 @click.option("--every", type=params.BOUNDED_DURATION, default=None,
               help="Also evaluate this interval (training time between checkpoints): 30m.")
 @click.option("--run-time", type=params.BOUNDED_DURATION, default=DEFAULT_RUN_TIME, show_default=True,
@@ -92,7 +96,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
             scale: float | None, threads: int | None, repeat: int, warmup: int, params: float | None,
             ranks: int, mtbf: float | None, gpu_mtbf: float | None, node_mtbf: float | None,
             faults_per_day: float | None, failures: str | None, gpus: int | None, nodes: int | None,
-            restart: float | None, mode: str, interference: float | None, every: float | None, run_time: float,
+            restart: float | None, mode: str, interference: float | None, device: str, every: float | None,
+            run_time: float,
             keep: int, endpoint_url: str | None, storage_option: tuple[str, ...], client: str | None,
             local_dir: str | None,
             remote_url: str | None, local_loss: str | None, remote_every: int | None, output_format: str,
@@ -135,8 +140,12 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
         raise UsageError("give --scale or --size, not both")
     spec = CheckpointBenchSpec(model=DEFAULT_MODEL if model is None else model, scale=scale,
                                size_bytes=None if scale is not None else size, writers=("ckptbench",),
-                               repeat=repeat, warmup=warmup, threads=threads, memory_saves=0)
+                               repeat=repeat, warmup=warmup, threads=threads, memory_saves=0, device=device)
     work = plan(spec)  # unknown model preset, size out of range: fail before touching any target
+    if device != "cpu":
+        from ckptbench.bench.workloads import check_device
+
+        check_device(device, work.total_bytes)
     failure_model = resolve_failures(mtbf_s=mtbf, gpu_mtbf_s=gpu_mtbf, node_mtbf_s=node_mtbf,
                                      faults_per_day=faults_per_day, failure_preset=failures, gpus=gpus, nodes=nodes,
                                      count_given=True)
@@ -146,7 +155,8 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     job = JobSpec(size=size_info, model=None if param_count else shape.name, failures=failure_model,
                   restart_s=restart or 0.0, mode=mode, interference=(interference if interference is not None
                                                        else ASSUMED.point if mode == "async" else 0.0), every_s=every,
-                  run_s=run_time, keep=keep)
+                  run_s=run_time, keep=keep,
+                  interference_measured=device != "cpu" and interference is None and mode == "async")
     options = storage_options_from(endpoint_url, storage_option, client)
     if two_levels:
         assert local_dir is not None and remote_url is not None
@@ -347,7 +357,8 @@ def _print_tables(document: dict[str, Any]) -> None:
     failure = ("no failure rate" if job["mtbf_s"] is None else
                f"MTBF {format_duration(job['mtbf_s'])} ({job['failure_source']})")
     restart = f"restart {format_duration(job['restart_s'])} + restore" if job["restart_s"] else "restart = restore"
-    mode = f"async (interference {pct(job['interference'], 0)})" if job["mode"] == "async" else "sync"
+    mode = ("sync" if job["mode"] != "async" else "async (interference measured per tier on the training device)"
+            if job.get("interference_measured") else f"async (interference {pct(job['interference'], 0)})")
     console.print(
         f"[bold]job[/]: {job['model'] + ' ' if job['model'] else ''}{job['params'] / 1e9:.4g}B params, {recipe}: "
         f"{format_size(job['checkpoint_bytes'])} per checkpoint, {who}  ·  {mode}  ·  {failure}  ·  "

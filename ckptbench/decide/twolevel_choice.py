@@ -37,9 +37,9 @@ def _local_cost(job: Any, model: Any, interference: float, stall_scale: float) -
 
 def _scenario(job: Any, local: Any, remote: Any, drain_gbps: float, q: float, stall_scale: float,
               remote_every: int | None) -> tuple[twolevel.TwoLevelCost, twolevel.TwoLevelAnalysis]:
-    drain_f = job.interference if job.mode == "async" else ASSUMED.point
+    drain_f = local.interference if job.mode == "async" else ASSUMED.point
     cost = twolevel.TwoLevelCost(
-        _local_cost(job, local, job.interference, stall_scale), job.rank_bytes / (drain_gbps * 1e9), drain_f,
+        _local_cost(job, local, local.interference, stall_scale), job.rank_bytes / (drain_gbps * 1e9), drain_f,
         job.restart_s + local.restore_s, job.restart_s + remote.restore_s, q)
     return cost, twolevel.analyse(cost, job.failures.mtbf_s, job.every_s, remote_every)
 
@@ -67,7 +67,7 @@ def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, 
               {"name": "remote", "interval_s": None if point.every is None else point.every * point.interval_s,
                "every": point.every}]
     single_model = remote.model
-    single_cost = _local_cost(job, single_model, job.interference, 1.0)  # the remote tier's own save
+    single_cost = _local_cost(job, single_model, single_model.interference, 1.0)  # the remote tier's own save
     single_waste = [single_model.waste_fraction, *(m.waste_fraction for m in remote_ends)]
     out: dict[str, Any] = {
         "local": local.label,

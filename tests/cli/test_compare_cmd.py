@@ -140,6 +140,7 @@ def test_table_with_a_tier_file_its_bill_and_sync_mode(cli, two_dirs, tmp_path: 
         (["{a}", "--plot", "{a}/no/such/dir/x.png"], "does not exist"),
         (["{a}", "--size", "1PiB"], "more than the full llama3-8b workload"),
         (["{a}", "--ranks", "0"], "positive whole number"),
+        (["{a}", "--device", "tpu"], "device 'tpu' must be cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_anything_is_written(cli, two_dirs, args, needle):
@@ -249,6 +250,28 @@ def test_an_interval_too_short_for_the_persist_keeps_the_optimum():
     assert m.interval_error and "two checkpoints in flight" in m.interval_error
     assert m.error is None and m.optimal_interval_s > 14 and m.interval_s is None
     assert m.checkpoints_per_run == pytest.approx(job.run_s / m.optimal_interval_s)
+
+
+def test_a_tier_measured_on_the_training_device_uses_its_own_interference():
+    job = _job(failures=FailureModel(3 * 3600.0), interference=0.02)
+    assumed = model_tier(job, MEASURED, TierPrices(), part_bytes=None)
+    measured = model_tier(_job(failures=FailureModel(3 * 3600.0), interference=0.02, interference_measured=True),
+                          MEASURED, TierPrices(), part_bytes=None)
+    assert assumed.interference == 0.02
+    assert measured.interference == pytest.approx(1 / 3)  # the probe ran 1.5x slower: a third of throughput lost
+    assert measured.overhead_fraction > assumed.overhead_fraction
+    no_steps = dataclasses.replace(MEASURED, interference=None)  # no probe step finished during the persist
+    fallback = model_tier(_job(failures=FailureModel(3 * 3600.0), interference=0.02, interference_measured=True),
+                          no_steps, TierPrices(), part_bytes=None)
+    assert fallback.interference == 0.02
+    sync = model_tier(_job(failures=FailureModel(3 * 3600.0), mode="sync", interference_measured=True), MEASURED,
+                      TierPrices(), part_bytes=None)
+    assert sync.interference == 0.0
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_is_refused_before_measuring(cli, two_dirs):
+    assert_refused_before_measuring(cli, two_dirs, ["{a}", "--device", "cuda"], "--device cuda needs a CUDA GPU")
 
 
 def test_model_tier_reports_a_tier_that_cannot_keep_up():

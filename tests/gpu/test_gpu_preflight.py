@@ -80,3 +80,18 @@ def test_preflight_under_torchrun_on_the_gpus(tmp_path: Path):
     assert proc.returncode in (0, 3), proc.stdout[-2000:] + proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     assert doc["measurements"]["shape"] == "job" and doc["measurements"]["device"] == "cuda"
+
+
+def test_compare_on_the_gpu_uses_each_tiers_measured_interference(cli, tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    doc = cli.json("compare", str(a), str(b), "--size", "32MiB", "--repeat", "2", "--warmup", "0", "--mtbf", "1d",
+                   "--device", "cuda")
+    assert doc["spec"]["device"] == "cuda" and doc["job"]["interference_measured"] is True
+    from ckptbench.model.interference import from_slowdown
+
+    for tier in doc["tiers"]:
+        slowdown = tier["measured"]["interference"]
+        expected = from_slowdown(slowdown) if slowdown is not None else doc["job"]["interference"]
+        assert tier["model"]["interference"] == pytest.approx(expected)
