@@ -115,9 +115,10 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
 def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any], ckpt_size: int,
               failures: Any, restart_s: float) -> Any:
     """The interval for ``ckpt_size`` bytes in the mode recommended: async (the measured staging and persist
-    rates, the assumed interference) when ``advice`` says async and a result measured it, else sync at the
-    best measured durable write rate. A round value inside the optimum's plateau."""
-    from ckptbench.decide.advice import Advice, async_rates, write_rates
+    rates; the interference a result measured on the training device, else assumed) when ``advice`` says
+    async and a result measured it, else sync at the best measured durable write rate. A round value inside
+    the optimum's plateau."""
+    from ckptbench.decide.advice import Advice, async_rates, device_interference, write_rates
     from ckptbench.model import interval as model
     from ckptbench.model.interference import ASSUMED
 
@@ -128,9 +129,12 @@ def _interval(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Any
     measured_async = async_rates(documents)
     if "async" in advice and advice["async"].value and measured_async:
         staging_bps, persist_bps, where = measured_async[-1]
-        cost = model.CheckpointCost(ckpt_size / staging_bps, ckpt_size / persist_bps, ASSUMED.point)
+        on_device = [(f, w) for w, doc in documents if (f := device_interference(doc)) is not None]
+        interference, source = (on_device[-1][0], f"measured on the training device by {on_device[-1][1]}"
+                                ) if on_device else (ASSUMED.point, "assumed")
+        cost = model.CheckpointCost(ckpt_size / staging_bps, ckpt_size / persist_bps, interference)
         how = (f"{where}: {format_size(ckpt_size)} stall {format_duration(cost.stall_s)} and persist "
-               f"{format_duration(cost.persist_s)} async (interference {ASSUMED.point:.0%}, assumed)")
+               f"{format_duration(cost.persist_s)} async (interference {interference:.1%}, {source})")
     else:
         cost = model.CheckpointCost.sync(ckpt_size / rate)
         how = (f"{where}: {format_size(ckpt_size)} at {rate / 1e9:.2f} GB/s take "

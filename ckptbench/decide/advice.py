@@ -129,6 +129,18 @@ class MeasuredRates:
         return f"{self.source} ({self.schema}): " + ", ".join(parts)
 
 
+def device_interference(doc: Any) -> float | None:
+    """The interference a shoot-out measured on the training device (its state_dict on a GPU: the compute
+    probe's slowdown while ckptbench's async save persisted), as a fraction; None when it ran on the CPU
+    (the CPU probe is information only) or no probe step finished during the persist."""
+    from ckptbench.model.interference import from_slowdown
+
+    if (doc.get("spec") or {}).get("device", "cpu") == "cpu":
+        return None
+    ours = next((a for a in doc.get("async") or [] if a.get("writer") == "ckptbench"), None)
+    return from_slowdown(ours.get("interference")) if ours else None
+
+
 def rates_from_result(where: str, doc: Any) -> MeasuredRates:
     """:class:`MeasuredRates` of one result document; a one-line UsageError for a file that is not one."""
     name = check_schema(doc, where)
@@ -147,6 +159,7 @@ def rates_from_result(where: str, doc: Any) -> MeasuredRates:
         elif name == "ckptbench.bench.checkpoint":
             ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
             read_bps = _rate(ours["load"]["gbps"]) * 1e9
+            interference = device_interference(doc)
         elif name == "ckptbench.bench.distributed":
             summary = doc["summary"]
             total = sum(doc["rank_bytes"])

@@ -84,3 +84,27 @@ def test_from_a_file_that_cannot_serve_is_one_line(cli, tmp_path: Path, command,
     assert result.exit_code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def _shootout_on(tmp_path: Path, device: str, slowdown: float) -> Path:
+    """The reference shoot-out as if its state_dict had lived on ``device``, its probe slowed by ``slowdown``."""
+    doc = json.loads(SHOOTOUT.read_text())
+    doc["spec"]["device"] = device
+    next(a for a in doc["async"] if a["writer"] == "ckptbench")["interference"] = slowdown
+    path = tmp_path / f"shootout-{device}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_an_interference_measured_on_the_gpu_is_used_where_the_cpu_probe_is_not(cli, tmp_path: Path):
+    from ckptbench.model.interference import from_slowdown
+
+    gpu, cpu = _shootout_on(tmp_path, "cuda", 0.25), _shootout_on(tmp_path, "cpu", 0.25)
+    assert cli.json("interval", "--from", str(gpu), "--size", "100GB", "--mtbf", "1d")["interference"] \
+        == pytest.approx(from_slowdown(0.25))
+    assert cli.json("interval", "--from", str(cpu), "--size", "100GB", "--mtbf", "1d")["interference"] == ASSUMED.point
+    measured = cli("recommend", str(gpu), "--ckpt-size", "100GB", "--mtbf", "1d")
+    assert measured.exit_code == 0, measured.stderr
+    assert f"interference {from_slowdown(0.25):.1%}, measured on the training device by {gpu}" in measured.stdout
+    assumed = cli("recommend", str(cpu), "--ckpt-size", "100GB", "--mtbf", "1d")
+    assert assumed.exit_code == 0 and f"interference {ASSUMED.point:.1%}, assumed" in assumed.stdout
