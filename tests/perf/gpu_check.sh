@@ -16,6 +16,7 @@ step build
 $PY -m pip install --no-build-isolation --no-deps -q -e . 2>&1 | grep -v "as the 'root' user" | tail -5 | tee -a "$LOG"
 step "gpu tests"
 timeout "${GPU_TESTS_S:-300}" $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -25 | tee -a "$LOG"
+if [ -n "${ONLY_TESTS:-}" ]; then step done; exit 0; fi
 step "preflight --device cuda (the README's main job, state on the GPU)"
 mkdir -p /var/tmp/ckptbench-preflight
 timeout "${PREFLIGHT_S:-240}" $PY -m ckptbench preflight /var/tmp/ckptbench-preflight --device cuda --output "$OUT" \
