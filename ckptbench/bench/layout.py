@@ -39,6 +39,30 @@ def _stripes_note(fs: str, count: int | None, streams: int, how: str) -> str:
     return f"{fs}: each file is striped over {targets}, as many or more than the {streams} writer streams"
 
 
+def _nconnect_note(connections: int, streams: int) -> str:
+    note = (f"NFS over {connections} connection{'s' if connections != 1 else ''}: O_DIRECT bypasses the client "
+            "cache and sends each request synchronously; the bench measures both durable modes here")
+    if connections < streams:
+        note += f"; with {streams} writer streams, the mount option nconnect={min(streams, 16)} may add throughput"
+    return note
+
+
+def implication(layout: dict[str, Any] | None, streams: int) -> str | None:
+    """What a layout :func:`layout_notes` read implies for ``streams`` writer streams (``recommend`` asks
+    with the threads it recommends); None where nothing was read (no layout, or the tool was skipped)."""
+    if not layout or "skipped" in layout:
+        return None
+    fs = layout.get("filesystem", "")
+    count = layout.get("stripe_count")
+    if fs == "lustre":
+        return _stripes_note("Lustre", count, streams, f"lfs setstripe -c {max(streams, 1)} or -c -1 DIR")
+    if fs == "beegfs":
+        return _stripes_note("BeeGFS", count, streams, f"beegfs-ctl --setpattern --numtargets={streams} DIR")
+    if str(fs).startswith("nfs") and isinstance(layout.get("nconnect"), int):
+        return _nconnect_note(layout["nconnect"], streams)
+    return layout.get("note")
+
+
 def layout_notes(path: Path, fstype: str | None, options: str = "", streams: int = 1) -> dict[str, Any] | None:
     """The layout of ``path``'s filesystem and what it implies for ``streams`` writers; None for a
     filesystem without one (local disks, FUSE)."""
@@ -49,24 +73,20 @@ def layout_notes(path: Path, fstype: str | None, options: str = "", streams: int
             return {"filesystem": "lustre", "skipped": why}
         found = re.search(r"stripe_count:\s*(-?\d+)", out)
         size = re.search(r"stripe_size:\s*(\d+)", out)
-        count = int(found.group(1)) if found else None
-        return {"filesystem": "lustre", "stripe_count": count, "stripe_size_bytes": int(size.group(1)) if size else None,
-                "note": _stripes_note("Lustre", count, streams, f"lfs setstripe -c {max(streams, 1)} or -c -1 DIR")}
+        layout = {"filesystem": "lustre", "stripe_count": int(found.group(1)) if found else None,
+                  "stripe_size_bytes": int(size.group(1)) if size else None}
+        return {**layout, "note": implication(layout, streams)}
     if fstype == "beegfs":
         out, why = _run(["beegfs-ctl", "--getentryinfo", str(path)])
         if out is None:
             return {"filesystem": "beegfs", "skipped": why}
         found = re.search(r"Number of storage targets:\s*desired:\s*(\d+)", out)
         chunk = re.search(r"Chunksize:\s*(\S+)", out)
-        count = int(found.group(1)) if found else None
-        return {"filesystem": "beegfs", "stripe_count": count, "chunk_size": chunk.group(1) if chunk else None,
-                "note": _stripes_note("BeeGFS", count, streams, f"beegfs-ctl --setpattern --numtargets={streams} DIR")}
+        layout = {"filesystem": "beegfs", "stripe_count": int(found.group(1)) if found else None,
+                  "chunk_size": chunk.group(1) if chunk else None}
+        return {**layout, "note": implication(layout, streams)}
     if fstype.startswith("nfs"):
         found = re.search(r"(?:^|,)nconnect=(\d+)", options)
-        connections = int(found.group(1)) if found else 1
-        note = (f"NFS over {connections} connection{'s' if connections != 1 else ''}: O_DIRECT bypasses the client "
-                "cache and sends each request synchronously; the bench measures both durable modes here")
-        if connections < streams:
-            note += f"; with {streams} writer streams, the mount option nconnect={min(streams, 16)} may add throughput"
-        return {"filesystem": fstype, "nconnect": connections, "note": note}
+        layout = {"filesystem": fstype, "nconnect": int(found.group(1)) if found else 1}
+        return {**layout, "note": implication(layout, streams)}
     return None

@@ -71,7 +71,7 @@ def recommend(results: tuple[Path, ...], target: str | None, size: int | None, c
         advice["interval_s"] = _interval(documents, advice, ckpt_size, failures, restart or 0.0)
     doc = {"schema": "ckptbench.recommendation/1", "sources": [w for w, _ in documents],
            "settings": {k: {"value": a.value, "reason": a.reason} for k, a in advice.items()},
-           "toml": rec.as_toml(advice), "code": rec.as_code(advice)}
+           "toml": rec.as_toml(advice), "code": rec.as_code(advice), "notes": rec.layout_notes(documents, advice)}
     emit(doc, output_format, _print, csv_rows)
 
 
@@ -91,6 +91,10 @@ def _print(doc: dict[str, Any]) -> None:
     console.print("[bold]# as arguments[/]")
     for line in doc["code"]:
         click.echo(line)
+    if doc["notes"]:
+        console.print("[bold]# the filesystem's layout[/]")
+        for line in doc["notes"]:
+            click.echo(f"# {line}")
 
 def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     import tempfile

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench.bench.layout import implication
 from ckptbench.errors import UsageError, reading_document
 from ckptbench.units import format_duration, format_rate, format_size
 
@@ -83,6 +84,28 @@ def advice_from_results(documents: list[tuple[str, dict[str, Any]]]) -> dict[str
             for key in WRITER_SETTINGS:
                 out.pop(key, None)
         out.update((a.setting, a) for a in advice)
+    return out
+
+
+def layout_notes(documents: list[tuple[str, dict[str, Any]]], advice: dict[str, Advice]) -> list[str]:
+    """What each result's filesystem layout (``environment.layout``: Lustre/BeeGFS stripes, NFS connections)
+    implies for the writer streams advised (``threads``, else the most the result measured with); a layout
+    its tool could not read is named with the reason."""
+    out = []
+    for where, doc in documents:
+        environment = doc.get("environment")
+        layout = environment.get("layout") if isinstance(environment, dict) else None
+        if not isinstance(layout, dict):
+            continue
+        if "skipped" in layout:
+            name = {"lustre": "Lustre", "beegfs": "BeeGFS"}.get(layout.get("filesystem"), layout.get("filesystem"))
+            out.append(f"{where}: {name}: {layout['skipped']}")
+            continue
+        streams = advice["threads"].value if advice.get("threads") is not None else max(
+            (r["config"]["threads"] for r in doc.get("results", []) if isinstance(r.get("config"), dict)), default=1)
+        note = implication(layout, int(streams))
+        if note:
+            out.append(f"{where}: {note}")
     return out
 
 

@@ -190,3 +190,46 @@ def test_a_network_mount_result_gives_its_faster_durable_mode_and_why(cli, tmp_p
     direct = cli.json("recommend", str(path))["settings"]["direct"]
     assert direct["value"] is False
     assert direct["reason"].endswith("buffered + fdatasync faster beyond the noise") and "unavailable" not in direct["reason"]
+
+
+def _fake_tool(directory: Path, name: str, output: str) -> None:
+    script = directory / name
+    script.write_text(f"#!/bin/sh\ncat <<'OUT'\n{output}\nOUT\n")
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(("stripe_count", "needle"), [
+    (1, "striped over 1 target, fewer than the {threads} writer streams"),
+    (-1, "striped over every target, as many or more than the {threads} writer streams"),
+    (None, "Lustre: lfs not found on PATH: the layout is unknown"),
+])
+def test_a_lustre_result_says_what_its_stripes_imply_for_the_threads_advised(cli, tmp_path: Path, monkeypatch,
+                                                                            stripe_count, needle):
+    """The layout bench read (fake ``lfs`` on PATH, as no Lustre is mounted here), judged against the
+    threads recommend advises rather than the most bench ran."""
+    from ckptbench.bench.layout import layout_notes
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    if stripe_count is not None:
+        _fake_tool(tools, "lfs", f"stripe_count:  {stripe_count} stripe_size:   1048576")
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin" if stripe_count is not None else str(tools))
+    fs = json.loads(FS.read_text())
+    fs["best"] = next(i for i, r in enumerate(fs["results"]) if r["config"]["threads"] == 4)
+    fs["leaders"] = [fs["best"]]  # 4 threads advised: more than one stripe, fewer than the 16 streams bench ran
+    fs["environment"]["layout"] = layout_notes(tmp_path, "lustre", "rw", streams=16)
+    path = tmp_path / "lustre.json"
+    path.write_text(json.dumps(fs))
+    monkeypatch.undo()  # recommend runs no tool: it reads what bench wrote
+    doc = cli.json("recommend", str(path))
+    threads = doc["settings"]["threads"]["value"]
+    assert threads == 4 and len(doc["notes"]) == 1
+    assert doc["notes"][0].startswith(f"{path}: ") and needle.format(threads=threads) in doc["notes"][0]
+    if stripe_count == 1:
+        assert f"lfs setstripe -c {threads}" in doc["notes"][0]
+    shown = cli("recommend", str(path)).output
+    assert "# the filesystem's layout" in shown and needle.format(threads=threads)[:30] in shown
+
+
+def test_no_layout_no_notes(cli):
+    assert cli.json("recommend", str(FS))["notes"] == []
