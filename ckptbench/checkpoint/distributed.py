@@ -322,6 +322,43 @@ class World:
                     self._store.delete_key(k)
         return value
 
+    def wait_for_any(self, keys: list[str], *, what: str = "", timeout_s: float | None = None) -> str:
+        """The first of ``keys`` that rank 0 has :meth:`publish`-ed, without reading it: rank 0 publishes
+        the first key (a value) or another one (its failure). A helper thread blocks in the store's own
+        ``wait`` for the first key (woken the moment it is set); the others are looked for every half
+        second, with rank 0's failure reports and heartbeat. RankFailedError if rank 0 dies, reports a
+        failure or does not answer within ``timeout_s``."""
+        full = [f"{_NAMESPACE}p/{k}" for k in keys]
+        what = what or f"waiting for {keys[0]!r} from rank 0"
+        timeout_s = 2 * self.timeout_s if timeout_s is None else timeout_s
+        done = threading.Event()
+
+        def wait() -> None:
+            try:
+                own = self._store.clone()  # torch >= 2.8; older: the loop below looks every half second
+                own.wait(full[:1], datetime.timedelta(seconds=timeout_s))
+            except Exception:  # noqa: BLE001 - the loop below finds out what happened
+                pass
+            finally:
+                done.set()
+
+        QuietThread(target=wait, name="ckptbench-store-wait", daemon=True).start()
+        watch = _Watch(self, what, timeout_s)
+        try:
+            while True:
+                for key, name in zip(keys, full, strict=True):
+                    if self._store.check([name]):
+                        return key
+                if done.is_set():  # the helper's wait ended without the first key: look every half second
+                    time.sleep(0.5)
+                else:
+                    done.wait(0.5)
+                watch.look([0], [0], late="rank 0 did not answer")
+        except RankFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
+            raise _store_gone(self.rank, what, exc) from None
+
     def _wait_keys(self, keys: list[str], what: str, timeout_s: float | None, *, ranks: list[int]) -> None:
         """Wait until every key exists: a helper thread blocks in the store's own ``wait`` on a
         connection of its own (woken the moment the last key is set, no polling); meanwhile, every

@@ -194,10 +194,13 @@ class _Saver:
     _given: tuple[int | None, int | None, bool | None]
     _tuning: tuning.Tuning | None
 
-    def _settle(self, store: Store, nbytes: int, may_measure: bool = True) -> None:
-        """This save's direct, threads and block_size: those given, else chosen for the target (``tuning``)."""
-        self._tuning = tuning.settle(store, threads=self._given[0], block_size=self._given[1], direct=self._given[2],
-                                     total_bytes=nbytes, shard_size=self.shard_size, may_measure=may_measure)
+    def _settle(self, store: Store, nbytes: int, world: World | None = None, key: str = "") -> None:
+        """This save's direct, threads and block_size: those given, else chosen for the target (``tuning``;
+        under a launch, rank 0's for every rank)."""
+        given = {"threads": self._given[0], "block_size": self._given[1], "direct": self._given[2],
+                 "total_bytes": nbytes, "shard_size": self.shard_size}
+        self._tuning = (tuning.settle(store, **given) if world is None else
+                        tuning.settle_across(world, f"{key}/tuning", store, failed_key=f"{key}/outcome", **given))
         self.direct, self.threads, self.block_size = (c.value for c in (self._tuning.direct, self._tuning.threads,
                                                                         self._tuning.block_size))
 
@@ -304,7 +307,7 @@ class _Saver:
                                              allow_pickle=allow_pickle)
             store.prepare()
             _require_free(store, plan.total_bytes)
-            self._settle(store, plan.total_bytes, may_measure=False)  # ranks probing at once would measure each other
+            self._settle(store, plan.total_bytes, world, key)
             with self._lock:
                 behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             del tensors

@@ -13,6 +13,9 @@ DCP Writer) mean "auto": :func:`settle` decides each from, in order,
    the defaults), and ``CKPTBENCH_TUNE=0`` turns measuring off;
 5. the defaults: O_DIRECT, ``knobs.SAVE_THREADS``, ``knobs.SAVE_BLOCK_BYTES``.
 
+Under a launch (torchrun, srun) every rank uses rank 0's settings (:func:`settle_across`): rank 0 alone
+measures, the others wait for its choice and record the same ``SaveResult.tuning``.
+
 A measured choice leaves a default only for a candidate that beats it beyond the noise
 (:func:`ckptbench.bench.stats.beats`: every sample faster than every sample of the default); a tie keeps
 the default. The same rule names the faster durable mode in ``bench`` (:func:`faster_mode`).
@@ -20,6 +23,7 @@ the default. The same rule names the faster durable mode in ``bench`` (:func:`fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,19 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import knobs, native
-from ckptbench.errors import UsageError
+from ckptbench.errors import RankFailedError, UsageError
 from ckptbench.model.noise import beats, leaders
-from ckptbench.storage.local_target import MountInfo, mount_of
+from ckptbench.storage.local_target import MountInfo, is_network, mount_of
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
-
-#: Filesystem types (the third field of /proc/mounts) served over a network or by a user-space daemon,
-#: where O_DIRECT may be a synchronous round trip per request; any ``fuse.*`` type counts too.
-NETWORK_FSTYPES = frozenset({
-    "ceph", "nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "9p", "cifs", "smb3", "smbfs", "glusterfs",
-    "orangefs", "pvfs2", "afs", "ocfs2", "gfs2", "virtiofs", "fuse", "fuseblk", "panfs", "quobyte", "vastfs",
-})
 
 #: Thread counts and block sizes the sweep tries beside the defaults.
 THREAD_CANDIDATES = (2, 4, 8)
@@ -59,13 +56,6 @@ COLD_BUFFERED = "buffered (after fdatasync + fadvise DONTNEED)"
 FIRST_TRIAL_BYTES = 4 << 20
 TRIAL_SHARE = 1 / 16
 _PROBE_SEED = 0x74756E65
-
-
-def is_network(fstype: str | None) -> bool:
-    """Whether a filesystem type is a network or FUSE filesystem (not local block storage)."""
-    if not fstype:
-        return False
-    return fstype in NETWORK_FSTYPES or fstype.startswith(("fuse.", "nfs"))
 
 
 def durable_default(fstype: str | None) -> bool:
@@ -107,12 +97,17 @@ class Tuning:
     measured: dict[str, Any] = field(default_factory=dict)
     #: O_DIRECT for cold reads (loads), where measured.
     read_direct: Choice | None = None
+    #: Under a launch: who settled it for every rank (``settle_across``); None in one process.
+    decided_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"direct": self.direct.to_dict(), "threads": self.threads.to_dict(),
-                "block_size": self.block_size.to_dict(), "mount": self.mount, "fstype": self.fstype,
-                "network": is_network(self.fstype), "measured": self.measured,
-                "read_direct": self.read_direct.to_dict() if self.read_direct else None}
+        out = {"direct": self.direct.to_dict(), "threads": self.threads.to_dict(),
+               "block_size": self.block_size.to_dict(), "mount": self.mount, "fstype": self.fstype,
+               "network": is_network(self.fstype), "measured": self.measured,
+               "read_direct": self.read_direct.to_dict() if self.read_direct else None}
+        if self.decided_by is not None:
+            out["decided_by"] = self.decided_by
+        return out
 
 
 def faster_mode(direct_gbps: Sequence[float], buffered_gbps: Sequence[float], *,
@@ -410,6 +405,36 @@ def settle(store: Any, *, direct: bool | None, threads: int | None, block_size: 
     return Tuning(chosen["direct"], chosen["threads"], chosen["block_size"], point, fstype, measured, read_direct)
 
 
+def settle_across(world: Any, key: str, store: Any, *, direct: bool | None, threads: int | None,
+                  block_size: int | None, total_bytes: int, shard_size: int, failed_key: str) -> Tuning:
+    """The settings of one save under a launch: every rank uses rank 0's. Rank 0 settles them as a save
+    from one process does (measuring its mount once per process when it must, while the other ranks
+    wait: ranks probing at once would measure each other) and publishes them under ``key``; the
+    others take them and cache rank 0's measurement for their own mount, so that their loads read
+    the way rank 0's do. Rank 0 publishes its failure under ``failed_key`` instead (the save's
+    outcome): the others then raise RankFailedError at once. With every setting given, or an object
+    store (nothing to measure), each rank settles alone: the result is the same everywhere."""
+    alone = dict(direct=direct, threads=threads, block_size=block_size, total_bytes=total_bytes,
+                 shard_size=shard_size)
+    if store.local_path is None or None not in (direct, threads, block_size):
+        return settle(store, may_measure=False, **alone)
+    by = f"rank 0 of {world.world_size}"
+    if world.is_first:
+        chosen = dataclasses.replace(settle(store, **alone), decided_by=by)
+        local = store.local_path
+        world.publish(key, (chosen, cached(mount_of(Path(local)))))
+        return chosen
+    what = f"waiting for rank 0's writer settings for {store.url}"
+    if world.wait_for_any([key, failed_key], what=what) == failed_key:
+        outcome = world.wait_for(failed_key, readers=world.world_size - 1, what=what)
+        raise RankFailedError(f"rank {world.rank}: {store.url} was not committed: {outcome['failed']}")
+    chosen, measurement = world.wait_for(key, readers=world.world_size - 1, what=what)
+    mount = mount_of(Path(store.local_path))
+    if measurement is not None and mount is not None:
+        remember(mount, measurement)
+    return chosen
+
+
 def read_mode(store: Any, direct: bool | None) -> bool:
     """O_DIRECT for a load: ``direct`` when given, else the cold-read mode this process measured for the
     mount (faster beyond the noise, else O_DIRECT), else O_DIRECT."""
@@ -422,8 +447,8 @@ def read_mode(store: Any, direct: bool | None) -> bool:
 
 def read_settings(store: Any, direct: bool | None, threads: int, block_size: int, files: int) -> dict[str, Any]:
     """``direct``, ``threads`` and ``block_size`` for a load's read of ``files`` shards (``read_mode``). Buffered
-    reads on a network or FUSE mount read each file as one stream of requests of at least
-    ``NETWORK_READ_BLOCK_BYTES``: threads reading one file at scattered offsets defeat the client's readahead."""
+    reads on a network or FUSE mount read each file as one stream (the store reads it with one thread from
+    start to end there) of requests of at least ``NETWORK_READ_BLOCK_BYTES``: no more threads than files."""
     mode = read_mode(store, direct)
     local = store.local_path
     mount = mount_of(Path(local)) if local is not None and not mode else None

@@ -31,6 +31,21 @@ _SYSTEM = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/l
 SYSTEM_DIRECTORIES = frozenset({*_SYSTEM, *(os.path.realpath(d) for d in _SYSTEM)})
 
 
+#: Filesystem types (the third field of /proc/mounts) served over a network or by a user-space daemon,
+#: where O_DIRECT may be a synchronous round trip per request; any ``fuse.*`` type counts too.
+NETWORK_FSTYPES = frozenset({
+    "ceph", "nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "9p", "cifs", "smb3", "smbfs", "glusterfs",
+    "orangefs", "pvfs2", "afs", "ocfs2", "gfs2", "virtiofs", "fuse", "fuseblk", "panfs", "quobyte", "vastfs",
+})
+
+
+def is_network(fstype: str | None) -> bool:
+    """Whether a filesystem type is a network or FUSE filesystem (not local block storage)."""
+    if not fstype:
+        return False
+    return fstype in NETWORK_FSTYPES or fstype.startswith(("fuse.", "nfs"))
+
+
 @dataclass(frozen=True)
 class MountInfo:
     """The /proc/mounts line whose mount point holds a path."""

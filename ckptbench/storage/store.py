@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import native, safeio
+from ckptbench.storage.local_target import is_network, mount_of
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,18 @@ class LocalStore(Store):
         self.local_path = self.path
         self._dir: safeio.Directory | None = None
         self._created: list[Path] = []  # directories prepare() made, deepest last
+        self._network: bool | None = None
+
+    def _schedule(self, per_file: bool | None) -> str:
+        """The engine's schedule: ``per_file`` when given, else one stream per file (``per-file``) on a
+        network or FUSE mount, whose client reads ahead and writes back each file's stream in order
+        (threads sharing a file's blocks defeat both), and shared blocks elsewhere."""
+        if per_file is None:
+            if self._network is None:
+                mount = mount_of(self.path)
+                self._network = mount is not None and is_network(mount.fstype)
+            per_file = self._network
+        return "per-file" if per_file else "shared"
 
     def directory(self) -> safeio.Directory:
         """The directory, opened on first use; FileNotFoundError while it does not exist."""
@@ -278,9 +291,11 @@ class LocalStore(Store):
         self._created = []
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                    direct: bool, after: native.CowCopy | None = None) -> WriteReport:
+                    direct: bool, after: native.CowCopy | None = None, per_file: bool | None = None) -> WriteReport:
         """``after``: a copy-on-write staging still copying into the views; each block is written
         once its bytes are there (the caller finishes it afterwards, which says if it failed).
+        ``per_file``: each file written by one thread from start to end (None: on a network or FUSE
+        mount, ``_schedule``), else the threads share every file's blocks.
 
         Each file is created here first (regular, not through a symlink), then written by the engine
         through the directory's descriptor; the engine does not follow a symlink either."""
@@ -291,7 +306,8 @@ class LocalStore(Store):
             with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT):
                 jobs = [(view, directory.path_of(name), 0) for name, view in files]
                 result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
-                                                     sync="fdatasync", sync_dir=True, after=after))
+                                                     sync="fdatasync", sync_dir=True, after=after,
+                                                     schedule=self._schedule(per_file)))
         except OSError as exc:
             self.remove([name for name, _ in files])
             raise self._named(exc) from None
@@ -301,10 +317,11 @@ class LocalStore(Store):
         return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
-                   direct: bool) -> None:
+                   direct: bool, per_file: bool | None = None) -> None:
         """Fill each view from its file. Every file is opened here first (a regular file, not through a
         symlink, at least as long as its view: UnsafeFileError, or OSError ENODATA naming it) and the
-        engine reads that very file."""
+        engine reads that very file. ``per_file``: each file read by one thread from start to end (None:
+        on a network or FUSE mount, ``_schedule``), else the threads share every file's blocks."""
         if not files:
             return
         directory = self.directory()
@@ -317,7 +334,8 @@ class LocalStore(Store):
             jobs = [(view, safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name), 0)
                     for (name, view), fd in zip(files, fds, strict=True)]
             try:
-                _engine_result(native.read(jobs, threads=threads, block_size=block_size, direct=direct))
+                _engine_result(native.read(jobs, threads=threads, block_size=block_size, direct=direct,
+                                           schedule=self._schedule(per_file)))
             except OSError as exc:
                 raise self._named(exc, {safeio.fd_path(fd): name for (name, _), fd in zip(files, fds, strict=True)})\
                     from None

@@ -5,6 +5,10 @@ save/Checkpointer/the DCP Writer take and record them."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -12,8 +16,10 @@ import pytest
 import torch
 
 import ckptbench
+from ckptbench import native
 from ckptbench.checkpoint import tuning
 from ckptbench.errors import UsageError
+from ckptbench.storage import store as store_module
 from ckptbench.storage.local_target import MountInfo, mount_of
 from ckptbench.storage.store import LocalStore, WriteReport
 
@@ -318,3 +324,91 @@ def test_buffered_loads_on_a_network_mount_read_each_file_as_one_stream(monkeypa
     assert tuning.read_settings(net, None, 8, 32 << 20, files=3)["block_size"] == 32 << 20
     assert tuning.read_settings(loc, None, 8, 1 << 20, files=1) == {"direct": False, "threads": 8, "block_size": 1 << 20}
     assert tuning.read_settings(net, True, 8, 1 << 20, files=1) == {"direct": True, "threads": 8, "block_size": 1 << 20}
+
+
+def test_one_stream_per_file_on_network_mounts_reads_and_writes_the_same_bytes(tmp_path, monkeypatch):
+    """LocalStore writes and reads each file as one stream on a network or FUSE mount (per-file schedule),
+    elsewhere the threads share every file's blocks; both give the same bytes."""
+    schedules = []
+    real_write, real_read = native.write, native.read
+    monkeypatch.setattr(native, "write", lambda *a, **k: schedules.append(k["schedule"]) or real_write(*a, **k))
+    monkeypatch.setattr(native, "read", lambda *a, **k: schedules.append(k["schedule"]) or real_read(*a, **k))
+    for fstype, expected in (("fuse.ceph-fuse", "per-file"), ("ext4", "shared")):
+        monkeypatch.setattr(store_module, "mount_of", lambda path, t=fstype: MountInfo("/", "d", t, "rw"))
+        store = LocalStore(tmp_path / fstype)
+        store.prepare()
+        data = [bytes(range(256)) * (4096 * (i + 1)) for i in range(3)]
+        schedules.clear()
+        store.write_files([(f"f{i}", memoryview(d)) for i, d in enumerate(data)], threads=2, block_size=1 << 16,
+                          direct=False)
+        sinks = [bytearray(len(d)) for d in data]
+        store.read_files([(f"f{i}", memoryview(b)) for i, b in enumerate(sinks)], threads=2, block_size=1 << 16,
+                         direct=False)
+        assert [bytes(b) for b in sinks] == data and schedules == [expected, expected]
+
+
+
+# -- under a launch: rank 0 measures, every rank uses its settings ---------------------------------------
+
+HERE = Path(__file__).resolve()
+
+
+def _launch_env(**extra: str) -> dict[str, str]:
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "OMP_NUM_THREADS": "1", **extra}
+
+
+@pytest.mark.slow
+def test_ranks_under_a_launch_use_rank_0s_measurement(tmp_path):
+    """Two ranks (torchrun, gloo): rank 0 alone probes the mount, once; both record the same tuning in
+    every SaveResult and read the checkpoint back in the same mode."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(HERE), "launch", str(tmp_path)]
+    env = _launch_env(CKPTBENCH_TUNE="1", CKPTBENCH_TUNE_MIN_BYTES="0", CKPTBENCH_TUNE_PROBE_BYTES=str(1 << 20),
+                      CKPTBENCH_TUNE_SECONDS="1")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["measures"] for r in ranks] == [1, 0]  # rank 1 never probed
+    first = ranks[0]["first"]
+    assert first["direct"]["source"] == "measured" and first["measured"]["buffered_gbps"]
+    assert first["decided_by"] == "rank 0 of 2"
+    for r in ranks:
+        assert r["first"] == first and r["second"] == first  # the same settings, and the cache on every rank
+        direct, threads, block_size = r["saved_with"]
+        assert (threads, block_size) == (first["threads"]["value"], first["block_size"]["value"])
+        assert direct == first["direct"]["value"] or r["fallback"]  # O_DIRECT asked for may fall back
+        assert r["read_direct"] == first["read_direct"]["value"]
+
+
+def _launch_worker(out: Path) -> None:
+    import ckptbench
+    from ckptbench.checkpoint import tuning as tuning_module
+
+    rank = int(os.environ["RANK"])
+    measures = []
+    real = tuning_module.measure
+
+    def counted(*args, **kwargs):
+        measures.append(1)
+        return real(*args, **kwargs)
+
+    tuning_module.measure = counted
+    state = {"w": torch.full((1 << 18,), float(rank))}
+    with ckptbench.Checkpointer() as ckpt:
+        first = ckpt.save(state, out / "one")
+        second = ckpt.save(state, out / "two")
+        assert torch.equal(ckpt.load(out / "one")["w"], state["w"])
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "measures": len(measures), "first": first.tuning, "second": second.tuning,
+        "saved_with": [first.direct, first.threads, first.block_size],
+        "fallback": bool(first.direct_fallback_reason),
+        "read_direct": tuning_module.read_mode(LocalStore(out / "one"), None)}))
+
+
+if __name__ == "__main__":
+    _launch_worker(Path(sys.argv[2]))
+    os._exit(0)  # skip interpreter teardown with a live gloo group
