@@ -210,7 +210,7 @@ class _Loader:
                     self._read_verified(store, buffer, files, checks, shards)
                 else:
                     store.read_files(files, **tuning.read_settings(store, self._given[2], self.threads,
-                                                                   self.block_size, len(files)))
+                                                                   self.block_size))
             except UnsafeFileError as exc:  # a shard swapped for a symlink or special file since its size was checked
                 raise mf.CorruptCheckpointError(f"{store.url}: {exc}") from None
         flat = torch.frombuffer(buffer, dtype=torch.uint8) if total and into is not None else None
@@ -263,7 +263,7 @@ class _Loader:
         with Workers(1, "ckptbench-verify") as verifier:
             for n, group in enumerate(groups):
                 store.read_files(files[group.start:group.stop], **tuning.read_settings(
-                    store, self._given[2], self.threads, self.block_size, len(group)))
+                    store, self._given[2], self.threads, self.block_size))
                 if n == len(groups) - 1:
                     reads_done.set()
                 verifier.submit(check, group)

@@ -50,6 +50,9 @@ BLOCK_CANDIDATES = (1 << 20, 4 << 20, 16 << 20)
 REPEATS = 3
 #: The smallest request of a buffered read on a network or FUSE mount (``read_settings``).
 NETWORK_READ_BLOCK_BYTES = 16 << 20
+#: The fewest sequential streams a buffered read on a network or FUSE mount uses: such a client reads
+#: ahead per open file and serves several streams at once.
+NETWORK_READ_STREAMS = 4
 #: The buffered cold read, as reasons name it.
 COLD_BUFFERED = "buffered (after fdatasync + fadvise DONTNEED)"
 #: The first trial of each durable mode, and the share of CKPTBENCH_TUNE_SECONDS each later trial aims at.
@@ -445,13 +448,14 @@ def read_mode(store: Any, direct: bool | None) -> bool:
     return True if found is None or found.read_direct is None else bool(found.read_direct.value)
 
 
-def read_settings(store: Any, direct: bool | None, threads: int, block_size: int, files: int) -> dict[str, Any]:
-    """``direct``, ``threads`` and ``block_size`` for a load's read of ``files`` shards (``read_mode``). Buffered
-    reads on a network or FUSE mount read each file as one stream (the store reads it with one thread from
-    start to end there) of requests of at least ``NETWORK_READ_BLOCK_BYTES``: no more threads than files."""
+def read_settings(store: Any, direct: bool | None, threads: int, block_size: int) -> dict[str, Any]:
+    """``direct``, ``threads`` and ``block_size`` for a load's read of shards (``read_mode``). Buffered
+    reads on a network or FUSE mount read in sequential streams (the store gives each thread a contiguous
+    part of one file, through a descriptor of its own), at least ``NETWORK_READ_STREAMS`` of them, of
+    requests of at least ``NETWORK_READ_BLOCK_BYTES``."""
     mode = read_mode(store, direct)
     local = store.local_path
     mount = mount_of(Path(local)) if local is not None and not mode else None
     if mount is not None and is_network(mount.fstype):
-        threads, block_size = max(1, min(threads, files)), max(block_size, NETWORK_READ_BLOCK_BYTES)
+        threads, block_size = max(threads, NETWORK_READ_STREAMS), max(block_size, NETWORK_READ_BLOCK_BYTES)
     return {"direct": mode, "threads": threads, "block_size": block_size}

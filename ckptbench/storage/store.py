@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptbench import native, safeio
+from ckptbench import knobs, native, safeio
 from ckptbench.storage.local_target import is_network, mount_of
 
 log = logging.getLogger(__name__)
@@ -320,24 +320,38 @@ class LocalStore(Store):
                    direct: bool, per_file: bool | None = None) -> None:
         """Fill each view from its file. Every file is opened here first (a regular file, not through a
         symlink, at least as long as its view: UnsafeFileError, or OSError ENODATA naming it) and the
-        engine reads that very file. ``per_file``: each file read by one thread from start to end (None:
-        on a network or FUSE mount, ``_schedule``), else the threads share every file's blocks."""
+        engine reads that very file.
+
+        ``per_file`` (None: on a network or FUSE mount, ``_schedule``): each file is read as sequential
+        streams, ``threads // len(files)`` of them (at least one), each a contiguous part read by one
+        thread from start to end through a descriptor of its own (a client reads ahead per open file);
+        else the threads share every file's blocks."""
         if not files:
             return
         directory = self.directory()
-        with safeio.opened_files(directory, [name for name, _ in files], os.O_RDONLY) as fds:
-            for (name, view), fd in zip(files, fds, strict=True):
-                size = os.fstat(fd).st_size
+        schedule = self._schedule(per_file)
+        streams = max(1, threads // len(files)) if schedule == "per-file" and safeio.have_proc_fd() else 1
+        # No part smaller than a block: a small file is one stream.
+        parts = [max(1, min(streams, -(-len(view) // block_size))) for _, view in files]
+        names = [name for (name, _), n in zip(files, parts, strict=True) for _ in range(n)]
+        with safeio.opened_files(directory, names, os.O_RDONLY) as fds:
+            jobs, first = [], 0
+            for (name, view), n in zip(files, parts, strict=True):
+                own, first = fds[first:first + n], first + n
+                size = os.fstat(own[0]).st_size
                 if size < len(view):
                     raise OSError(errno.ENODATA, f"{size} bytes, fewer than the {len(view)} to read",
                                   directory.shown_path(name))
-            jobs = [(view, safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name), 0)
-                    for (name, view), fd in zip(files, fds, strict=True)]
+                step = -(-len(view) // n // knobs.ALIGNMENT_BYTES) * knobs.ALIGNMENT_BYTES  # O_DIRECT may read them
+                for k, fd in enumerate(own):
+                    low, high = min(k * step, len(view)), min((k + 1) * step, len(view))
+                    if k == 0 or high > low:
+                        where = safeio.fd_path(fd) if safeio.have_proc_fd() else directory.path_of(name)
+                        jobs.append((view[low:high], where, low))
             try:
-                _engine_result(native.read(jobs, threads=threads, block_size=block_size, direct=direct,
-                                           schedule=self._schedule(per_file)))
+                _engine_result(native.read(jobs, threads=threads, block_size=block_size, direct=direct, schedule=schedule))
             except OSError as exc:
-                raise self._named(exc, {safeio.fd_path(fd): name for (name, _), fd in zip(files, fds, strict=True)})\
+                raise self._named(exc, {safeio.fd_path(fd): name for name, fd in zip(names, fds, strict=True)})\
                     from None
 
     ranged_reads = True

@@ -311,7 +311,7 @@ def test_a_probe_file_left_by_a_killed_save_is_swept_by_the_next(tmp_path):
     assert not (path / ".ckptbench-tune-0a1b2c-0").exists()
 
 
-def test_buffered_loads_on_a_network_mount_read_each_file_as_one_stream(monkeypatch):
+def test_buffered_loads_on_a_network_mount_read_in_several_large_streams(monkeypatch):
     mounts = {"/net": MountInfo("/net", "ceph-fuse", "fuse.ceph-fuse", "rw"), "/loc": MountInfo("/loc", "sda", "ext4", "rw")}
     monkeypatch.setattr(tuning, "mount_of", lambda path, *a: mounts[str(path)[:4]])
     buffered = tuning.Choice(False, "measured", "synthetic")
@@ -319,11 +319,12 @@ def test_buffered_loads_on_a_network_mount_read_each_file_as_one_stream(monkeypa
         tuning.remember(mount, tuning.Tuning(buffered, tuning.Choice(8, "measured", ""), tuning.Choice(1 << 20, "measured", ""),
                                              mount.mount_point, mount.fstype, read_direct=buffered))
     net, loc = (types.SimpleNamespace(local_path=Path(p)) for p in ("/net/c", "/loc/c"))
-    assert tuning.read_settings(net, None, 8, 1 << 20, files=1) == {"direct": False, "threads": 1, "block_size": 16 << 20}
-    assert tuning.read_settings(net, None, 8, 32 << 20, files=3)["threads"] == 3
-    assert tuning.read_settings(net, None, 8, 32 << 20, files=3)["block_size"] == 32 << 20
-    assert tuning.read_settings(loc, None, 8, 1 << 20, files=1) == {"direct": False, "threads": 8, "block_size": 1 << 20}
-    assert tuning.read_settings(net, True, 8, 1 << 20, files=1) == {"direct": True, "threads": 8, "block_size": 1 << 20}
+    streams = tuning.NETWORK_READ_STREAMS
+    assert tuning.read_settings(net, None, 1, 1 << 20) == {"direct": False, "threads": streams, "block_size": 16 << 20}
+    assert tuning.read_settings(net, None, streams + 4, 32 << 20) == {"direct": False, "threads": streams + 4,
+                                                                      "block_size": 32 << 20}
+    assert tuning.read_settings(loc, None, 1, 1 << 20) == {"direct": False, "threads": 1, "block_size": 1 << 20}
+    assert tuning.read_settings(net, True, 1, 1 << 20) == {"direct": True, "threads": 1, "block_size": 1 << 20}
 
 
 def test_one_stream_per_file_on_network_mounts_reads_and_writes_the_same_bytes(tmp_path, monkeypatch):
@@ -332,7 +333,9 @@ def test_one_stream_per_file_on_network_mounts_reads_and_writes_the_same_bytes(t
     schedules = []
     real_write, real_read = native.write, native.read
     monkeypatch.setattr(native, "write", lambda *a, **k: schedules.append(k["schedule"]) or real_write(*a, **k))
-    monkeypatch.setattr(native, "read", lambda *a, **k: schedules.append(k["schedule"]) or real_read(*a, **k))
+    jobs = []
+    monkeypatch.setattr(native, "read", lambda j, **k: schedules.append(k["schedule"]) or jobs.append(j)
+                        or real_read(j, **k))
     for fstype, expected in (("fuse.ceph-fuse", "per-file"), ("ext4", "shared")):
         monkeypatch.setattr(store_module, "mount_of", lambda path, t=fstype: MountInfo("/", "d", t, "rw"))
         store = LocalStore(tmp_path / fstype)
@@ -345,6 +348,20 @@ def test_one_stream_per_file_on_network_mounts_reads_and_writes_the_same_bytes(t
         store.read_files([(f"f{i}", memoryview(b)) for i, b in enumerate(sinks)], threads=2, block_size=1 << 16,
                          direct=False)
         assert [bytes(b) for b in sinks] == data and schedules == [expected, expected]
+        # more threads than files: on a network mount each file is read as contiguous parts, one per
+        # thread, each through its own descriptor (a path of its own); a file of one block stays whole
+        data.append(b"x" * 1000)
+        store.write_files([("small", memoryview(data[-1]))], threads=1, block_size=1 << 16, direct=False)
+        sinks = [bytearray(len(d)) for d in data]
+        store.read_files([(name, memoryview(b)) for name, b in zip(["f0", "f1", "f2", "small"], sinks, strict=True)],
+                         threads=8, block_size=1 << 16, direct=False)
+        assert [bytes(b) for b in sinks] == data
+        parts = [(len(view), offset) for view, _, offset in jobs[-1]]
+        if expected == "per-file":
+            assert len({path for _, path, _ in jobs[-1]}) == len(jobs[-1]) == 2 + 2 + 2 + 1
+            assert parts[:2] == [(1 << 19, 0), (1 << 19, 1 << 19)] and parts[-1] == (1000, 0)
+        else:
+            assert parts == [(len(d), 0) for d in data]
 
 
 
