@@ -516,9 +516,25 @@ class _Staging:
 
 @dataclass(frozen=True)
 class _RankPrefix:
-    """``SavePlan.storage_data`` between planning and writing: the file-name prefix of one rank."""
+    """``SavePlan.storage_data`` between planning and writing: the file-name prefix of one rank, and the
+    durable mode the coordinator settled for every rank (None: each rank's own, ``_durable_mode``)."""
 
     prefix: str
+    direct: bool | None = None
+
+
+def _settled_direct(plan: SavePlan) -> bool | None:
+    """The durable mode the coordinator settled for every rank (``Writer.prepare_global_plan``), if any."""
+    return plan.storage_data.direct if isinstance(plan.storage_data, _RankPrefix) else None
+
+
+def _plan_bytes(plan: SavePlan) -> int:
+    """The tensor bytes a rank's save plan writes (what the durable-mode measurement is sized by)."""
+    total = 0
+    for item in plan.items:
+        if item.tensor_data is not None:
+            total += math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+    return total
 
 
 @dataclass(frozen=True)
@@ -808,7 +824,14 @@ class _Writer:
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [plan if plan.storage_data is not None else dataclasses.replace(plan, storage_data=_RankPrefix(f"__{i}_"))
+        """Each rank's file prefix; with ``direct=None`` under a launch, also the durable mode for every
+        rank, settled here on the coordinator alone (it measures its mount once per process where it
+        must, while the other ranks wait for the plans: ranks probing at once would measure each other)."""
+        direct = None
+        if self.direct is None and len(plans) > 1:
+            direct = self._settle_direct(self._store, _plan_bytes(plans[0]), may_measure=True)
+        return [plan if plan.storage_data is not None
+                else dataclasses.replace(plan, storage_data=_RankPrefix(f"__{i}_", direct))
                 for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -892,18 +915,24 @@ class _Writer:
         return self._copy_and_write(self._arena if copy_bytes else None, plan, items, placed, tensors, blobs, files,
                                     copy_files, staging, store, prefix, total, staged_bytes, t0)
 
-    def _durable_mode(self, store: Store, total: int) -> bool:
-        """``direct`` as given, else the faster durable mode of the target's mount (``checkpoint.tuning``;
-        measured only by a save from one process: ranks probing at once would measure each other)."""
+    def _durable_mode(self, store: Store, total: int, settled: bool | None = None) -> bool:
+        """``direct`` as given, else the mode the coordinator ``settled`` for every rank of a launch
+        (``prepare_global_plan``), else the faster durable mode of the target's mount
+        (``checkpoint.tuning``; measured only by a save from one process)."""
         if self.direct is not None:
             return self.direct
+        if settled is not None:
+            return settled
         import torch.distributed as dist
 
+        alone = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        return self._settle_direct(store, total, may_measure=alone)
+
+    def _settle_direct(self, store: Store, total: int, *, may_measure: bool) -> bool:
         from ckptbench.checkpoint import tuning
 
-        alone = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
         return tuning.settle(store, direct=None, threads=self.threads, block_size=self.block_size, total_bytes=total,
-                             shard_size=max(1, total // self.files_per_rank), may_measure=alone).direct.value
+                             shard_size=max(1, total // self.files_per_rank), may_measure=may_measure).direct.value
 
     def _copy_and_write(self, arena: Arena | None, plan: SavePlan, items: list[WriteItem], placed: list[_Placed],
                         tensors: dict[int, torch.Tensor], blobs: dict[int, memoryview], files: list[_File],
@@ -957,7 +986,7 @@ class _Writer:
             if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
                 crc_thread.start()
             report = store.write_files(writes, threads=self.threads, block_size=self.block_size,
-                                       direct=self._durable_mode(store, total))
+                                       direct=self._durable_mode(store, total, _settled_direct(plan)))
         except OSError as exc:
             raise StorageIOError(f"writing the checkpoint to {self.path} failed: {exc}",
                                  hint="check free space and permissions of the target") from exc

@@ -399,6 +399,11 @@ def test_ranks_under_a_launch_use_rank_0s_measurement(tmp_path):
         assert (threads, block_size) == (first["threads"]["value"], first["block_size"]["value"])
         assert direct == first["direct"]["value"] or r["fallback"]  # O_DIRECT asked for may fall back
         assert r["read_direct"] == first["read_direct"]["value"]
+    # ckptbench's DCP Writer in the same launch (measurements forgotten first): the coordinator measures,
+    # alone, and every rank writes in the mode it settled
+    assert [r["dcp_measures"] for r in ranks] == [1, 0]
+    assert ranks[0]["dcp_chosen"] is not None and ranks[1]["dcp_chosen"] is None
+    assert ranks[0]["dcp_direct"] == ranks[1]["dcp_direct"] == ranks[0]["dcp_chosen"]
 
 
 def _launch_worker(out: Path) -> None:
@@ -419,8 +424,19 @@ def _launch_worker(out: Path) -> None:
         first = ckpt.save(state, out / "one")
         second = ckpt.save(state, out / "two")
         assert torch.equal(ckpt.load(out / "one")["w"], state["w"])
+    import torch.distributed.checkpoint as dcp
+
+    from ckptbench.integrations.dcp import Writer
+
+    tuning_module.forget()
+    before = len(measures)
+    writer = Writer(out / "dcp")
+    dcp.save({f"w{rank}": state["w"]}, storage_writer=writer)
+    measured = tuning_module.cached(tuning_module.mount_of(out))  # rank 0's, where it measured
     (out / f"rank{rank}.json").write_text(json.dumps({
-        "measures": len(measures), "first": first.tuning, "second": second.tuning,
+        "dcp_measures": len(measures) - before, "dcp_direct": writer.last_stats.direct,
+        "dcp_chosen": measured.direct.value if measured is not None else None,
+        "measures": before, "first": first.tuning, "second": second.tuning,
         "saved_with": [first.direct, first.threads, first.block_size],
         "fallback": bool(first.direct_fallback_reason),
         "read_direct": tuning_module.read_mode(LocalStore(out / "one"), None)}))
