@@ -79,10 +79,10 @@ CLIENT_OPTION = click.option(
               help="I/O threads; a comma list sweeps them: 1,2,4,8.")
 @click.option("--block-size", type=params.BLOCK_SIZE_LIST, default="4MiB", show_default=True,
               help="Bytes per pwrite/pread; a comma list sweeps them: 1MiB,4MiB,16MiB.")
-@click.option("--schedule", type=params.ListType(click.Choice(["shared", "per-file"])), default="shared",
-              show_default=True,
+@click.option("--schedule", type=params.ListType(click.Choice(["shared", "per-file"])), default=None,
               help="How threads share the work: 'shared' (every thread takes the next block, files in order) or "
-                   "'per-file' (each thread streams whole files, like fio numjobs); a comma list sweeps both.")
+                   "'per-file' (each thread streams whole files, like fio numjobs); a comma list sweeps both  "
+                   "[default: per-file on a network or FUSE mount, as the checkpoint writer there; else shared].")
 @click.option("--direct/--buffered", default=True, show_default=True,
               help="O_DIRECT (falls back to buffered+fdatasync where unsupported, and says so) or the page cache.")
 @click.option("--fsync/--no-fsync", default=True, show_default=True,
@@ -287,13 +287,15 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
                          f"more than {MAX_FILES}", hint="use a larger --file-size")
     spec = FsBenchSpec(
         size_bytes=size, files=nfiles, threads=tuple(threads), block_sizes=tuple(block_size),
-        schedules=tuple(dict.fromkeys(schedule)),
+        schedules=tuple(dict.fromkeys(schedule or ["shared"])),
         direct=direct, fsync=fsync, read=read, repeat=repeat, warmup=warmup, metadata=metadata,
         runtime_s=runtime, sample_every_s=sample_every,
     )
     chosen = click.get_current_context().get_parameter_source("block_size") != click.core.ParameterSource.DEFAULT
     spec = fit_block_sizes(spec, chosen=chosen)
     storage = resolve_target(target, force=force)
+    if not schedule:
+        spec = dataclasses.replace(spec, schedules=(_default_schedule(storage.path),))
     run_and_emit(
         lambda progress: run_fs_bench(spec, storage, progress=progress),
         output=open_output(output_dir, "bench"), plot_path=plot_path, output_format=output_format,
@@ -436,6 +438,15 @@ def _plot_shootout(document: dict[str, Any], path: Path) -> None:
     from ckptbench.report.shootout_plot import plot_shootout
 
     plot_shootout(document, path)
+
+
+def _default_schedule(target: Path) -> str:
+    """``per-file`` on a network or FUSE mount (the client reads ahead and writes back each file's stream in
+    order; the checkpoint writer writes one stream per shard there), else ``shared``."""
+    from ckptbench.storage.local_target import is_network, mount_of
+
+    mount = mount_of(target)
+    return "per-file" if mount is not None and is_network(mount.fstype) else "shared"
 
 
 def _print_tables(report: Any, document: dict[str, Any]) -> None:

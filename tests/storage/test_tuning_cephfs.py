@@ -40,6 +40,20 @@ def test_bench_on_a_local_disk_measures_one_mode(cli, tmp_path: Path):
     assert "durable_modes" not in json.loads(result.stdout)["results"][0]
 
 
+@pytest.mark.parametrize(("fstype", "schedule"), [("fuse.ceph-fuse", "per-file"), ("nfs4", "per-file"), ("ext4", "shared")])
+def test_bench_streams_whole_files_on_network_mounts_by_default(cli, tmp_path: Path, monkeypatch, fstype, schedule):
+    """The default schedule follows the checkpoint writer: one stream per file on a network or FUSE mount
+    (here the mount type is what /proc/mounts would say; the bytes go to a local directory)."""
+    from ckptbench.storage import local_target
+
+    monkeypatch.setattr(local_target, "mount_of", lambda path, *a: local_target.MountInfo("/", "d", fstype, "rw"))
+    args = ["bench", str(tmp_path), "--size", "2MiB", "--files", "2", "--threads", "2", "--block-size", "1MiB",
+            "--repeat", "1", "--warmup", "0", "--no-read", "--buffered", "--json"]
+    assert json.loads(cli(*args).stdout)["results"][0]["config"]["schedule"] == schedule
+    given = json.loads(cli(*args, "--schedule", "shared").stdout)
+    assert given["results"][0]["config"]["schedule"] == "shared"
+
+
 @pytest.mark.netfs
 def test_auto_save_on_cephfs_records_the_faster_measured_mode(cephfs_dir: Path, monkeypatch):
     monkeypatch.setattr(tuning.knobs, "TUNE", 1)
