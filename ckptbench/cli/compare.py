@@ -174,19 +174,18 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
     if len(resolved) + len(saved) < 1:
         raise UsageError("nothing to compare")
     if two_levels:
-        _check_tiers_apart(resolved)
-        check_targets(resolved, work)
+        from ckptbench.bench.two_levels import check_two_level_targets
+
+        check_two_level_targets(resolved, work)
 
         def run_two(progress: Any) -> Any:
-            from ckptbench.bench.drain_measure import run_drain_bench
+            from ckptbench.bench.two_levels import measure_two_levels
             from ckptbench.decide.twolevel_choice import decide
 
-            report = run_compare(spec, job, resolved, workload=work, progress=progress)
-            drain = run_drain_bench(work, resolved[0].storage, resolved[1].storage, repeat=repeat, warmup=warmup,
-                                    threads=threads, progress=progress)
-            local, remote = report.tiers
-            return _TwoLevelReport(report, decide(job, local, remote, drain, local_loss=loss[0],
-                                                  local_loss_source=loss[1], remote_every=remote_every))
+            measured = measure_two_levels(spec, job, resolved, workload=work, progress=progress)
+            return _TwoLevelReport(measured.report, decide(job, measured.local, measured.remote, measured.drain,
+                                                           local_loss=loss[0], local_loss_source=loss[1],
+                                                           remote_every=remote_every))
 
         run_and_emit(run_two, output=open_output(output_dir, "compare"), plot_path=plot_path, output_format=output_format,
                      plot=_plot, print_tables=lambda report, document: _print_two_levels(document))
@@ -227,20 +226,6 @@ def _check_two_level_flags(local_dir: str | None, remote_url: str | None, target
         raise UsageError("--local/--remote compare exactly those two tiers; give other targets in another run")
     if remote_every is not None and every is None:
         raise UsageError("--remote-every applies with --every (the local interval it evaluates)")
-
-
-def _check_tiers_apart(resolved: list[Any]) -> None:
-    local, remote = resolved
-    if local.on_objects:
-        raise UsageError(f"--local {local.given}: the local tier is a directory on this machine")
-    if local.location == remote.location or (not remote.on_objects and _nested(local.location, remote.location)):
-        raise UsageError(f"--remote {remote.given} is the --local tier ({local.location}) or inside it",
-                         hint="give the remote tier another directory or a bucket")
-
-
-def _nested(a: str, b: str) -> bool:
-    first, second = Path(a).resolve(), Path(b).resolve()
-    return first == second or first in second.parents or second in first.parents
 
 
 class _TwoLevelReport:

@@ -102,6 +102,16 @@ def _interval(value: str) -> float | None:
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
+@click.option("--local", "local_dir", default=None, metavar="DIR",
+              help="Two levels: the fast local tier (a directory), with --remote, instead of TARGET: both tiers "
+                   "and the drain between them measured, the two-level schedule checked.")
+@click.option("--remote", "remote_url", default=None, metavar="DIR|URL",
+              help="Two levels: the durable remote tier (a directory or s3://bucket/prefix), with --local.")
+@click.option("--local-loss", default=None, metavar="FRACTION|PRESET",
+              help="Two levels: the share of failures that lose the node's local copy (30%, or a failure preset "
+                   "that gives it: llama3)  [default: the failure preset's].")
+@click.option("--remote-every", type=params.POSITIVE_INT, default=None,
+              help="Two levels: check a drain every this many local checkpoints  [default: the optimum's].")
 @format_options
 @click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")
@@ -170,6 +180,11 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
               max_ckpt_time_s=opts["max_ckpt_time"], aggregate_bps=opts["aggregate_bandwidth"],
               interference=opts["interference"], gpu_hour_usd=opts["gpu_hour_usd"],
               node_memory_bytes=opts["node_memory"], node_network_bps=opts["node_network"])
+    from ckptbench.cli.preflight_twolevel import preflight_two_levels
+
+    two_levels = preflight_two_levels(job, opts, target=ctx.params["target"])
+    if two_levels is not None:
+        ctx.exit(two_levels)
     options = storage_options_from(opts["endpoint_url"], opts["storage_option"])
     if scheme_of(target) == "file" and options:
         raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")

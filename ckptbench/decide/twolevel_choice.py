@@ -44,19 +44,47 @@ def _scenario(job: Any, local: Any, remote: Any, drain_gbps: float, q: float, st
     return cost, twolevel.analyse(cost, job.failures.mtbf_s, job.every_s, remote_every)
 
 
+def _worst_stall(drain: Any, widen: float) -> float:
+    """How much slower a local stall gets during a drain at the pessimistic end: its slowest round."""
+    return max([1.0, *[r for r in drain.stall_ratio_by_round if r == r]]) * widen
+
+
+def scenarios(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, remote_every: int | None = None,
+              widen: float = 1.0, drain_cap_gbps: float | None = None,
+              ) -> tuple[tuple[twolevel.TwoLevelCost, twolevel.TwoLevelAnalysis], ...]:
+    """The two-level model at the point and at the optimistic and pessimistic ends of the runs:
+    ``((cost, analysis) x 3)``. ``widen`` (>= 1) moves the drain's ends that far beyond its runs (and the
+    pessimistic stall scale with them); ``drain_cap_gbps`` caps the drain's rate (a node's share of shared
+    storage). Raises UsageError when a scenario cannot make progress."""
+    drain_runs = drain.runs_drain_gbps
+    worst_stall = _worst_stall(drain, widen)
+
+    def capped(gbps: float) -> float:
+        return gbps if drain_cap_gbps is None else min(gbps, drain_cap_gbps)
+
+    ends = local.model_ends or (local.model, local.model)
+    remote_ends = remote.model_ends or (remote.model, remote.model)
+    return (
+        _scenario(job, local.model, remote.model, capped(drain.drain_gbps), local_loss, 1.0, remote_every),
+        _scenario(job, ends[0], remote_ends[0], capped(max(drain_runs) * widen), local_loss, 1.0, remote_every),
+        _scenario(job, ends[1], remote_ends[1], capped(min(drain_runs) / widen), local_loss, worst_stall,
+                  remote_every),
+    )
+
+
 def decide(job: Any, local: Any, remote: Any, drain: Any, *, local_loss: float, local_loss_source: str,
-           remote_every: int | None = None) -> dict[str, Any]:
-    """The ``two_level`` section of a ``compare --local --remote`` document (see the module)."""
+           remote_every: int | None = None, widen: float = 1.0, drain_cap_gbps: float | None = None,
+           ) -> dict[str, Any]:
+    """The ``two_level`` section of a ``compare --local --remote`` document (see the module; ``widen`` and
+    ``drain_cap_gbps`` as :func:`scenarios`)."""
     if job.failures is None:
         raise UsageError("--local/--remote need a failure rate (--mtbf, --failures, ...): the choice between one "
                          "and two levels is a choice of waste")
-    drain_runs = drain.runs_drain_gbps
-    worst_stall = max([1.0, *[r for r in drain.stall_ratio_by_round if r == r]])
-    ends = local.model_ends or (local.model, local.model)
+    (cost, point), (_, best), (_, worst) = scenarios(job, local, remote, drain, local_loss=local_loss,
+                                                     remote_every=remote_every, widen=widen,
+                                                     drain_cap_gbps=drain_cap_gbps)
+    worst_stall = _worst_stall(drain, widen)
     remote_ends = remote.model_ends or (remote.model, remote.model)
-    cost, point = _scenario(job, local.model, remote.model, drain.drain_gbps, local_loss, 1.0, remote_every)
-    _, best = _scenario(job, ends[0], remote_ends[0], max(drain_runs), local_loss, 1.0, remote_every)
-    _, worst = _scenario(job, ends[1], remote_ends[1], min(drain_runs), local_loss, worst_stall, remote_every)
     analyses = (point, best, worst)
 
     def span(values: list[float | None]) -> list[float] | None:
