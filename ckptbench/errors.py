@@ -108,6 +108,11 @@ class StorageIOError(CkptbenchError):
     """An I/O operation failed at run time (after validation passed)."""
 
 
+class DrainStalledError(StorageIOError):
+    """A drain to the remote tier made no progress for its timeout (the remote tier stopped answering,
+    say): its process was stopped; the step stays undrained and is retried."""
+
+
 class OutcomeUnknownError(StorageIOError):
     """A write failed without an answer: a request reached the store (or may have), but its response
     never came back, so it may have been stored all the same, now or a little later."""

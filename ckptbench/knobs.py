@@ -103,6 +103,9 @@ LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
 DRAIN_BUFFER_BYTES = _env_int("DRAIN_BUFFER_BYTES", 512 * 2**20)
 #: Seconds before a failed drain is tried again (a new local checkpoint to drain retries at once).
 DRAIN_RETRY_S = _env_float("DRAIN_RETRY_S", 30.0)
+#: A drain that makes no progress for this many seconds (no batch of shards read or written, no commit:
+#: a remote tier that stopped answering) is stopped (its process killed) and retried later.
+DRAIN_TIMEOUT_S = _env_float("DRAIN_TIMEOUT_S", 300.0)
 #: Niceness added to a background drain's thread (and the I/O threads it starts), so that local saves'
 #: staging and training win the CPU from it; 0 keeps its priority.
 DRAIN_NICE = _env_int("DRAIN_NICE", 10)

@@ -13,6 +13,8 @@ one copy at a time, the newest step asked for first (an older one still waiting 
 copy that fails (the remote tier unreachable, say) is retried after ``CKPTBENCH_DRAIN_RETRY_S``
 or as soon as another step is submitted, and :meth:`Drainer.status` says what happened. Its thread
 runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``): local saves stall no longer for it.
+:class:`DrainProcess` runs each copy in a process of its own, watched: a copy with no progress for
+``CKPTBENCH_DRAIN_TIMEOUT_S`` (a remote tier that stopped answering) is killed and fails like any other.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from ckptbench import interrupts, knobs, native
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.lock import acquire_save_lock
-from ckptbench.errors import CorruptCheckpointError, NotACheckpointError
+from ckptbench.errors import CorruptCheckpointError, DrainStalledError, NotACheckpointError
 from ckptbench.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,8 @@ class DrainStatus:
     ``pending_step``: waiting for its copy (or for the retry of a failed one); ``draining_step``: being
     copied now; ``drained_step``: the newest step this manager copied; ``last_error``: why the latest
     attempt failed (None after a success); ``failures``: failed attempts since the last success;
-    ``last``: the latest successful copy."""
+    ``last``: the latest successful copy; ``stalls``: copies the watchdog stopped (no progress for the
+    drain timeout), in all."""
 
     pending_step: int | None
     draining_step: int | None
@@ -68,6 +71,7 @@ class DrainStatus:
     last_error: str | None
     failures: int
     last: DrainResult | None
+    stalls: int = 0
 
     @property
     def idle(self) -> bool:
@@ -204,8 +208,12 @@ def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: DrainBuffer
 
 
 def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, block_size: int, direct: bool,
-                    buffers: DrainBuffers | None = None, buffer_bytes: int | None = None) -> DrainResult:
+                    buffers: DrainBuffers | None = None, buffer_bytes: int | None = None,
+                    progress: Callable[[], None] | None = None) -> DrainResult:
     """Copy the committed checkpoint of ``source`` to ``target``: shards durable, then the manifest.
+
+    ``progress()`` is called whenever the copy moves on: a batch of shards read (and checked), a batch
+    written, the manifest committed.
 
     Nothing is written when ``target`` already holds this very checkpoint (the same save id). The
     target's save lock is held throughout (a save or copy already there: CheckpointLockedError);
@@ -229,6 +237,7 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
         return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started, copied=False)
     own = buffers or DrainBuffers()
     budget = buffer_bytes or knobs.DRAIN_BUFFER_BYTES
+    moved = progress or (lambda: None)
     names = [s.name for s in shards]
     target.prepare()
     written: list[str] = []
@@ -239,11 +248,14 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
                                   block_size=block_size, direct=direct)
             with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
                 for files in batches:
+                    moved()
                     target.write_files(files, threads=threads, block_size=block_size, direct=direct)
                     written += [name for name, _ in files]
+                    moved()
             with lock.committing(target, names):
                 mf.commit(target, manifest)
                 committed = True
+                moved()
                 target.remove(mf.stale_files(target, set(names)))
     except BaseException:
         if not committed and written:
@@ -273,12 +285,13 @@ def lower_priority() -> None:
 
 
 _worker_buffers: DrainBuffers | None = None
+_worker_progress: Any = None  # the shared counter DrainProcess watches: (moves so far, this process's pid)
 
 
-def _start_worker() -> None:
+def _start_worker(progress: Any) -> None:
     """In the drain process: die with the thread that started it (Linux; a parent killed by SIGKILL takes
-    its drain along, as a thread would go), lower its priority, keep one pair of buffers."""
-    global _worker_buffers
+    its drain along, as a thread would go), lower its priority, keep one pair of buffers, say its pid."""
+    global _worker_buffers, _worker_progress
     with contextlib.suppress(Exception):
         import ctypes
         import signal
@@ -286,13 +299,21 @@ def _start_worker() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     lower_priority()
     _worker_buffers = DrainBuffers()
+    _worker_progress = progress
+    progress[1] = os.getpid()
+
+
+def _moved() -> None:
+    _worker_progress[0] += 1
 
 
 def _copy_in_worker(source: tuple[str, dict | None], target: tuple[str, dict | None], step: int,
                     io: dict[str, Any]) -> DrainResult:
     from ckptbench.storage.store import open_store
 
-    return copy_checkpoint(open_store(*source), open_store(*target), step=step, buffers=_worker_buffers, **io)
+    _moved()
+    return copy_checkpoint(open_store(*source), open_store(*target), step=step, buffers=_worker_buffers,
+                           progress=_moved, **io)
 
 
 class DrainProcess:
@@ -303,27 +324,70 @@ class DrainProcess:
     which takes the GIL back once per tensor: local saves would stall longer while a drain runs. The
     process runs at the drain's lower priority (``CKPTBENCH_DRAIN_NICE``) and ends with the thread that
     started it (``close()``, or that thread's death). Locations go to it as (URL, storage options).
+
+    A watchdog: a copy that makes no progress (no batch of shards read or written, no commit) for
+    ``timeout_s`` seconds (default ``CKPTBENCH_DRAIN_TIMEOUT_S``) has its process killed and raises
+    :class:`~ckptbench.errors.DrainStalledError`; the next copy starts another process. What the
+    killed copy wrote is never committed (its manifest comes last) and is swept by the next commit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self.timeout_s = knobs.DRAIN_TIMEOUT_S if timeout_s is None else timeout_s
+        if not self.timeout_s > 0:
+            raise ValueError(f"drain timeout {self.timeout_s!r} must be a positive number of seconds")
         self._pool: Any = None
+        self._progress: Any = None  # [moves, pid] shared with the process
+
+    @property
+    def pid(self) -> int | None:
+        """The drain process's pid (None before the first copy, or once it ended)."""
+        return int(self._progress[1]) or None if self._pool is not None and self._progress is not None else None
 
     def copy(self, source: tuple[str, dict | None], target: tuple[str, dict | None], *, step: int, threads: int,
              block_size: int, direct: bool) -> DrainResult:
-        """:func:`copy_checkpoint` from ``source`` to ``target`` in the drain process; its error, raised here."""
+        """:func:`copy_checkpoint` from ``source`` to ``target`` in the drain process; its error, raised here
+        (DrainStalledError when the watchdog stopped it)."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_worker)
+            context = multiprocessing.get_context("spawn")
+            self._progress = context.RawArray("q", 2)
+            self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_worker,
+                                             initargs=(self._progress,))
         io = {"threads": threads, "block_size": block_size, "direct": direct}
+        future = self._pool.submit(_copy_in_worker, source, target, step, io)
+        seen, since = self._progress[0], time.monotonic()
         try:
-            return self._pool.submit(_copy_in_worker, source, target, step, io).result()
+            while True:
+                try:
+                    return future.result(timeout=min(1.0, self.timeout_s / 4))
+                except TimeoutError:
+                    now = time.monotonic()
+                    # a process still starting (its pid not yet said: imports on a busy host) is not stalled
+                    if self._progress[0] != seen or not self._progress[1]:
+                        seen, since = self._progress[0], now
+                    elif now - since >= self.timeout_s:
+                        self._kill()
+                        raise DrainStalledError(
+                            f"the drain made no progress for {self.timeout_s:g} s (the remote tier does not "
+                            f"answer?): its process was stopped", hint="it is tried again") from None
         except BrokenProcessPool:
             self.close()  # the process died (killed): the next copy starts another
             raise
+
+    def _kill(self) -> None:
+        """End the process now, mid-copy (its pid from the process itself); the next copy starts another."""
+        import signal
+
+        pool, self._pool = self._pool, None
+        pid = int(self._progress[1]) if self._progress is not None else 0
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """End the process (after the copy in flight, if any)."""
@@ -354,6 +418,7 @@ class Drainer:
         self._drained: int | None = None
         self._error: str | None = None
         self._failures = 0
+        self._stalls = 0
         self._last: DrainResult | None = None
         self._retry_at = 0.0
         self._submitted = 0  # submissions (and last tries) so far
@@ -384,7 +449,11 @@ class Drainer:
 
     def status(self) -> DrainStatus:
         with self._cond:
-            return DrainStatus(self._pending, self._draining, self._drained, self._error, self._failures, self._last)
+            return self._status()
+
+    def _status(self) -> DrainStatus:
+        return DrainStatus(self._pending, self._draining, self._drained, self._error, self._failures, self._last,
+                           self._stalls)
 
     def wait(self, timeout: float | None = None) -> DrainStatus:
         """Wait until nothing is pending or being copied, or the latest attempt failed (then its step
@@ -396,7 +465,7 @@ class Drainer:
                 if left is not None and left <= 0:
                     break
                 self._cond.wait(interrupts.POLL_S if left is None else min(left, interrupts.POLL_S))
-            return DrainStatus(self._pending, self._draining, self._drained, self._error, self._failures, self._last)
+            return self._status()
 
     def close(self, *, last_try: bool = True) -> DrainStatus:
         """Stop: a step still pending gets one more attempt (``last_try``), the copy in flight is
@@ -448,6 +517,7 @@ class Drainer:
                 else:
                     self._error = f"step {step}: {error}"
                     self._failures += 1
+                    self._stalls += isinstance(error, DrainStalledError)
                     self._failed = submission
                     if self._pending is None:  # nothing newer came meanwhile: retry this one later
                         self._pending = step

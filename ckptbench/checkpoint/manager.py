@@ -208,8 +208,10 @@ class CheckpointManager:
     when a newer step is due before the previous copy started, the newer one is copied instead. A
     copy that fails (the remote tier unreachable) does not stop the saves: it is retried
     (``CKPTBENCH_DRAIN_RETRY_S``, and at once when the next step is due), and :meth:`remote_status`
-    says what happened. The local tier keeps a step until its copy is done, beyond ``keep_last``
-    if need be; ``keep_remote`` is the remote tier's own retention. :meth:`latest` and :meth:`load`
+    says what happened. A copy that makes no progress for ``drain_timeout`` seconds (a remote tier
+    that accepts connections and never answers, say) is stopped, its process killed, and counts as a
+    failed one (``remote_status().stalls``). The local tier keeps a step until its copy is done, beyond
+    ``keep_last`` if need be (the newest step due, when newer ones replaced it meanwhile); ``keep_remote`` is the remote tier's own retention. :meth:`latest` and :meth:`load`
     see the steps of both tiers; a step is loaded from the local tier when it is committed there and
     from the remote tier when it is not, or when the local copy fails to load (a shard missing or
     failing its checksum). Under torchrun/srun, rank 0 copies every rank's shards, so the local
@@ -229,6 +231,9 @@ class CheckpointManager:
         remote_every: copy every k-th committed step to ``remote`` (default 1: every one).
         keep_remote: how many committed steps the remote tier keeps (the newest), or None for all.
         remote_storage_options: for a remote tier on object storage, as ``storage_options``.
+        drain_timeout: seconds a copy to the remote tier may go without progress (no batch of shards read
+            or written) before it is stopped and retried later (a remote tier that stopped answering);
+            None: ``CKPTBENCH_DRAIN_TIMEOUT_S`` (300 s).
 
     Example::
 
@@ -248,18 +253,24 @@ class CheckpointManager:
                  block_size: int | None = None, direct: bool | None = None, checksum: bool = True,
                  distributed: bool | None = None, allow_pickle: bool = False,
                  remote: str | os.PathLike | None = None, remote_every: int | None = None,
-                 keep_remote: int | None = None, remote_storage_options: dict | None = None) -> None:
+                 keep_remote: int | None = None, remote_storage_options: dict | None = None,
+                 drain_timeout: float | None = None) -> None:
         _check_count("keep_last", keep_last, "keep every step")
         _check_count("keep_remote", keep_remote, "keep every remote step")
         if remote is None:
             given = [name for name, value in (("remote_every", remote_every), ("keep_remote", keep_remote),
-                                              ("remote_storage_options", remote_storage_options)) if value is not None]
+                                              ("remote_storage_options", remote_storage_options),
+                                              ("drain_timeout", drain_timeout)) if value is not None]
             if given:
                 raise UsageError(f"{', '.join(given)} need remote=URL (the remote tier)")
         elif remote_every is None:
             remote_every = 1
         else:
             _check_count("remote_every", remote_every, None)
+        if drain_timeout is not None and (isinstance(drain_timeout, bool) or not isinstance(drain_timeout, int | float)
+                                          or not drain_timeout > 0):
+            raise UsageError(f"drain_timeout must be a positive number of seconds or None (the default), got "
+                             f"{drain_timeout!r}")
         self.keep_last = keep_last
         self.keep_remote = keep_remote
         self.remote_every = remote_every
@@ -274,7 +285,7 @@ class CheckpointManager:
                 raise UsageError(f"the remote tier {self._remote.url} is the local tier {self._tier.url} or inside "
                                  "it (or holds it)", hint="give remote= another directory or bucket")
             self._drainer = Drainer(self._drain, self._retain_remote)
-            self._drain_process = DrainProcess()
+            self._drain_process = DrainProcess(drain_timeout)
         self._committed_here = 0  # local commits by this manager: every remote_every-th is drained
         self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
                                           direct=direct, checksum=checksum)

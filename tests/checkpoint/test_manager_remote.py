@@ -1,11 +1,13 @@
 """``CheckpointManager(remote=...)``: every k-th local step drained to a remote tier, loads across tiers.
 
 The remote tier here is another directory; on S3 (Ceph RGW): tests/storage/test_manager_s3.py.
-This file is also the worker of the SIGKILL test: ``python test_manager_remote.py LOCAL REMOTE``.
+This file is also the worker of the SIGKILL and hung-drain tests: ``python test_manager_remote.py LOCAL REMOTE``,
+``python test_manager_remote.py timeout|kill LOCAL REMOTE FLAG``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -181,6 +183,67 @@ def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path):
     assert_state(ckptbench.load(remote / "step-00000003"), 3, 128)
 
 
+def _run_worker(mode: str, local: Path, remote: Path, flag: Path, *, kill_drain: bool = False) -> dict:
+    """Run ``_hang_worker`` in a process of its own (its drain process hangs while ``flag`` exists); with
+    ``kill_drain``, SIGKILL the drain process once the worker says it hangs. The worker's findings."""
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_TEST_HANG_DRAIN": str(flag),
+           "CKPTBENCH_DRAIN_RETRY_S": "0.2"}
+    worker = subprocess.Popen([sys.executable, str(HERE), mode, str(local), str(remote), str(flag)],
+                              stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env)
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        if kill_drain:
+            line = worker.stdout.readline()
+            assert line.startswith("hung "), line
+            os.kill(int(line.split()[1]), signal.SIGKILL)
+            worker.stdin.write("killed\n")
+            worker.stdin.flush()
+        out, _ = worker.communicate(timeout=240)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_hung_drain_is_stopped_kept_and_retried(tmp_path: Path):
+    # the remote tier accepts the copy and never answers: the watchdog (drain_timeout=2) kills the drain
+    # process; the step stays undrained (pending, kept locally beyond keep_last) and is retried
+    local, remote, flag = tmp_path / "local", tmp_path / "remote", tmp_path / "hang"
+    flag.write_text("")
+    found = _run_worker("timeout", local, remote, flag)
+    stalled = found["stalled"]
+    assert stalled["pending_step"] == 2 and stalled["drained_step"] is None and stalled["stalls"] >= 1
+    assert "step 2: the drain made no progress for 2 s" in stalled["last_error"]
+    assert found["local_after_3"] == [2, 3]  # keep_last=1, and step 2 waits for its drain
+    assert found["final"]["drained_step"] == 4 and found["final"]["last_error"] is None
+    assert found["remote"] == [2, 4] and found["local"] == [4]
+    for step in (2, 4):
+        assert_state(ckptbench.load(remote / f"step-{step:08d}"), step, 128)
+    assert not any(p.name.startswith(("shard-", ".")) for p in remote.iterdir())
+
+
+def test_a_drain_process_killed_midway_is_retried_and_both_tiers_load_bit_exact(tmp_path: Path):
+    local, remote, flag = tmp_path / "local", tmp_path / "remote", tmp_path / "hang"
+    flag.write_text("")
+    found = _run_worker("kill", local, remote, flag, kill_drain=True)
+    assert found["killed"]["pending_step"] == 2 and found["killed"]["failures"] >= 1
+    assert found["killed"]["stalls"] == 0  # killed from outside, not by the watchdog
+    assert found["final"]["drained_step"] == 2 and found["final"]["last_error"] is None
+    assert found["remote"] == [2]
+    with ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024) as manager:
+        assert_state(manager.load(2), 2, 128)
+        shutil.rmtree(local / "step-00000002")
+        assert_state(manager.load(2), 2, 128)  # from the remote tier
+    assert_state(ckptbench.load(remote / "step-00000002"), 2, 128)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "1", True])
+def test_a_bad_drain_timeout_is_refused(tmp_path: Path, timeout):
+    with pytest.raises(UsageError, match="drain_timeout must be a positive number of seconds"):
+        ckptbench.CheckpointManager(tmp_path / "local", remote=tmp_path / "remote", drain_timeout=timeout)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -222,6 +285,65 @@ def _slow_down_the_drain(remote: str) -> None:
     LocalStore.write_files = slow_write  # type: ignore[method-assign]
 
 
+def _hang_the_drain(flag: str) -> None:
+    """In the drain process: while ``flag`` exists, a write to the remote tier never returns (no progress)."""
+    real_write = LocalStore.write_files
+
+    def hung_write(self, files, **kwargs):
+        if os.path.exists(flag) and "remote" in str(self.local_path):
+            time.sleep(600)
+        return real_write(self, files, **kwargs)
+
+    LocalStore.write_files = hung_write  # type: ignore[method-assign]
+
+
+def _wait_for(manager, done, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not done(manager.remote_status()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} in 120 s: {manager.remote_status()}")
+        time.sleep(0.05)
+
+
+def _status(manager) -> dict:
+    status = manager.remote_status()
+    return {"pending_step": status.pending_step, "drained_step": status.drained_step,
+            "last_error": status.last_error, "failures": status.failures, "stalls": status.stalls}
+
+
+def _hang_worker(mode: str, local: str, remote: str, flag: str) -> None:
+    """Steps 1 and 2 saved, step 2 due for its drain, which hangs (while ``flag`` exists); ``timeout``:
+    the watchdog stops it, step 3 is saved meanwhile, the remote tier comes back, step 4 drains too;
+    ``kill``: the test SIGKILLs the drain process, then the remote tier comes back. Prints what it saw."""
+    found: dict = {}
+    timeout = 2.0 if mode == "timeout" else 3600.0
+    manager = ckptbench.CheckpointManager(local, keep_last=1, remote=remote, remote_every=2, shard_size=16 * 1024,
+                                          drain_timeout=timeout)
+    for step in (1, 2):
+        manager.save(step, state(step, 128))
+    if mode == "timeout":
+        _wait_for(manager, lambda s: s.stalls >= 1, "stall")
+        found["stalled"] = _status(manager)
+        manager.save(3, state(3, 128))
+        found["local_after_3"] = manager.steps("local")
+    else:
+        _wait_for(manager, lambda s: s.draining_step == 2 and manager._drain_process.pid, "drain")
+        time.sleep(0.5)  # in the hung write
+        print(f"hung {manager._drain_process.pid}", flush=True)
+        assert sys.stdin.readline().strip() == "killed"
+        _wait_for(manager, lambda s: s.failures >= 1, "failure")
+        found["killed"] = _status(manager)
+    os.unlink(flag)  # the remote tier answers again
+    _wait_for(manager, lambda s: s.drained_step == 2, "retry")
+    if mode == "timeout":
+        manager.save(4, state(4, 128))
+    manager.wait_remote()
+    found["final"] = _status(manager)
+    found["remote"], found["local"] = manager.steps("remote"), manager.steps("local")
+    manager.close()
+    print(json.dumps(found), flush=True)
+
+
 def _worker(local: str, remote: str) -> None:
     """Save step 1 (drained), then step 2, whose drain stalls (above) until the test kills this process."""
     manager = ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024)
@@ -232,6 +354,11 @@ def _worker(local: str, remote: str) -> None:
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    if sys.argv[1] in ("timeout", "kill"):
+        _hang_worker(*sys.argv[1:5])
+    else:
+        _worker(sys.argv[1], sys.argv[2])
 elif __name__ == "__mp_main__" and os.environ.get("CKPTBENCH_TEST_SLOW_DRAIN"):  # the worker's drain process
     _slow_down_the_drain(os.environ["CKPTBENCH_TEST_SLOW_DRAIN"])
+elif __name__ == "__mp_main__" and os.environ.get("CKPTBENCH_TEST_HANG_DRAIN"):
+    _hang_the_drain(os.environ["CKPTBENCH_TEST_HANG_DRAIN"])

@@ -66,3 +66,47 @@ def test_a_remote_tier_on_s3_serves_the_steps_the_local_one_lost(s3_server, s3_b
         status = manager.wait_remote()
         assert status.pending_step == 1 and status.last_error is not None
         assert manager.load()["step"] == 1
+
+
+def test_a_remote_tier_that_stops_answering_is_timed_out_and_caught_up(s3_server, s3_bucket, tmp_path):
+    # the remote tier accepts connections and never answers (an OSD that stopped acknowledging, say): the
+    # watchdog stops each drain after drain_timeout, local saves go on, the newest step due is kept locally
+    # and drained once the remote tier answers again
+    import shutil
+    import time
+
+    from test_s3_faults import faultproxy  # tests/servers/faultproxy.py, loaded once
+
+    def state(step: int) -> dict:
+        return {"w": torch.full((8192,), float(step)), "b": torch.arange(16) + step, "step": step}
+
+    def wait_for(manager, done) -> None:
+        deadline = time.monotonic() + 120
+        while not done(manager.remote_status()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    local, remote = tmp_path / "local", f"s3://{s3_bucket}/remote"
+    with faultproxy.FaultProxy(s3_server.endpoint) as proxy:
+        options = s3_server.options(endpoint_url=proxy.endpoint)
+        with ckptbench.CheckpointManager(local, keep_last=1, remote=remote, remote_storage_options=options,
+                                         drain_timeout=3.0) as manager:
+            for kind in ("PutObject", "UploadPart", "CreateMultipartUpload"):
+                proxy.stall(None, kind=kind)
+            manager.save(1, state(1))
+            wait_for(manager, lambda s: s.stalls >= 1)
+            status = manager.remote_status()
+            assert status.stalls >= 1 and status.pending_step == 1 and status.drained_step is None
+            assert "no progress for 3 s" in status.last_error
+            manager.save(2, state(2))  # saves go on; step 2, newer, is the one to drain now
+            assert manager.steps("local") == [2]
+            assert manager.latest() == 2
+            proxy.clear()
+            wait_for(manager, lambda s: s.drained_step == 2)
+            status = manager.wait_remote()
+            assert status.drained_step == 2 and status.last_error is None
+            assert manager.steps("remote") == [2]
+    shutil.rmtree(local)
+    with ckptbench.CheckpointManager(local, remote=remote, remote_storage_options=s3_server.options()) as manager:
+        loaded = manager.load()
+        assert loaded["step"] == 2 and torch.equal(loaded["w"], state(2)["w"]) and torch.equal(loaded["b"],
+                                                                                              state(2)["b"])
