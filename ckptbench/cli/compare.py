@@ -13,7 +13,7 @@ from ckptbench.cli import params
 from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.formats import format_options
 from ckptbench.cli.interval_cmd import pct
-from ckptbench.cli.options import failure_options, resolve_failures, resolve_local_loss
+from ckptbench.cli.options import failure_options, resolve_failures, resolve_local_loss, two_level_options
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED
@@ -76,16 +76,10 @@ DEFAULT_RUN_TIME = "30d"
               help="Object storage: a storage option for every object-storage target, over a tier's own "
                    "(repeatable): part_size=32MiB, key=..., secret=... (never written to output).")
 @CLIENT_OPTION
-@click.option("--local", "local_dir", default=None, metavar="DIR",
-              help="Two levels: the fast local tier (a directory), with --remote: both tiers measured, the drain "
-                   "from one to the other too, and single level or two levels recommended.")
-@click.option("--remote", "remote_url", default=None, metavar="DIR|URL",
-              help="Two levels: the durable remote tier (a directory or s3://bucket/prefix), with --local.")
-@click.option("--local-loss", default=None, metavar="FRACTION|PRESET",
-              help="Two levels: the share of failures that lose the node's local copy (30%, or a failure preset that "
-                   "gives it: llama3)  [default: the --failures preset's].")
-@click.option("--remote-every", type=params.POSITIVE_INT, default=None,
-              help="Two levels: with --every, evaluate a remote copy every this many local checkpoints.")
+@two_level_options(local_help="Two levels: the fast local tier (a directory), with --remote: both tiers measured, "
+                              "the drain from one to the other too, and single level or two levels recommended.",
+                   remote_every_help="Two levels: with --every, evaluate a remote copy every this many local "
+                                     "checkpoints.")
 @format_options
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw the tiers side by side (GB/s, and overhead and waste or job times) to this PNG file; "

@@ -53,6 +53,27 @@ GPU_COUNT = params.Bounded(params.POSITIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} GPUs"
 NODE_COUNT = params.Bounded(params.POSITIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} nodes")
 
 
+def two_level_options(*, local_help: str, remote_every_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The two-level flags: --local DIR, --remote DIR|URL, --local-loss, --remote-every (``local_dir``,
+    ``remote_url``, ``local_loss``, ``remote_every``)."""
+    options = [
+        click.option("--local", "local_dir", default=None, metavar="DIR", help=local_help),
+        click.option("--remote", "remote_url", default=None, metavar="DIR|URL",
+                     help="Two levels: the durable remote tier (a directory or s3://bucket/prefix), with --local."),
+        click.option("--local-loss", default=None, metavar="FRACTION|PRESET",
+                     help="Two levels: the share of failures that lose the node's local copy (30%, or a failure "
+                          "preset that gives it: llama3)  [default: the failure preset's]."),
+        click.option("--remote-every", type=params.POSITIVE_INT, default=None, help=remote_every_help),
+    ]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def failure_options(*, with_count: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The failure-rate flags: one of --mtbf, --gpu-mtbf (with a GPU count), --node-mtbf, --faults-per-day, --failures."""
 

@@ -15,7 +15,13 @@ from ckptbench.bench.records import document_header
 from ckptbench.cli import params
 from ckptbench.cli.bench import storage_options_from
 from ckptbench.cli.formats import format_options
-from ckptbench.cli.options import FAILURE_RATE, failure_options, flags_override_config, resolve_failures
+from ckptbench.cli.options import (
+    FAILURE_RATE,
+    failure_options,
+    flags_override_config,
+    resolve_failures,
+    two_level_options,
+)
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.decide.scaling import SAME_SIZE
 from ckptbench.errors import UsageError
@@ -102,16 +108,10 @@ def _interval(value: str) -> float | None:
 @click.option("--endpoint-url", default=None, metavar="URL", help="Object storage: the S3 endpoint.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Object storage: a store option, repeatable (see `ckptbench bench --help`).")
-@click.option("--local", "local_dir", default=None, metavar="DIR",
-              help="Two levels: the fast local tier (a directory), with --remote, instead of TARGET: both tiers "
-                   "and the drain between them measured, the two-level schedule checked.")
-@click.option("--remote", "remote_url", default=None, metavar="DIR|URL",
-              help="Two levels: the durable remote tier (a directory or s3://bucket/prefix), with --local.")
-@click.option("--local-loss", default=None, metavar="FRACTION|PRESET",
-              help="Two levels: the share of failures that lose the node's local copy (30%, or a failure preset "
-                   "that gives it: llama3)  [default: the failure preset's].")
-@click.option("--remote-every", type=params.POSITIVE_INT, default=None,
-              help="Two levels: check a drain every this many local checkpoints  [default: the optimum's].")
+@two_level_options(local_help="Two levels: the fast local tier (a directory), with --remote, instead of TARGET: "
+                              "both tiers and the drain between them measured, the two-level schedule checked.",
+                   remote_every_help="Two levels: check a drain every this many local checkpoints  [default: the "
+                                     "optimum's].")
 @format_options
 @click.option("--output", "output_dir", type=params.OUTPUT_DIR, default=None,
               help="Directory to write the JSON result file into (created if missing).")

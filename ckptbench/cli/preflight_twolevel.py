@@ -75,6 +75,12 @@ def preflight_two_levels(job: Any, opts: dict[str, Any], *, target: str | None) 
     return box[0].verdict.exit_code
 
 
+def _plot(document: dict[str, Any], path: Path) -> None:
+    from ckptbench.report.twolevel_plot import plot_measured_two_level
+
+    plot_measured_two_level(document, path)
+
+
 def measure_and_evaluate_two_levels(job: Any, spec: Any, targets: list[Any], workload: Any, progress: Any, *,
                                     local_loss: tuple[float, str], remote_every: int | None) -> TwoLevelPreflight:
     """Measure both tiers and the drain (``compare``'s two-level measurement), then the verdict for ``job``."""
@@ -148,12 +154,6 @@ def _manager_snippet(local: str, remote: str, retain: int, decision: dict[str, A
             f"remote_every={every or 1})")
 
 
-def _plot(document: dict[str, Any], path: Path) -> None:
-    from ckptbench.report.twolevel_plot import plot_measured_two_level
-
-    plot_measured_two_level(document, path)
-
-
 def _print(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -193,17 +193,17 @@ def _print(doc: dict[str, Any]) -> None:
                   "-" if p["remote_every"] is None else str(p["remote_every"]),
                   ranged("overhead_fraction", percent), ranged("waste_fraction", percent))
     console.print(table)
-    checks = Table(header_style="bold", title="checks", title_justify="left")
-    for name in ("check", "status", "detail"):
-        checks.add_column(name)
+    console.print("[bold]checks[/] (the two-level schedule above):")
+    width = max(len(c["name"]) for c in doc["checks"])
     for c in doc["checks"]:
-        detail = c["message"] + (f" [dim]→ {c['remedy']}[/]" if c["remedy"] else "")
-        checks.add_row(c["name"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail)
-    console.print(checks)
-    console.print("recommendation:")
-    for a in doc["recommendation"]:
-        shown = format_duration(a["value"]) if a["setting"].endswith("_s") else a["value"]
-        console.print(f"  {a['setting']} = {shown}  [dim]{a['reason']}[/]")
+        remedy = f" [dim]→ {c['remedy']}[/]" if c["remedy"] else ""
+        console.print(f"  [{_STYLE[c['status']]}]{c['status']:<10}[/] {c['name']:<{width}}  {c['message']}{remedy}")
+    advice = {a["setting"]: a for a in doc["recommendation"]}
+    schedule = advice.pop("schedule")
+    console.print(f"[bold]recommended[/]: {schedule['value']}  [dim]{schedule['reason']}[/]")
+    for setting, a in advice.items():
+        shown = format_duration(a["value"]) if setting.endswith("_s") else a["value"]
+        console.print(f"  {setting} = {shown}  [dim]{a['reason']}[/]")
     if doc["manager"]:
         console.print(f"  [dim]{doc['manager']}[/]")
     console.print(f"verdict: [{_STYLE[doc['verdict']]}]{doc['verdict']}[/]")

@@ -35,15 +35,13 @@ from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model
 from ckptbench.decide.advice import Advice
 from ckptbench.decide.twolevel_choice import decide, scenarios
 from ckptbench.decide.verdict import (
-    BORDERLINE,
-    EXIT_CODES,
     FAIL,
     PASS,
-    RAM_FAIL_FRACTION,
-    RAM_WARN_FRACTION,
     WARN,
     Check,
+    Judged,
     _combine,
+    host_memory_check,
 )
 from ckptbench.errors import UsageError
 from ckptbench.model import twolevel
@@ -76,22 +74,12 @@ class TierFacts:
 
 
 @dataclass(frozen=True)
-class TwoLevelVerdict:
+class TwoLevelVerdict(Judged):
     checks: tuple[Check, ...]
     recommendation: tuple[Advice, ...]
     predictions: dict[str, Any]
     decision: dict[str, Any]  # decide()'s two_level section
     assumptions: tuple[str, ...]
-
-    @property
-    def verdict(self) -> str:
-        """FAIL if any check fails; else BORDERLINE if any is undecided; else WARN if any warns; else PASS."""
-        statuses = {c.status for c in self.checks}
-        return next((s for s in (FAIL, BORDERLINE, WARN) if s in statuses), PASS)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
 
 
 def node_job(job: Any) -> NodeJobSpec:
@@ -223,63 +211,55 @@ def _restore_check(name: str, job: Any, restart_s: float, share: float, mtbf_s: 
 
 
 def _checks(job: Any, facts: TierFacts, e: dict[str, Any], q: float) -> list[Check]:
-    out = []
     blocking = e["local_blocking_s"]
-    status = PASS if e["local_stall_s"] <= job.max_ckpt_time_s else FAIL
-    out.append(Check(
-        "checkpoint-time", status, e["local_stall_s"], job.max_ckpt_time_s, "_s",
-        f"training blocks {format_duration(e['local_stall_s'])} per local checkpoint (async stall; persist "
-        f"{format_duration(e['local_persist_s'])})",
-        None if status == PASS else "a faster local tier, or sharding more of the state so every rank stages less"))
-    overhead = e["overhead_fraction"]
-    status = PASS if overhead <= job.max_overhead else FAIL
-    out.append(Check(
-        "overhead", status, overhead, job.max_overhead, "_fraction",
-        f"local checkpoints and drains cost {overhead:.2%} of compute",
-        None if status == PASS else (f"checkpoint less often (a local checkpoint costs {format_duration(blocking)}), "
-                                     "or drain less often (--remote-every)")))
+    out = [
+        _at_most("checkpoint-time", e["local_stall_s"], job.max_ckpt_time_s, "_s",
+                 f"training blocks {format_duration(e['local_stall_s'])} per local checkpoint (async stall; persist "
+                 f"{format_duration(e['local_persist_s'])})",
+                 "a faster local tier, or sharding more of the state so every rank stages less"),
+        _at_most("overhead", e["overhead_fraction"], job.max_overhead, "_fraction",
+                 f"local checkpoints and drains cost {e['overhead_fraction']:.2%} of compute",
+                 f"checkpoint less often (a local checkpoint costs {format_duration(blocking)}), or drain less often "
+                 "(--remote-every)"),
+    ]
     if e["every"] is None:
         out.append(Check("drain-keeps-up", PASS, e["drain_s"], None, "_s",
                          f"no failure restarts from the remote tier (--local-loss 0): drains are not paced "
                          f"(one takes {format_duration(e['drain_s'])})"))
     else:
-        status = PASS if e["drain_s"] <= e["drain_window_s"] else FAIL
-        out.append(Check(
-            "drain-keeps-up", status, e["drain_s"], e["drain_window_s"], "_s",
-            f"a drain of the node's {format_size(job.node_bytes)} takes {format_duration(e['drain_s'])}; one starts "
-            f"every {e['every']} local checkpoint(s), {format_duration(e['drain_window_s'])} apart",
-            None if status == PASS else "drain less often (a larger --remote-every), checkpoint less often, or a "
-                                        "faster link to the remote tier"))
+        out.append(_at_most("drain-keeps-up", e["drain_s"], e["drain_window_s"], "_s",
+                            f"a drain of the node's {format_size(job.node_bytes)} takes "
+                            f"{format_duration(e['drain_s'])}; one starts every {e['every']} local checkpoint(s), "
+                            f"{format_duration(e['drain_window_s'])} apart",
+                            "drain less often (a larger --remote-every), checkpoint less often, or a faster link to "
+                            "the remote tier"))
     out.append(_restore_check("restore-local", job, e["local_restore_s"], 1 - q, job.failures.mtbf_s, "local"))
     out.append(_restore_check("restore-remote", job, e["remote_restore_s"], q, job.failures.mtbf_s, "remote"))
     node = job.node_bytes
-    if facts.local_free_bytes is not None:
-        needed = node * (job.retain + 2)  # retained + one being written + one waiting for its drain
-        status = PASS if facts.local_free_bytes >= needed else FAIL
-        out.append(Check(
-            "free-space", status, facts.local_free_bytes, needed, "_bytes",
-            f"local tier: {format_size(facts.local_free_bytes)} free; {job.retain} retained checkpoints + 1 being "
-            f"written + 1 waiting for its drain need {format_size(needed)}",
-            None if status == PASS else "free space, retain fewer checkpoints (--retain), or a bigger local tier"))
+    if facts.local_free_bytes is not None:  # retained + one being written + one waiting for its drain
+        out.append(_space_check("free-space", "local", facts.local_free_bytes, node * (job.retain + 2),
+                                f"{job.retain} retained checkpoints + 1 being written + 1 waiting for its drain",
+                                "free space, retain fewer checkpoints (--retain), or a bigger local tier"))
     if facts.remote_free_bytes is not None:
         on_remote = job.size.total_bytes if facts.remote_shared else node
-        needed = on_remote * (job.retain + 1)
-        status = PASS if facts.remote_free_bytes >= needed else FAIL
-        out.append(Check(
-            "remote-free-space", status, facts.remote_free_bytes, needed, "_bytes",
-            f"remote tier: {format_size(facts.remote_free_bytes)} free; {job.retain} retained checkpoints + 1 being "
-            f"drained need {format_size(needed)}",
-            None if status == PASS else "free space on the remote tier, or retain fewer checkpoints there"))
-    memory = job.node_memory_bytes or facts.host_memory_bytes
-    if memory:
-        share = node / memory
-        status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
-        out.append(Check(
-            "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
-            f"pinned staging for the node's ranks needs {format_size(node)}, {share:.0%} of "
-            f"{'the training node' if job.node_memory_bytes else 'this host'}'s {format_size(memory)}",
-            None if status == PASS else "sharding more of the state, fewer ranks per node, or more host memory"))
-    return out
+        out.append(_space_check("remote-free-space", "remote", facts.remote_free_bytes, on_remote * (job.retain + 1),
+                                f"{job.retain} retained checkpoints + 1 being drained",
+                                "free space on the remote tier, or retain fewer checkpoints there"))
+    memory = host_memory_check(job, node, facts.host_memory_bytes)
+    return out if memory is None else [*out, memory]
+
+
+def _at_most(name: str, value: float, limit: float, unit: str, message: str, remedy: str) -> Check:
+    """PASS when ``value`` is within ``limit``, else FAIL with ``remedy``."""
+    status = PASS if value <= limit else FAIL
+    return Check(name, status, value, limit, unit, message, None if status == PASS else remedy)
+
+
+def _space_check(name: str, tier: str, free_bytes: int, needed_bytes: int, what: str, remedy: str) -> Check:
+    status = PASS if free_bytes >= needed_bytes else FAIL
+    return Check(name, status, free_bytes, needed_bytes, "_bytes",
+                 f"{tier} tier: {format_size(free_bytes)} free; {what} need {format_size(needed_bytes)}",
+                 None if status == PASS else remedy)
 
 
 def _settle(job: Any, widen: float) -> str:

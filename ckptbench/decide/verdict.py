@@ -172,14 +172,10 @@ class Check:
         return out
 
 
-@dataclass(frozen=True)
-class Verdict:
-    job: Job
-    measurements: Measurements
-    predictions: dict[str, Any]
+class Judged:
+    """The verdict of a set of checks (``self.checks``) and its exit status."""
+
     checks: tuple[Check, ...]
-    recommendation: tuple[Advice, ...]
-    assumptions: tuple[str, ...] = field(default=())
 
     @property
     def verdict(self) -> str:
@@ -190,6 +186,16 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
+
+
+@dataclass(frozen=True)
+class Verdict(Judged):
+    job: Job
+    measurements: Measurements
+    predictions: dict[str, Any]
+    checks: tuple[Check, ...]
+    recommendation: tuple[Advice, ...]
+    assumptions: tuple[str, ...] = field(default=())
 
 
 #: The probe's slowdown (step time during / alone - 1) as the fraction of throughput lost.
@@ -452,17 +458,9 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
             "free-space", status, m.free_bytes, needed, "_bytes",
             f"{format_size(m.free_bytes)} free; {job.retain} retained checkpoints + 1 in flight need {format_size(needed)}",
             None if status == PASS else "free space, retain fewer checkpoints (--retain), or use a bigger target"))
-    arena = p["checkpoint_per_node_bytes"]
-    memory, whose = ((job.node_memory_bytes, "the training node's (--node-memory)") if job.node_memory_bytes
-                     else (m.host_memory_bytes, "this host's"))
-    if memory:
-        share = arena / memory
-        status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
-        out.append(Check(
-            "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
-            f"pinned staging for the node's ranks needs {format_size(arena)}, {share:.0%} of {whose} "
-            f"{format_size(memory)}",
-            None if status == PASS else _host_memory_remedy(job)))
+    memory = host_memory_check(job, p["checkpoint_per_node_bytes"], m.host_memory_bytes)
+    if memory is not None:
+        out.append(memory)
     for what, rate in (("write", m.write_bps), ("read", m.read_bps)):
         cached = rate > CACHED_FRACTION * m.memcpy_bps
         out.append(Check(
@@ -479,6 +477,22 @@ def _checks(job: Job, m: Measurements, p: dict[str, Any]) -> list[Check]:
         None if status == PASS else "faster reads (more threads, a faster tier for the latest checkpoint) or "
                                     "fewer failures (hot spares)"))
     return out
+
+
+def host_memory_check(job: Job, arena_bytes: int, host_memory_bytes: int | None) -> Check | None:
+    """The node's pinned staging (``arena_bytes``) against the training node's memory (``--node-memory``), else
+    this host's (None: neither known)."""
+    memory, whose = ((job.node_memory_bytes, "the training node's (--node-memory)") if job.node_memory_bytes
+                     else (host_memory_bytes, "this host's"))
+    if not memory:
+        return None
+    share = arena_bytes / memory
+    status = PASS if share <= RAM_WARN_FRACTION else WARN if share <= RAM_FAIL_FRACTION else FAIL
+    return Check(
+        "host-memory", status, share, RAM_WARN_FRACTION, "_fraction",
+        f"pinned staging for the node's ranks needs {format_size(arena_bytes)}, {share:.0%} of {whose} "
+        f"{format_size(memory)}",
+        None if status == PASS else _host_memory_remedy(job))
 
 
 def _checkpoint_time_remedy(job: Job, mode: str) -> str:
