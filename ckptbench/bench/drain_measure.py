@@ -8,8 +8,8 @@ orders so that drift in a shared machine's load falls on both sides alike:
   state_dict straight to the remote tier (sync, durable); each timed from its call to its commit.
 - **stall with and without a drain**: an async local save (``Checkpointer.save(async_=True)``)
   alone, and one started while a drain of the same checkpoint runs (in the drain process, at the
-  priority ``CheckpointManager`` gives its drains); its stall (the time training is blocked) and
-  persist.
+  priority ``CheckpointManager`` gives its drains, and stopped while the save stages as
+  ``CheckpointManager.save`` stops it); its stall (the time training is blocked) and persist.
 
 Everything is written inside the two targets' scratch directories or prefixes, removed at the end
 (Ctrl-C included).
@@ -148,7 +148,9 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
             return time.perf_counter() - started
 
         def local_save(name: str) -> tuple[float, float]:
-            result = ckpt.save(state_dict, here.location(name), async_=True, overwrite=True).result()
+            with drainer.paused():  # as CheckpointManager.save: the drain waits while training is blocked
+                handle = ckpt.save(state_dict, here.location(name), async_=True, overwrite=True)
+            result = handle.result()
             return result.stall_s, result.persist_s
 
         def local_save_during_drain(name: str, remote_name: str) -> tuple[float, float]:

@@ -337,6 +337,40 @@ class DrainProcess:
             raise ValueError(f"drain timeout {self.timeout_s!r} must be a positive number of seconds")
         self._pool: Any = None
         self._progress: Any = None  # [moves, pid] shared with the process
+        self._pause_lock = threading.Lock()
+        self._pauses = 0  # paused() blocks in progress
+        self._stopped_pid = 0  # the process paused() stopped
+        self._pause_epoch = 0  # paused() blocks so far: the watchdog does not count their time
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The drain process stopped (SIGSTOP) inside this block and continued (SIGCONT) after it: while a
+        local save stages, training is blocked, and the drain must not take the CPU from it (nor its reads
+        and uploads the disk and the network). Copies in flight lose the block's time, no more; the
+        watchdog does not count it. Nested blocks (saves from several threads) stop it once. A no-op
+        without a process, or with ``CKPTBENCH_DRAIN_PAUSE=0``."""
+        import signal
+
+        with self._pause_lock:
+            self._pauses += 1
+            self._pause_epoch += 1
+            pid = int(self._progress[1]) if self._progress is not None and self._pool is not None else 0
+            if self._pauses == 1 and pid and knobs.DRAIN_PAUSE:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    self._stopped_pid = pid
+                except ProcessLookupError:
+                    pass
+        try:
+            yield
+        finally:
+            with self._pause_lock:
+                self._pauses -= 1
+                self._pause_epoch += 1
+                if self._pauses == 0 and self._stopped_pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self._stopped_pid, signal.SIGCONT)
+                    self._stopped_pid = 0
 
     @property
     def pid(self) -> int | None:
@@ -358,16 +392,17 @@ class DrainProcess:
                                              initargs=(self._progress,))
         io = {"threads": threads, "block_size": block_size, "direct": direct}
         future = self._pool.submit(_copy_in_worker, source, target, step, io)
-        seen, since = self._progress[0], time.monotonic()
+        seen, since = (self._progress[0], self._pause_epoch), time.monotonic()
         try:
             while True:
                 try:
                     return future.result(timeout=min(1.0, self.timeout_s / 4))
                 except TimeoutError:
                     now = time.monotonic()
-                    # a process still starting (its pid not yet said: imports on a busy host) is not stalled
-                    if self._progress[0] != seen or not self._progress[1]:
-                        seen, since = self._progress[0], now
+                    # a process still starting (its pid not yet said: imports on a busy host), or one paused
+                    # meanwhile, is not stalled
+                    if (self._progress[0], self._pause_epoch) != seen or not self._progress[1] or self._pauses:
+                        seen, since = (self._progress[0], self._pause_epoch), now
                     elif now - since >= self.timeout_s:
                         self._kill()
                         raise DrainStalledError(

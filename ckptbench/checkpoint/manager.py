@@ -23,6 +23,7 @@ fall back to the remote copy when the local one is missing or damaged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -205,7 +206,9 @@ class CheckpointManager:
     (the durable tier: a directory or ``s3://...``) in the background (a thread that hands the copy to a
     process of its own, :class:`~ckptbench.checkpoint.drain.DrainProcess`), its shards first and its
     manifest last, so the remote tier only ever lists whole checkpoints. One copy runs at a time:
-    when a newer step is due before the previous copy started, the newer one is copied instead. A
+    when a newer step is due before the previous copy started, the newer one is copied instead. While
+    a save blocks training (an async save's staging, a sync save's whole write), the drain process is
+    stopped (:meth:`DrainProcess.paused`; ``CKPTBENCH_DRAIN_PAUSE=0`` lets it run on). A
     copy that fails (the remote tier unreachable) does not stop the saves: it is retried
     (``CKPTBENCH_DRAIN_RETRY_S``, and at once when the next step is due), and :meth:`remote_status`
     says what happened. A copy that makes no progress for ``drain_timeout`` seconds (a remote tier
@@ -368,9 +371,10 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         url = self._tier.step_url(step)
-        handle = self._checkpointer.save(state_dict, url, async_=async_, overwrite=overwrite,
-                                         storage_options=self._tier.storage_options, distributed=self.distributed,
-                                         allow_pickle=self.allow_pickle)
+        with self._drain_paused():  # training is blocked: the drain waits (DrainProcess.paused)
+            handle = self._checkpointer.save(state_dict, url, async_=async_, overwrite=overwrite,
+                                             storage_options=self._tier.storage_options,
+                                             distributed=self.distributed, allow_pickle=self.allow_pickle)
         if not async_:
             self._after_commit(step)
             return handle
@@ -427,6 +431,9 @@ class CheckpointManager:
         return self._drain_process.copy((self._tier.step_url(step), self._tier.storage_options),
                                         (self._remote.step_url(step), self._remote.storage_options), step=step,
                                         threads=ckpt.threads, block_size=ckpt.block_size, direct=bool(ckpt.direct))
+
+    def _drain_paused(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self._drainer is None else self._drain_process.paused()
 
     def _retain_remote(self, step: int) -> None:
         assert self._remote is not None

@@ -238,6 +238,36 @@ def test_a_drain_process_killed_midway_is_retried_and_both_tiers_load_bit_exact(
     assert_state(ckptbench.load(remote / "step-00000002"), 2, 128)
 
 
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_drain_process_is_stopped_while_a_save_blocks_training(tmp_path: Path):
+    from ckptbench.checkpoint.drain import DrainProcess
+
+    ckptbench.save(state(1), tmp_path / "local")
+    drain = DrainProcess()
+    try:
+        with drain.paused():  # no process yet: nothing to stop
+            assert drain.pid is None
+        drain.copy((str(tmp_path / "local"), None), (str(tmp_path / "remote"), None), step=1, threads=2,
+                   block_size=1 << 20, direct=False)
+        pid = drain.pid
+        assert pid and _process_state(pid) in "SR"
+        with drain.paused():
+            with drain.paused():  # nested: stopped once, continued by the outer block's end
+                assert _process_state(pid) == "T"
+            assert _process_state(pid) == "T"
+        assert _process_state(pid) in "SR"
+        # a copy after a pause runs as before
+        result = drain.copy((str(tmp_path / "local"), None), (str(tmp_path / "again"), None), step=1, threads=2,
+                            block_size=1 << 20, direct=False)
+        assert result.copied
+    finally:
+        drain.close()
+    assert_state(ckptbench.load(tmp_path / "again"), 1)
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "1", True])
 def test_a_bad_drain_timeout_is_refused(tmp_path: Path, timeout):
     with pytest.raises(UsageError, match="drain_timeout must be a positive number of seconds"):
