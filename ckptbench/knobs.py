@@ -103,8 +103,8 @@ LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
 DRAIN_BUFFER_BYTES = _env_int("DRAIN_BUFFER_BYTES", 512 * 2**20)
 #: Seconds before a failed drain is tried again (a new local checkpoint to drain retries at once).
 DRAIN_RETRY_S = _env_float("DRAIN_RETRY_S", 30.0)
-#: Stop the drain process (SIGSTOP) while a local save of the same manager blocks training (its staging; a
-#: sync save's whole write), continue it after (SIGCONT); 0 lets it run on beside the save.
+#: Stop the drain process (SIGSTOP) while an async save of the same manager stages (training is blocked
+#: then), continue it after (SIGCONT); 0 lets it run on beside the staging.
 DRAIN_PAUSE = _env_int("DRAIN_PAUSE", 1)
 #: A drain that makes no progress for this many seconds (no batch of shards read or written, no commit:
 #: a remote tier that stopped answering) is stopped (its process killed) and retried later.

@@ -207,10 +207,10 @@ class CheckpointManager:
     process of its own, :class:`~ckptbench.checkpoint.drain.DrainProcess`), its shards first and its
     manifest last, so the remote tier only ever lists whole checkpoints. One copy runs at a time:
     when a newer step is due before the previous copy started, the newer one is copied instead. While
-    a save blocks training (an async save's staging, a sync save's whole write), the drain process is
-    stopped (:meth:`DrainProcess.paused`; ``CKPTBENCH_DRAIN_PAUSE=0`` lets it run on). A
-    copy that fails (the remote tier unreachable) does not stop the saves: it is retried
-    (``CKPTBENCH_DRAIN_RETRY_S``, and at once when the next step is due), and :meth:`remote_status`
+    an async save stages (training is blocked), the drain process is stopped
+    (:meth:`DrainProcess.paused`; ``CKPTBENCH_DRAIN_PAUSE=0`` lets it run on). A copy that fails (the
+    remote tier unreachable) does not stop the saves: it is retried (``CKPTBENCH_DRAIN_RETRY_S``, and
+    at once when the next step is due), and :meth:`remote_status`
     says what happened. A copy that makes no progress for ``drain_timeout`` seconds (a remote tier
     that accepts connections and never answers, say) is stopped, its process killed, and counts as a
     failed one (``remote_status().stalls``). The local tier keeps a step until its copy is done, beyond
@@ -371,7 +371,7 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         url = self._tier.step_url(step)
-        with self._drain_paused():  # training is blocked: the drain waits (DrainProcess.paused)
+        with self._drain_paused(async_):  # training is blocked while staging: the drain waits
             handle = self._checkpointer.save(state_dict, url, async_=async_, overwrite=overwrite,
                                              storage_options=self._tier.storage_options,
                                              distributed=self.distributed, allow_pickle=self.allow_pickle)
@@ -432,8 +432,12 @@ class CheckpointManager:
                                         (self._remote.step_url(step), self._remote.storage_options), step=step,
                                         threads=ckpt.threads, block_size=ckpt.block_size, direct=bool(ckpt.direct))
 
-    def _drain_paused(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext() if self._drainer is None else self._drain_process.paused()
+    def _drain_paused(self, async_: bool) -> contextlib.AbstractContextManager:
+        """The drain stopped during an async save's staging (:meth:`DrainProcess.paused`). Not during a sync
+        save: its write may outlast the remote save lock's lease (``CKPTBENCH_LOCK_TTL_S``) of a paused copy."""
+        if self._drainer is None or not async_:
+            return contextlib.nullcontext()
+        return self._drain_process.paused()
 
     def _retain_remote(self, step: int) -> None:
         assert self._remote is not None

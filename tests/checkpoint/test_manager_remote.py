@@ -238,8 +238,15 @@ def test_a_drain_process_killed_midway_is_retried_and_both_tiers_load_bit_exact(
     assert_state(ckptbench.load(remote / "step-00000002"), 2, 128)
 
 
-def _process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def _process_state(pid: int, until: str | None = None) -> str:
+    """The process's state letter (``/proc/PID/stat``); with ``until``, once it is one of those (signals are
+    delivered asynchronously), or whatever it is after 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if until is None or state in until or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
 
 
 def test_the_drain_process_is_stopped_while_a_save_blocks_training(tmp_path: Path):
@@ -256,9 +263,10 @@ def test_the_drain_process_is_stopped_while_a_save_blocks_training(tmp_path: Pat
         assert pid and _process_state(pid) in "SR"
         with drain.paused():
             with drain.paused():  # nested: stopped once, continued by the outer block's end
-                assert _process_state(pid) == "T"
+                assert _process_state(pid, until="T") == "T"
+            time.sleep(0.2)
             assert _process_state(pid) == "T"
-        assert _process_state(pid) in "SR"
+        assert _process_state(pid, until="SR") in "SR"
         # a copy after a pause runs as before
         result = drain.copy((str(tmp_path / "local"), None), (str(tmp_path / "again"), None), step=1, threads=2,
                             block_size=1 << 20, direct=False)
