@@ -331,18 +331,28 @@ class World:
         full = [f"{_NAMESPACE}p/{k}" for k in keys]
         what = what or f"waiting for {keys[0]!r} from rank 0"
         timeout_s = 2 * self.timeout_s if timeout_s is None else timeout_s
-        done = threading.Event()
+        done, stop = threading.Event(), threading.Event()
 
         def wait() -> None:
+            # In slices, so that the thread is out of the store's C++ wait soon after this call returns
+            # whichever way: a daemon thread still inside it when the interpreter exits aborts the process.
             try:
                 own = self._store.clone()  # torch >= 2.8; older: the loop below looks every half second
-                own.wait(full[:1], datetime.timedelta(seconds=timeout_s))
+                while not stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        own.wait(full[:1], datetime.timedelta(seconds=_WAIT_SLICE_S))
+                        return
+                    except Exception:  # noqa: BLE001 - a slice ran out, or the store is gone: the loop looks
+                        if time.monotonic() - started < 0.9 * _WAIT_SLICE_S:
+                            return
             except Exception:  # noqa: BLE001 - the loop below finds out what happened
                 pass
             finally:
                 done.set()
 
-        QuietThread(target=wait, name="ckptbench-store-wait", daemon=True).start()
+        helper = QuietThread(target=wait, name="ckptbench-store-wait", daemon=True)
+        helper.start()
         watch = _Watch(self, what, timeout_s)
         try:
             while True:
@@ -358,6 +368,9 @@ class World:
             raise
         except Exception as exc:  # noqa: BLE001 - the store host (rank 0) is gone
             raise _store_gone(self.rank, what, exc) from None
+        finally:
+            stop.set()
+            helper.join(2 * _WAIT_SLICE_S)
 
     def _wait_keys(self, keys: list[str], what: str, timeout_s: float | None, *, ranks: list[int]) -> None:
         """Wait until every key exists: a helper thread blocks in the store's own ``wait`` on a
@@ -408,6 +421,10 @@ class World:
 
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+#: How long the helper thread of :meth:`World.wait_for_any` blocks in the store's wait at a time.
+_WAIT_SLICE_S = 1.0
 
 
 class _Watch:
