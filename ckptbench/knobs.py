@@ -78,6 +78,17 @@ STAGE_GATHER_MAPPED = _env_int("STAGE_GATHER_MAPPED", _env_int("STAGE_GATHER_DIR
 #: 0 copies them before save() returns. The chunk is what a write to a page not yet copied waits for.
 STAGE_COW = _env_int("STAGE_COW", 1)
 STAGE_COW_CHUNK_BYTES = _env_int("STAGE_COW_CHUNK_BYTES", 1 << 20)
+#: Sync saves of contiguous CPU tensors to a directory pass through a bounded staging ring
+#: (``checkpoint.ring``): this many aligned slots of this many bytes, one staged while the engine writes
+#: the others, instead of an arena the size of the checkpoint (the ring is used when the checkpoint is
+#: larger than it). ``into=`` loads with ``bounded_memory`` read through the same ring. STAGE_RING=0
+#: stages every sync save into the whole-checkpoint arena.
+STAGE_RING = _env_int("STAGE_RING", 1)
+STAGE_RING_SLOTS = _env_int("STAGE_RING_SLOTS", 4)
+STAGE_RING_SLOT_BYTES = _env_int("STAGE_RING_SLOT_BYTES", 64 << 20)
+#: The distributed bench: the host memory its ranks on one host may hold together (0: what the host has
+#: available). Below twice the ranks' shares, async saves are measured on a part of each share and scaled.
+BENCH_MEMORY_BYTES = _env_int("BENCH_MEMORY_BYTES", 0)
 #: A Checkpointer reuses its last save's plan when the next state_dict is laid out the same way
 #: (``plan.PlanCache``); 0 plans every save afresh.
 PLAN_REUSE = _env_int("PLAN_REUSE", 1)

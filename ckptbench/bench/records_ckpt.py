@@ -137,8 +137,9 @@ class AsyncResult:
 class MemoryResult:
     """RSS over ``saves`` repeated ckptbench saves to one path by one fresh Checkpointer.
 
-    ``first_peak_extra_bytes``: peak RSS during the first save (arena allocation included) minus RSS
-    before it; ``steady_peak_extra_bytes``: the same, worst of the later saves (arena reused);
+    ``first_peak_extra_bytes``: peak RSS during the first save (its staging memory allocated: the arena,
+    or the ring of a sync save) minus RSS before it; ``steady_peak_extra_bytes``: the same, worst of the
+    later saves (staging memory reused);
     ``rss_after_bytes``: RSS after each save, whose spread is the growth.
     """
 

@@ -63,7 +63,9 @@ log = logging.getLogger(__name__)
 
 #: Saves of the memory measurement ("no growth across 10 repeated saves").
 MEMORY_SAVES = 10
-#: Copies of the checkpoint alive at once: the source, ckptbench's arena, a loaded copy (or dcp's staging copy).
+#: Copies of the checkpoint alive at once: the source, ckptbench's arena (its async saves; sync saves go
+#: through the bounded staging ring), a loaded copy (or dcp's staging copy). The run under a launch holds
+#: less (``shootout_launched.SYNC_COPIES``).
 MEMORY_COPIES = 3.2
 #: Checkpoints on disk at once: one, plus the previous one while an overwrite commits.
 DISK_COPIES = 2

@@ -11,9 +11,18 @@ Run by every rank of a torchrun/srun launch (``ckptbench bench`` detects it). Or
    state_dict, outside every timed region;
 3. ``warmup + repeat`` rounds of: barrier -> distributed save (each rank its shards, rank 0 the
    manifest after all are durable) -> barrier; drop the page cache; barrier -> distributed load
-   (cold, verified bit-exact against the source, untimed) -> barrier; then the same save async
-   (stall = until the call returns, persist = until durable). Every rank times its own part from
-   the barrier's exit, so no clocks are compared across machines.
+   (cold) -> barrier; then the same save async (stall = until the call returns, persist = until
+   durable). Every rank times its own part from the barrier's exit, so no clocks are compared
+   across machines.
+
+Host memory: a rank holds its share about once (``SYNC_COPIES``) plus the staging ring. Sync saves
+go through the bounded staging ring (``checkpoint/ring.py``); loads read through the ring straight
+into the share's own tensors (``load(into=..., bounded_memory=True)``), every CRC-32C checked, and each
+load is verified bit-exact by the CRC-32C of every tensor of the share, taken before the first save and
+again after the load (untimed). An async save needs a snapshot of what it saves (the staging arena): on
+a host whose memory (``knobs.BENCH_MEMORY_BYTES``, else what is available) cannot hold the share twice
+per rank, the async saves save a part of each share (the largest that fits) and their times are
+scaled to the share, which the report says (``async_part``). Every rank's peak RSS is in the report.
 
 Aggregation as MLPerf Storage does it: a round's duration is the slowest rank's, throughput the
 total bytes of all ranks over that duration. The per-rank spans are kept: the slowest and fastest
@@ -33,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptbench import __version__
+from ckptbench import __version__, knobs
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
 from ckptbench.bench.records import NOISY_SPREAD, BenchWarning, cache_warnings, document_header, setup_warnings
@@ -41,9 +50,10 @@ from ckptbench.bench.sharding import check_world, shard_workload, world_bytes
 from ckptbench.bench.shootout import (
     LocalPlaces,
     ObjectPlaces,
+    _reset_peak,
+    _status_bytes,
     check_run,
     required_disk_bytes,
-    required_memory_bytes,
 )
 from ckptbench.bench.stats import relative_spread, summarize
 from ckptbench.bench.timeline import (
@@ -58,6 +68,7 @@ from ckptbench.bench.workloads import CheckpointWorkload, plan_workload
 from ckptbench.checkpoint.api import Checkpointer
 from ckptbench.checkpoint.distributed import World
 from ckptbench.checkpoint.host_memory import available_memory_bytes
+from ckptbench.checkpoint.ring import ring_bytes
 from ckptbench.errors import InsufficientSpaceError, UsageError
 from ckptbench.model.presets import load_model
 from ckptbench.model.sizing import Parallelism
@@ -73,6 +84,30 @@ UNITS = {"*_s": "seconds", "*_bytes": "bytes", "*_gbps": "GB/s (1e9 bytes per se
 #: Seed of rank r's state_dict: a different one per rank, so no two ranks write the same bytes.
 _RANK_SEED_STEP = 7919
 OPS = ("save", "load", "async")
+#: Host memory a rank holds for its share, in shares: the share's tensors, plus planning, manifest and
+#: the allocator's slack (sync saves and loads go through the staging ring, counted apart).
+SYNC_COPIES = 1.1
+#: The smallest part of a share an async save may be measured on (a smaller one is refused).
+ASYNC_PART_MIN_BYTES = 16 * 2**20
+
+
+def async_part_bytes(share_bytes: int, local_ranks: int, memory_bytes: int | None) -> tuple[int, str | None]:
+    """How much of its ``share_bytes`` each of ``local_ranks`` ranks saves async, given the host's
+    ``memory_bytes`` (None: unknown, the whole share), and the problem when even the sync saves or the
+    smallest async part do not fit. The whole share needs ``SYNC_COPIES`` + 1 shares and the ring per
+    rank; with less, the largest part that fits (the async snapshot holds that part once more)."""
+    if memory_bytes is None:
+        return share_bytes, None
+    per_rank = memory_bytes // max(1, local_ranks)
+    sync = int(share_bytes * SYNC_COPIES) + ring_bytes()
+    part = min(share_bytes, per_rank - sync)
+    if part >= share_bytes:
+        return share_bytes, None
+    if part < min(share_bytes, ASYNC_PART_MIN_BYTES):
+        return part, (f"{local_ranks} rank(s) on this host keep about {format_size(sync * local_ranks)} in memory "
+                      f"(+ {format_size(min(share_bytes, ASYNC_PART_MIN_BYTES) * local_ranks)} for the async saves) "
+                      f"but {format_size(memory_bytes)} is available")
+    return part, None
 
 
 @dataclass(frozen=True)
@@ -198,6 +233,10 @@ class DistributedBenchReport:
     cache_drop: dict[str, Any]
     environment: dict[str, Any]
     launch: dict[str, Any]
+    #: Host memory per rank: share, peak RSS, the RSS before the share was built, how measured.
+    memory: dict[str, Any] = field(default_factory=dict)
+    #: Async saves measured on a part of each share (memory), scaled to the share; None: the whole share.
+    async_part: dict[str, Any] | None = None
     created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
     def of(self, op: str) -> list[RoundResult]:
@@ -227,6 +266,13 @@ class DistributedBenchReport:
             if spread > NOISY_SPREAD:
                 out.append(BenchWarning(f"noisy-{op}", f"{op}: repeats differ by {spread:.0%} of the median",
                                         "use a larger --scale/--size or more --repeat, on a quiet machine"))
+        if self.async_part is not None:
+            part = self.async_part
+            out.append(BenchWarning(
+                "async-part", f"async saves were measured on {format_size(part['measured_bytes'])} of each rank's "
+                f"{format_size(part['share_bytes'])} share (host memory) and their times scaled by "
+                f"{part['scaled_by']:.2f}", "run on a host with about twice the ranks' shares of free memory "
+                "to measure the whole share (a GPU host's arena is the only host copy)"))
         idle = [r for r, n in enumerate(self.rank_bytes) if n == 0]
         if idle:
             out.append(BenchWarning(
@@ -253,6 +299,11 @@ class DistributedBenchReport:
             "summary": {op: self.summary(op) for op in OPS if self.of(op)},
             "rounds": {op: [r.to_dict() for r in self.of(op)] for op in OPS},
             "data_verified": True,
+            "verified_how": "every load: CRC-32C of every tensor checked against the manifest while reading, and "
+                            "the CRC-32C of every tensor of each rank's share after the load equal to before the "
+                            "first save (bit-exact)",
+            "memory": self.memory,
+            "async_part": self.async_part,
             "warnings": [w.to_dict() for w in self.warnings()],
             "environment": self.environment,
             "tool_version": __version__,
@@ -305,13 +356,18 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     hosts = tuple(world.all_gather(world.host, "collecting host names"))
     local_ranks = hosts.count(world.host)  # ranks sharing this host's memory (torchrun or srun alike)
     first_here = hosts.index(world.host) == world.rank  # cleans this host's disk (node-local targets)
-    problem = None
-    available = available_memory_bytes()
-    need = required_memory_bytes(mine) * local_ranks
-    if available is not None and need > available:
-        problem = (f"{local_ranks} rank(s) on this host keep about {format_size(need)} in memory but "
-                   f"{format_size(available)} is available")
-    elif isinstance(target, LocalDirectory):
+    baseline_rss = _status_bytes("VmRSS")
+    exact_peak = _reset_peak()
+    memory_bytes = knobs.BENCH_MEMORY_BYTES or available_memory_bytes()
+    if spec.device == "cuda":  # the share on the GPU: the host holds the arena and the loads' read buffer
+        part_bytes, problem = mine.total_bytes, None
+        need = 2 * mine.total_bytes * local_ranks + ring_bytes()
+        if memory_bytes is not None and need > memory_bytes:
+            problem = (f"{local_ranks} rank(s) on this host keep about {format_size(need)} in host memory but "
+                       f"{format_size(memory_bytes)} is available")
+    else:
+        part_bytes, problem = async_part_bytes(mine.total_bytes, local_ranks, memory_bytes)
+    if problem is None and isinstance(target, LocalDirectory):
         try:
             target.require_free(required_disk_bytes(workload))
         except InsufficientSpaceError as exc:
@@ -329,10 +385,11 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     progress.begin(mine.total_bytes * rounds * 3)
     progress.phase(f"rank {world.rank}: building its share ({format_size(mine.total_bytes)}, "
                    f"{len(mine.tensors)} tensors)")
-    from ckptbench.bench.workloads import _SEED, build_state_dict, to_device
-    from ckptbench.bench.writers import verify_state_dict
+    from ckptbench.bench.workloads import _SEED, build_state_dict, fingerprint, part_of, to_device
 
     state_dict = to_device(build_state_dict(mine, seed=_SEED + world.rank * _RANK_SEED_STEP), device)
+    crcs = fingerprint(state_dict)
+    async_state, part_bytes = part_of(state_dict, part_bytes)
     ckpt = Checkpointer(threads=spec.threads)
     measured: list[RoundResult] = []
     try:
@@ -348,21 +405,19 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                     places.make_cold(location)
                 world.barrier("dropping the page cache")
                 progress.phase(f"load {label} (cold)")
-                loaded: dict[str, Any] = {}
-                load = _timed(world, "load", round_, _load, ckpt, location, loaded, device)
+                load = _timed(world, "load", round_, _load, ckpt, location, state_dict)
                 progress.end_step(mine.total_bytes)
                 progress.phase(f"verifying {label}")
-                verify_state_dict(state_dict, loaded["state_dict"], f"rank {world.rank}")
-                del loaded["state_dict"]
+                _verify(state_dict, crcs, f"rank {world.rank}")
                 progress.phase(f"async save {label}")
                 async_location = places.location(f"round-{round_}-async")
-                async_ = _timed(world, "async", round_, _save_async, ckpt, state_dict,
-                                async_location)
+                async_ = _timed(world, "async", round_, _save_async, ckpt, async_state, async_location,
+                                mine.total_bytes)
                 progress.end_step(mine.total_bytes)
                 if round_ == spec.warmup:  # the first measured round: the async save is verified too
                     progress.phase("verifying the async save")
-                    verify_state_dict(state_dict, ckpt.load(async_location, distributed=True, device=device),
-                                      f"rank {world.rank} (async)")
+                    ckpt.load(async_location, distributed=True, into=async_state, bounded_memory=True)
+                    _verify(state_dict, crcs, f"rank {world.rank} (async)")
                 world.barrier("removing the round's checkpoints")
                 if first_here:  # one rank per host: node-local disks are emptied too
                     places.remove(location)
@@ -371,14 +426,32 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                     measured += [save, load, async_]
             world.barrier("finishing")
             cache_drop = places.cache_drop
+        peak_rss = _status_bytes("VmHWM") if exact_peak else _max_rss_bytes()
     finally:
         ckpt.close()
+    ranks = world.all_gather({"rank": world.rank, "share_bytes": mine.total_bytes, "peak_rss_bytes": peak_rss,
+                              "baseline_rss_bytes": baseline_rss, "async_bytes": part_bytes},
+                             "collecting the memory")
+    memory = {"method": ("VmHWM of /proc/self/status, reset through /proc/self/clear_refs once the rank started "
+                         "(imports done)" if exact_peak else "getrusage(RUSAGE_SELF).ru_maxrss (since the process "
+                                                             "started)"),
+              "host_memory_bytes": memory_bytes, "ring_bytes": ring_bytes(), "sync_copies": SYNC_COPIES,
+              "ranks": ranks}
+    async_part = None
+    if part_bytes < mine.total_bytes or any(r["async_bytes"] < r["share_bytes"] for r in ranks):
+        async_part = {"measured_bytes": min(r["async_bytes"] for r in ranks),
+                      "share_bytes": max(r["share_bytes"] for r in ranks),
+                      "scaled_by": max(r["share_bytes"] / max(1, r["async_bytes"]) for r in ranks),
+                      "why": "the host's memory cannot hold each rank's share twice (its tensors and the async "
+                             "save's snapshot of them); stall, persist and io times are the part's, scaled by "
+                             "share / part, and the rounds' bytes are the shares"}
     environment = collect_environment(target.path) if isinstance(target, LocalDirectory) else collect_environment()
     launch = {"world_size": world.world_size, "source": "torch.distributed", "backend": "gloo (coordination only)",
               "local_world_size": local_ranks}
     return DistributedBenchReport(
         target=str(target), spec=spec, workload=workload, rank_bytes=tuple(per_rank), hosts=hosts,
-        rounds=tuple(measured), cache_drop=cache_drop, environment=environment, launch=launch)
+        rounds=tuple(measured), cache_drop=cache_drop, environment=environment, launch=launch, memory=memory,
+        async_part=async_part)
 
 
 def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:
@@ -386,19 +459,44 @@ def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tupl
     return result.bytes, result.stage_s + result.write_s, None  # type: ignore[union-attr]
 
 
-def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, float]:
+def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any,
+                share_bytes: int) -> tuple[int, float, float, float]:
+    """(bytes, own work s, stall s, scale) of an async save of ``state_dict``, a part of the share when it
+    holds fewer than ``share_bytes``: the span scales its times by share / part and counts the share."""
     start = time.perf_counter()
     handle = ckpt.save(state_dict, location, async_=True, distributed=True)
     stall_s = time.perf_counter() - start
     result = handle.result()  # type: ignore[union-attr]
-    return result.bytes, result.stage_s + result.write_s, stall_s
+    scale = share_bytes / result.bytes if 0 < result.bytes < share_bytes else 1.0
+    return (share_bytes if scale != 1.0 else result.bytes), result.stage_s + result.write_s, stall_s, scale
 
 
-def _load(ckpt: Checkpointer, location: Any, out: dict[str, Any], device: str) -> tuple[int, float, None]:
-    out["state_dict"] = ckpt.load(location, distributed=True, device=device)
+def _load(ckpt: Checkpointer, location: Any, into: dict[str, Any]) -> tuple[int, float, None]:
+    """A cold load into the share's own tensors (through the staging ring where they are on the CPU),
+    every checksum checked."""
     from ckptbench.bench.workloads import state_dict_bytes
 
-    return state_dict_bytes(out["state_dict"]), ckpt.last_load_s, None
+    ckpt.load(location, distributed=True, into=into, bounded_memory=True)
+    return state_dict_bytes(into), ckpt.last_load_s, None
+
+
+def _verify(state_dict: dict[str, Any], before: dict[str, int], who: str) -> None:
+    """StorageIOError unless every tensor holds the bytes it held before the first save (``before``: their
+    CRC-32C then, ``workloads.fingerprint``)."""
+    from ckptbench.bench.workloads import fingerprint
+    from ckptbench.errors import StorageIOError
+
+    now = fingerprint(state_dict)
+    changed = [key for key, crc in before.items() if now.get(key) != crc]
+    if changed:
+        raise StorageIOError(f"{who}: {changed[0]!r} loaded with different bytes than were saved"
+                             + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""))
+
+
+def _max_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundResult:
@@ -407,13 +505,18 @@ def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundRes
     with engine_calls() as calls:
         start_ns = time.monotonic_ns()
         start = time.perf_counter()
-        nbytes, io_s, stall_s = run(*args)
+        nbytes, io_s, stall_s, *scaled = run(*args)
         end_s = time.perf_counter() - start
     world.barrier(f"after the {op}")
     b2b_s = time.perf_counter() - start
     recorded = from_engine_calls(calls, start_ns, end_s)
     timeline, histogram = recorded if recorded is not None else (None, None)
-    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, b2b_s - end_s, stall_s, timeline, histogram)
+    barrier_s = b2b_s - end_s
+    scale = scaled[0] if scaled else 1.0
+    if scale != 1.0:  # measured on a part of the share: its times (and bytes) scaled to the share
+        io_s, end_s, stall_s = io_s * scale, end_s * scale, stall_s * scale
+        b2b_s, timeline = end_s + barrier_s, None
+    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, barrier_s, stall_s, timeline, histogram)
     spans = world.all_gather(span, f"collecting the {op} timings")
     log.info("%s round %d: rank %d %.3f s (io %.3f s)", op, round_, world.rank, end_s, io_s)
     return RoundResult(op, round_, tuple(spans), world.broadcast(b2b_s, "sharing the barrier time"))

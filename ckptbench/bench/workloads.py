@@ -340,3 +340,33 @@ def to_device(state_dict: dict[str, Any], device: str) -> dict[str, Any]:
 def state_dict_bytes(state_dict: dict[str, Any]) -> int:
     """Bytes of the tensors of a flat ``{name: tensor}`` state_dict."""
     return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def fingerprint(state_dict: dict[str, Any]) -> dict[str, int]:
+    """The CRC-32C of every tensor's bytes, by key (a GPU tensor's copied to the host one at a time)."""
+    import torch
+
+    from ckptbench import native
+
+    return {key: native.crc32c(t.reshape(-1).view(torch.uint8).cpu().numpy()) for key, t in state_dict.items()
+            if isinstance(t, torch.Tensor)}
+
+
+def part_of(state_dict: dict[str, Any], nbytes: int) -> tuple[dict[str, Any], int]:
+    """The first ``nbytes`` (about) of ``state_dict``'s contiguous CPU tensors, as flat views of them (the
+    last one cut), and their bytes; the state_dict itself when it holds no more."""
+    import torch
+
+    total = sum(t.nbytes for t in state_dict.values() if isinstance(t, torch.Tensor))
+    if nbytes >= total:
+        return state_dict, total
+    part: dict[str, Any] = {}
+    left = nbytes
+    for key, t in state_dict.items():
+        if not isinstance(t, torch.Tensor) or left <= 0:
+            continue
+        flat = t.reshape(-1)
+        count = min(flat.numel(), max(1, left // t.element_size()))
+        part[key] = flat[:count]
+        left -= count * t.element_size()
+    return part, sum(t.nbytes for t in part.values())

@@ -18,6 +18,7 @@ from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.distributed import World, current_world
 from ckptbench.checkpoint.loader import LOAD_ATTEMPTS, _Loader
 from ckptbench.checkpoint.plan import PlanCache
+from ckptbench.checkpoint.ring import Ring
 from ckptbench.checkpoint.saver import SaveHandle, SaveResult, _Saver
 from ckptbench.checkpoint.stage import Arena
 from ckptbench.errors import CheckpointExistsError, CommitOutcomeUnknown, CommitOutcomeUnknownError, UsageError
@@ -28,11 +29,13 @@ __all__ = ["LOAD_ATTEMPTS", "CheckpointExistsError", "Checkpointer", "CommitOutc
 
 
 class Checkpointer(_Saver, _Loader):
-    """Saves and loads checkpoints, keeping its staging arena between saves.
+    """Saves and loads checkpoints, keeping its staging memory between saves.
 
     Make one per training job and save through it every time: the host memory that staging copies
     the tensors into (one page-aligned arena, sized to the checkpoint) is allocated by the first
-    save and reused by the next ones. At most one save is in flight: a save started while the
+    save and reused by the next ones. A sync save of CPU tensors to a directory needs no copy of
+    the checkpoint: it goes through a bounded staging ring (a few 64 MiB slots, each staged while
+    the others are written; ``CKPTBENCH_STAGE_RING*``) and leaves the arena as it is. At most one save is in flight: a save started while the
     previous one persists first waits for it, and that wait counts as stall. ``close()`` (or the
     ``with`` block's end) waits for it and frees the arena.
 
@@ -78,6 +81,7 @@ class Checkpointer(_Saver, _Loader):
             raise UsageError(f"threads ({self.threads}), shard_size ({self.shard_size}) and block_size "
                              f"({self.block_size}) must be positive")
         self._arena = Arena()
+        self._ring = Ring()  # sync saves and bounded-memory loads: a few slots, not the whole checkpoint
         self._plans = PlanCache()  # the last save's plan, for the next save of the same layout
         self._read_buffer = Arena()
         self._in_flight: Future | None = None
@@ -141,7 +145,8 @@ class Checkpointer(_Saver, _Loader):
 
     def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
              into: dict | None = None, storage_options: dict | None = None,
-             distributed: bool | None = None, rank: int | None = None, allow_pickle: bool = False) -> dict:
+             distributed: bool | None = None, rank: int | None = None, allow_pickle: bool = False,
+             bounded_memory: bool = False) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
         and parameters come back as the types they were saved as (see :func:`state_dict_format.rebuild`).
 
@@ -156,6 +161,12 @@ class Checkpointer(_Saver, _Loader):
             allow_pickle: unpickle entries a save with ``allow_pickle=True`` pickled. Without it a
                 checkpoint holding any is refused (PickleNotAllowedError names them) before anything
                 is read: unpickling runs code the checkpoint names; allow it only for a trusted one.
+            bounded_memory: with ``into=`` (contiguous CPU tensors) on a store with ranged reads (a
+                directory): read through the bounded staging ring straight into ``into``'s tensors
+                instead of a read buffer the size of the checkpoint (host memory: the ring's few
+                slots). Every CRC-32C is still checked, but as the bytes arrive: a mismatch is raised
+                once everything was read, with ``into`` holding what was read, and under a launch a
+                rank's ``into`` changes even if another rank fails. Elsewhere it loads as without it.
 
         Returns:
             dict: the state_dict (``into`` itself when given).
@@ -182,14 +193,15 @@ class Checkpointer(_Saver, _Loader):
         store = open_store(path, storage_options)
         world = _world_for(distributed) if rank is None else None
         if world is None:
-            return self._load_latest(store, rank, device, verify, into, allow_pickle)
-        return self._load_distributed(world, store, device, verify, into, allow_pickle)
+            return self._load_latest(store, rank, device, verify, into, allow_pickle, bounded_memory)
+        return self._load_distributed(world, store, device, verify, into, allow_pickle, bounded_memory)
 
     def close(self) -> None:
         """Wait for a save in flight, then free the staging arena and the read buffer (a later save
         allocates them again)."""
         self._wait_in_flight()
         self._arena.close()
+        self._ring.close()
         self._plans.clear()
         self._read_buffer.close()
 

@@ -12,6 +12,12 @@ Call sequence of a load:
 4. every tensor a view into the buffer (or copied to the device), the skeleton rebuilt (``state_dict_format.rebuild``)
 5. with ``into=``: the loaded tree checked against the live one, then copied into it (``_fit_into``)
 
+With ``into=`` and ``bounded_memory`` (contiguous CPU tensors, a store with ranged reads, a part larger
+than the staging ring), steps 2-5 go through the Checkpointer's bounded staging ring instead of a read
+buffer of the part's size (``_load_through_ring``): the fit is checked first (nothing read yet), then each
+slot-sized chunk of each shard is read into a slot while the one before is checked (CRC-32C pieces,
+continued across chunks) and its tensors' pieces copied into the ``into=`` tensors.
+
 A load that fails in a way a concurrent ``overwrite=True`` save can cause, with a new manifest in
 place, loads the new checkpoint instead, at most ``LOAD_ATTEMPTS`` times.
 """
@@ -35,7 +41,8 @@ from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.commit import current_manifest
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.host_memory import available_memory_bytes
-from ckptbench.checkpoint.stage import Arena, copy_values, dtype_of, typed_view
+from ckptbench.checkpoint.ring import Pipeline, Ring, RunningCrcs, chunks, ring_bytes
+from ckptbench.checkpoint.stage import Arena, as_bytes, copy_values, dtype_of, typed_view
 from ckptbench.checkpoint.state_dict_format import rebuild, refuse_pickled
 from ckptbench.errors import InsufficientMemoryError, StorageIOError, UnsafeFileError, UsageError
 from ckptbench.interrupts import QuietThread, Workers
@@ -68,10 +75,11 @@ class _Loader:
     direct: bool
     _given: tuple[int | None, int | None, bool | None]
     _read_buffer: Arena
+    _ring: Ring
     last_load_s: float
 
     def _load_latest(self, store: Store, rank: int | None, device: Any, verify: bool, into: dict | None,
-                     allow_pickle: bool = False) -> dict:
+                     allow_pickle: bool = False, bounded: bool = False) -> dict:
         """Load what the manifest names; when a save with ``overwrite=True`` commits a new checkpoint
         meanwhile (and removes the shards being read), load the new one instead. A failure with the
         manifest unchanged is the checkpoint's own (a missing shard is damage, said as such)."""
@@ -79,7 +87,7 @@ class _Loader:
         for attempt in range(1, LOAD_ATTEMPTS + 1):
             part = mf.rank_part(manifest, store.url, rank=rank, world_size=1)
             try:
-                return self._timed_load(store, manifest, part, device, verify, into, False, allow_pickle)
+                return self._timed_load(store, manifest, part, device, verify, into, False, allow_pickle, bounded)
             except _MAYBE_REPLACED as exc:
                 latest = current_manifest(store) or manifest  # gone altogether: report what went wrong
                 if latest == manifest:
@@ -94,7 +102,7 @@ class _Loader:
         raise AssertionError("unreachable")
 
     def _load_distributed(self, world: World, store: Store, device: Any, verify: bool, into: dict | None,
-                          allow_pickle: bool = False) -> dict:
+                          allow_pickle: bool = False, bounded: bool = False) -> dict:
         """This rank's part of a load under a launch, of the same committed checkpoint as every other rank.
 
         1. rank 0 reads the manifest and hands it round (node-local storage works too)
@@ -109,7 +117,8 @@ class _Loader:
         So no rank returns a part of one checkpoint while another loads a different one, and every
         rank makes the same collective calls (the failures gathered are the same on all of them). With
         ``into=``, a rank copies into it only once every rank has read its part and found that it fits:
-        when one fails, no rank's ``into`` has changed.
+        when one fails, no rank's ``into`` has changed (with ``bounded``, a load through the ring copies
+        as it reads: only the fit is checked before).
         """
         manifest = _shared_manifest(world, store)
         for attempt in range(1, LOAD_ATTEMPTS + 1):
@@ -119,7 +128,8 @@ class _Loader:
                 part = mf.rank_part(manifest, store.url, rank=world.rank if "ranks" in manifest else None,
                                     world_size=world.world_size)
                 # With into=, each rank reads its part and checks that it fits, but copies nothing yet.
-                loaded = self._timed_load(store, manifest, part, device, verify, into, into is not None, allow_pickle)
+                loaded = self._timed_load(store, manifest, part, device, verify, into, into is not None, allow_pickle,
+                                          bounded)
             except Exception as exc:
                 failure, error = (f"{type(exc).__name__}: {exc}", isinstance(exc, _MAYBE_REPLACED)), exc
             failures = world.all_gather(failure, "loading")  # every rank gets here, failed or not
@@ -150,11 +160,11 @@ class _Loader:
         raise AssertionError("unreachable")
 
     def _timed_load(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                    into: dict | None, defer: bool = False, allow_pickle: bool = False) -> Any:
+                    into: dict | None, defer: bool = False, allow_pickle: bool = False, bounded: bool = False) -> Any:
         """``_load_part``, its time kept in ``last_load_s`` (reads and rebuild, no coordination; with
         ``defer``, the copy into ``into`` is timed into it when it is made)."""
         start = time.perf_counter()
-        loaded = self._load_part(store, manifest, part, device, verify, into, defer, allow_pickle)
+        loaded = self._load_part(store, manifest, part, device, verify, into, defer, allow_pickle, bounded)
         self.last_load_s = time.perf_counter() - start
         if not defer:
             return loaded
@@ -167,7 +177,7 @@ class _Loader:
         return copy
 
     def _load_part(self, store: Store, manifest: dict, part: dict, device: Any, verify: bool,
-                   into: dict | None, defer: bool = False, allow_pickle: bool = False) -> Any:
+                   into: dict | None, defer: bool = False, allow_pickle: bool = False, bounded: bool = False) -> Any:
         """Load one save's (or one rank's) ``part`` of ``manifest``; see :meth:`load`. With ``into`` and
         ``defer``: check that the part fits ``into`` and return the copy into it, to be called (before
         the next load reuses the read buffer) instead of made."""
@@ -189,6 +199,13 @@ class _Loader:
         for s in shards:
             offsets.append(total)
             total = -(-(total + s["nbytes"]) // 4096) * 4096
+        if bounded and into is not None and store.ranged_reads and total > ring_bytes():
+            streamed = self._load_through_ring(store, manifest, part, offsets, verify, into, allow_pickle)
+            if streamed is not None:
+                if defer:
+                    return streamed
+                streamed()
+                return into
         to_device = into is None and torch.device(device).type != "cpu"
         if into is not None or to_device:
             # The Checkpointer's own read buffer: reused, and registered with CUDA (pinned) where
@@ -242,6 +259,79 @@ class _Loader:
             return copy
         copy()
         return into
+
+    def _load_through_ring(self, store: Store, manifest: dict, part: dict, offsets: list[int], verify: bool,
+                           into: dict, allow_pickle: bool) -> Callable[[], None] | None:
+        """Read ``part`` straight into ``into``'s tensors through the staging ring (see the module
+        docstring); returns what is left to do (the plain values, put into ``into``), or None, having
+        read nothing, where it cannot (a tensor of ``into`` not contiguous on the CPU, or an entry
+        stored as bytes: numpy arrays, pickles). A misfit raises UsageError before anything is read; a
+        checksum mismatch raises CorruptCheckpointError once every chunk was read, with the tensors
+        of ``into`` holding what was read (a partial load)."""
+        import torch
+
+        entries = part["tensors"]
+        if _stores_values(part["skeleton"]):
+            return None
+        metas: list[Any] = []
+        for e in entries:
+            metas.append(metas[e["alias_of"]] if e["alias_of"] is not None else
+                         torch.empty(tuple(e["shape"]), dtype=dtype_of(e["dtype"]), device="meta"))
+        fit = _fit_into(into, rebuild(part["skeleton"], metas, allow_pickle))
+        entry_of = {metas[i].untyped_storage()._cdata: i for i, e in enumerate(entries) if e["alias_of"] is None}
+        targets: dict[int, list[Any]] = {}
+        for d, src, _ in fit.tensors:
+            if d.device.type != "cpu" or not d.is_contiguous() or d.is_conj() or d.is_neg():
+                log.info("loading through the ring: an into= tensor is not contiguous on the CPU; reading whole")
+                return None
+            targets.setdefault(entry_of[src.untyped_storage()._cdata], []).append(d)
+        shards = part["shards"]
+        # Per shard: its stored tensors by offset, each with the into= tensors (flat bytes) it goes to.
+        layout: list[tuple[np.ndarray, np.ndarray, list[list[Any]]]] = []
+        for shard in range(len(shards)):
+            placed = sorted((e["offset"], e["nbytes"], i) for i, e in enumerate(entries)
+                            if e["alias_of"] is None and e["nbytes"] and e["shard"] == shard)
+            layout.append((np.array([p[0] for p in placed], np.int64), np.array([p[1] for p in placed], np.int64),
+                           [[as_bytes(d) for d in targets.get(p[2], [])] for p in placed]))
+        checks = [c for by_shard in _checksum_ranges(entries, offsets, manifest["checksum"]["block_bytes"], store.url)
+                  for c in by_shard] if verify and manifest.get("checksum") else []
+        crcs = RunningCrcs(np.array([c.offset for c in checks], np.int64), np.array([c.nbytes for c in checks], np.int64))
+        threads = max(1, self.threads // 2)
+
+        def process(slot: Any, shard: int, start: int, length: int) -> None:
+            if checks:
+                crcs.add(slot, offsets[shard] + start, offsets[shard] + start + length, threads)
+            flat = torch.frombuffer(slot, dtype=torch.uint8)
+            starts, sizes, goes_to = layout[shard]
+            first = int(np.searchsorted(starts + sizes, start, side="right"))
+            last = int(np.searchsorted(starts, start + length, side="left"))
+            with torch.no_grad():
+                for k in range(first, last):
+                    begin, end = max(int(starts[k]), start), min(int(starts[k] + sizes[k]), start + length)
+                    for d in goes_to[k]:
+                        d[begin - int(starts[k]):end - int(starts[k])].copy_(flat[begin - start:end - start])
+
+        settings = tuning.read_settings(store, self._given[2], self.threads, self.block_size, 1)
+        with self._ring.lock:
+            slots = self._ring.slots()
+            with Pipeline(slots, ("check",)) as pipe:
+                for k, (shard, start, length) in enumerate(chunks([(0, s["nbytes"]) for s in shards], len(slots[0]))):
+                    slot = pipe.slot(k)
+                    try:
+                        store.read_ranges([(shards[shard]["name"], start, memoryview(slot)[:length])], **settings)
+                    except UnsafeFileError as exc:  # a shard swapped for a symlink or special file since its size was checked
+                        raise mf.CorruptCheckpointError(f"{store.url}: {exc}") from None
+                    pipe.submit(k, "check", process, slot, shard, start, length)
+                pipe.join()
+        if checks:
+            mismatches = [(c, got) for c, got in zip(checks, crcs.crcs, strict=True) if got != c.crc32c]
+            if mismatches:
+                first, got = min(mismatches, key=lambda m: m[0].order)
+                raise mf.CorruptCheckpointError(
+                    f"checksum mismatch in tensor {first.key!r} (shard {shards[first.shard]['name']} of {store.url}): "
+                    f"crc32c {got:#010x}, manifest {first.crc32c:#010x}; the into= tensors hold what was read",
+                    hint="the checkpoint is damaged; restore from another one")
+        return fit.rest
 
     def _read_verified(self, store: Store, buffer: Any, files: list[tuple[str, memoryview]],
                        checks: list[list[_Check]], shards: list[dict]) -> None:
@@ -362,7 +452,47 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
         interrupts.join(helper)
 
 
-def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
+def _stores_values(skeleton: Any) -> bool:
+    """Whether ``skeleton`` holds an entry stored as bytes and rebuilt from them (a numpy array, bytes, a pickle)."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return any(k in skeleton for k in ("__numpy__", "__bytes__", "__pickle__"))
+        return any(_stores_values(v) for v in skeleton.values())
+    if isinstance(skeleton, list):
+        return any(_stores_values(v) for v in skeleton)
+    return False
+
+
+class _Fit:
+    """How ``into=`` comes to hold a loaded tree (:func:`_fit_into`): calling it makes every copy;
+    ``tensors`` lists the (into= tensor, loaded tensor, path) pairs, ``rest`` puts the rest in
+    (numpy arrays copied in place, plain values replaced) and waits for CUDA copies."""
+
+    def __init__(self, dst: Any, tensors: list[tuple[Any, Any, str]], arrays: list[tuple[np.ndarray, np.ndarray]],
+                 updates: list[tuple[Any, Any, Any]]) -> None:
+        self.dst, self.tensors, self._arrays, self._updates = dst, tensors, arrays, updates
+
+    def __call__(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for d, s, path in self.tensors:
+                try:
+                    copy_values(d, s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
+                except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
+                    raise UsageError(f"{path or '<root>'}: copying into the into= tensor failed ({exc}); the tensors "
+                                     "before it in into= were loaded") from exc
+        self.rest()
+
+    def rest(self) -> None:
+        for d, s in self._arrays:
+            np.copyto(d, s)
+        for container, slot, value in self._updates:
+            container[slot] = value
+        _synchronize_all(self.dst)
+
+
+def _fit_into(dst: Any, src: Any) -> _Fit:
     """How ``dst`` (``load``'s ``into=``) comes to hold the loaded ``src``: each tensor copied into the
     matching preallocated tensor, in place (under no_grad: parameters are fine), and each plain value
     that differs (a step counter, a learning rate) put into its dict or list. Everything is checked
@@ -424,22 +554,7 @@ def _fit_into(dst: Any, src: Any) -> Callable[[], None]:
             updates.append((parent, slot, s))
 
     visit(dst, src, "")
-
-    def copy() -> None:
-        with torch.no_grad():
-            for d, s, path in copies:
-                try:
-                    copy_values(d, s, non_blocking=d.device.type == "cuda")  # out of pinned memory; synchronized after
-                except RuntimeError as exc:  # a destination torch refuses that the checks above did not foresee
-                    raise UsageError(f"{where(path)}: copying into the into= tensor failed ({exc}); the tensors "
-                                     "before it in into= were loaded") from exc
-        for d, s in arrays:
-            np.copyto(d, s)
-        for container, slot, value in updates:
-            container[slot] = value
-        _synchronize_all(dst)
-
-    return copy
+    return _Fit(dst, copies, arrays, updates)
 
 
 def _unwritable(t: Any) -> str | None:

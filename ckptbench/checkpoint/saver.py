@@ -6,6 +6,9 @@ Call sequence of a save (each step's result feeds the next; only steps 1-2 block
 2. stage  - copy every tensor into the reused host arena (``stage.stage``); ``stall_s`` ends here
 3. write  - the engine writes the shards from the arena, O_DIRECT where possible, each file
             fdatasynced and the directory fsynced; CRC-32C of every tensor computed alongside
+            A sync save of contiguous CPU tensors to a directory, larger than the staging ring, does 2
+            and 3 together through the ring instead (``ring.write_through_ring``: a few slot-sized
+            buffers staged while the others are written), so it holds no copy of the checkpoint.
 4. commit - the manifest, written to a temp name, fsynced, renamed, directory fsynced
             (``commit.commit``; under a launch the two-phase ``commit.commit_across_ranks``). Only now
             does the checkpoint exist; ``persist_s`` (staging end -> durable) ends here.
@@ -27,13 +30,17 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckptbench import __version__, interrupts, native, safeio
+import numpy as np
+
+from ckptbench import __version__, interrupts, knobs, native, safeio
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.commit import announce_failure, commit, commit_across_ranks, remove_stale
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.lock import CheckpointLockedError, SaveLock, acquire_save_lock
 from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan
+from ckptbench.checkpoint.ring import Ring, ring_bytes, write_through_ring
+from ckptbench.checkpoint.routing import ROUTE_HOST, Sources
 from ckptbench.checkpoint.stage import Arena, CowStaging, CowStagingError, stage
 from ckptbench.errors import CheckpointExistsError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
@@ -84,9 +91,12 @@ class SaveResult:
     #: The plan of the save before was reused: the state_dict was laid out the same way (a training
     #: loop's next save; ``Checkpointer`` only, see ``plan.PlanCache``).
     plan_reused: bool = False
-    #: How the host tensors were staged: "copy" (before the caller went on, or the write began) or
+    #: How the host tensors were staged: "copy" (before the caller went on, or the write began),
     #: "copy-on-write" (their pages write-protected and copied behind the caller, the write following
-    #: the copy; see ``stage.CowStaging``), and how many of the caller's writes waited for a page.
+    #: the copy; see ``stage.CowStaging``) or "ring" (a sync save chunk by chunk through the bounded
+    #: staging ring, each chunk written while the next is staged: ``stage_s`` is then planning only and
+    #: ``write_s`` holds the staging; see ``checkpoint/ring.py``), and how many of the caller's writes
+    #: waited for a page.
     staging: str = "copy"
     cow_faults: int = 0
     #: How direct, threads and block_size were chosen: each value, its source and reason, the mount
@@ -165,11 +175,51 @@ def _out_of_space(store: Store, needed_bytes: int, exc: OSError) -> Insufficient
         hint="free space or save elsewhere; a checkpoint committed earlier is intact")
 
 
+@contextlib.contextmanager
+def _write_errors(store: Store, plan: SavePlan) -> Any:
+    """A failed shard write as the error a caller can act on: out of space (or quota), else StorageIOError."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the free-space check passed; something else filled it
+            raise _out_of_space(store, sum(s.nbytes for s in plan.shards), exc) from exc
+        raise StorageIOError(f"writing the checkpoint to {store.url} failed: {exc}") from exc
+
+
+def _describe_part(plan: SavePlan, ranges: list[tuple[int, int, int]], crcs: list[int]) -> dict[str, Any]:
+    """The manifest's per-save part of ``plan``: total bytes, shards, tensors with the CRC-32C of each of
+    their ``ranges`` (``plan.checksum_ranges()``, or none), skeleton."""
+    per_entry: dict[int, list[int]] = {}
+    for (index, _, _), crc in zip(ranges, crcs, strict=True):
+        per_entry.setdefault(index, []).append(crc)
+    return {
+        "total_bytes": plan.total_bytes,
+        "shards": [{"name": s.name, "nbytes": s.nbytes} for s in plan.shards],
+        "tensors": [
+            {"key": e.key, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes, "shard": e.shard,
+             "offset": e.offset, "alias_of": e.alias_of, "crc32c": per_entry.get(e.index)}
+            for e in plan.entries
+        ],
+        "skeleton": plan.manifest_skeleton,
+    }
+
+
 def _describe_location(store: Store) -> str | None:
     """What stands at a save's location: None (free), "file", or "checkpoint"."""
     if not store.is_dir_like():
         return "file"
     return "checkpoint" if store.size(mf.MANIFEST_NAME) is not None else None
+
+
+def _through_ring(async_: bool, store: Store, plan: SavePlan, tensors: Sources) -> bool:
+    """Whether a save goes through the bounded staging ring (``checkpoint/ring.py``) instead of the
+    whole-checkpoint arena: sync saves (an async one needs a copy of everything to return early) to a
+    store written piece by piece, larger than the ring, of contiguous CPU tensors only
+    (``knobs.STAGE_RING`` on)."""
+    if async_ or not knobs.STAGE_RING or not store.writes_pieces or plan.arena_bytes <= ring_bytes():
+        return False
+    routes = np.frombuffer(tensors.routes, np.int16)
+    return bool(len(routes)) and bool((routes == ROUTE_HOST).all())
 
 
 def _stages_copy_on_write(async_: bool, store: Store) -> bool:
@@ -188,6 +238,7 @@ class _Saver:
     direct: bool
     checksum: bool
     _arena: Arena
+    _ring: Ring
     _plans: PlanCache
     _in_flight: Future | None
     _lock: threading.Lock
@@ -232,8 +283,11 @@ class _Saver:
             _require_free(store, plan.total_bytes)
             self._settle(store, plan.total_bytes)
             staging = time.perf_counter()
-            with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
+            ringed = tensors if _through_ring(async_, store, plan, tensors) else None
+            behind = None
+            if ringed is None:
+                with self._lock:
+                    behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             stage_s = plan_s + time.perf_counter() - staging
         except BaseException:
             lock.release()
@@ -244,7 +298,8 @@ class _Saver:
         if not async_:
             try:
                 with lock:
-                    return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind)
+                    return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind,
+                                         ringed)
             except BaseException:
                 store.abandon()
                 raise
@@ -308,8 +363,11 @@ class _Saver:
             store.prepare()
             _require_free(store, plan.total_bytes)
             self._settle(store, plan.total_bytes, world, key)
-            with self._lock:
-                behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
+            ringed = tensors if _through_ring(async_, store, plan, tensors) else None
+            behind = None
+            if ringed is None:
+                with self._lock:
+                    behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             del tensors
             stage_s = time.perf_counter() - started
         except BaseException as exc:
@@ -320,7 +378,7 @@ class _Saver:
         if not async_:
             with lock:
                 return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
-                                                 lock, stage_s, behind)
+                                                 lock, stage_s, behind, ringed)
         future: Future = Future()
         staged_at = time.perf_counter()
 
@@ -350,7 +408,7 @@ class _Saver:
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
                              stall_s: float, staged_at: float, lock: SaveLock, stage_s: float,
-                             behind: CowStaging | None = None) -> SaveResult:
+                             behind: CowStaging | None = None, ringed: Sources | None = None) -> SaveResult:
         """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
 
         1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
@@ -364,7 +422,7 @@ class _Saver:
         own = [s.name for s in plan.shards]
         write_started = time.perf_counter()
         try:
-            report, part = self._write_part(plan, store, behind)
+            report, part = self._write_part(plan, store, behind, ringed)
         except BaseException as exc:
             store.remove(own)
             announce_failure(world, key, exc)
@@ -373,7 +431,8 @@ class _Saver:
         part.update(rank=world.rank, host=world.host)
         world_bytes = commit_across_ranks(world, key, store, lock, own, part, self._header(save_id))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started, behind=behind, rank=world.rank,
+                            write_s=written_at - write_started, behind=behind, ringed=ringed is not None,
+                            rank=world.rank,
                             world_size=world.world_size, world_bytes=world_bytes)
 
     def _wait_in_flight(self) -> None:
@@ -382,15 +441,22 @@ class _Saver:
                 interrupts.result_of(self._in_flight)
             self._in_flight = None
 
-    def _write_part(self, plan: SavePlan, store: Store,
-                       behind: CowStaging | None = None) -> tuple[WriteReport, dict[str, Any]]:
+    def _write_part(self, plan: SavePlan, store: Store, behind: CowStaging | None = None,
+                    ringed: Sources | None = None) -> tuple[WriteReport, dict[str, Any]]:
         """Write the plan's shards from the arena (durable on return) and describe them: the
         manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
         ``behind``: a copy-on-write staging still copying into the arena: the engine writes each block
         as its bytes land (elsewhere it is finished first); the checksums wait for all of it. It is
-        finished when this returns or raises: nothing copies into the arena after that."""
+        finished when this returns or raises: nothing copies into the arena after that.
+        ``ringed``: the plan's sources, staged and written through the ring instead of the arena."""
         try:
-            return self._write_shards(plan, store, behind)
+            if ringed is None:
+                return self._write_shards(plan, store, behind)
+            with _write_errors(store, plan):
+                report, crcs, _ = write_through_ring(plan, ringed, store, self._ring, threads=self.threads,
+                                                     block_size=self.block_size, direct=self.direct,
+                                                     checksum=self.checksum)
+            return report, _describe_part(plan, plan.checksum_ranges() if self.checksum else [], crcs)
         finally:
             if behind is not None:
                 behind.close()
@@ -417,37 +483,21 @@ class _Saver:
 
             crc_thread = QuietThread(target=checksum, name="ckptbench-crc")
         try:
-            if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
-                crc_thread.start()
-            report = store.write_files(files, threads=self.threads, block_size=self.block_size, direct=self.direct,
-                                       **after_copy)
-            if behind is not None:
-                try:
-                    behind.finish()
-                except CowStagingError:
-                    store.remove([name for name, _ in files])  # written from a torn copy
-                    raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the free-space check passed; something else filled it
-                raise _out_of_space(store, sum(s.nbytes for s in plan.shards), exc) from exc
-            raise StorageIOError(f"writing the checkpoint to {store.url} failed: {exc}") from exc
+            with _write_errors(store, plan):
+                if crc_thread is not None:  # inside the try: a signal raised as it starts still joins it
+                    crc_thread.start()
+                report = store.write_files(files, threads=self.threads, block_size=self.block_size,
+                                           direct=self.direct, **after_copy)
+                if behind is not None:
+                    try:
+                        behind.finish()
+                    except CowStagingError:
+                        store.remove([name for name, _ in files])  # written from a torn copy
+                        raise
         finally:
             if crc_thread is not None:
                 interrupts.join(crc_thread)
-        per_entry: dict[int, list[int]] = {}
-        for (index, _, _), crc in zip(ranges, crcs, strict=True):
-            per_entry.setdefault(index, []).append(crc)
-        part = {
-            "total_bytes": plan.total_bytes,
-            "shards": [{"name": s.name, "nbytes": s.nbytes} for s in plan.shards],
-            "tensors": [
-                {"key": e.key, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes, "shard": e.shard,
-                 "offset": e.offset, "alias_of": e.alias_of, "crc32c": per_entry.get(e.index)}
-                for e in plan.entries
-            ],
-            "skeleton": plan.manifest_skeleton,
-        }
-        return report, part
+        return report, _describe_part(plan, ranges, crcs)
 
     def _header(self, save_id: str) -> dict[str, Any]:
         return {
@@ -460,7 +510,7 @@ class _Saver:
 
     def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
                 written_at: float, *, stage_s: float, write_s: float, behind: CowStaging | None = None,
-                **world: Any) -> SaveResult:
+                ringed: bool = False, **world: Any) -> SaveResult:
         now = time.perf_counter()
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
@@ -468,19 +518,21 @@ class _Saver:
             threads=self.threads,
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
             checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused,
-            staging="copy" if behind is None else "copy-on-write", cow_faults=0 if behind is None else behind.faults,
+            staging="ring" if ringed else "copy" if behind is None else "copy-on-write",
+            cow_faults=0 if behind is None else behind.faults,
             tuning=self._tuning.to_dict() if self._tuning is not None else None,
             **world,
         )
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
-                 lock: SaveLock, stage_s: float, behind: CowStaging | None = None) -> SaveResult:
+                 lock: SaveLock, stage_s: float, behind: CowStaging | None = None,
+                 ringed: Sources | None = None) -> SaveResult:
         write_started = time.perf_counter()
-        report, part = self._write_part(plan, store, behind)
+        report, part = self._write_part(plan, store, behind, ringed)
         written_at = time.perf_counter()
         shards = [s.name for s in plan.shards]
         with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
             commit(store, {**self._header(save_id), **part}, shards)
             remove_stale(store, set(shards))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started, behind=behind)
+                            write_s=written_at - write_started, behind=behind, ringed=ringed is not None)

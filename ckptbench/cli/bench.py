@@ -608,7 +608,7 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
     if memory:
         console.print(
             f"memory: first save +{format_size(memory['first_peak_extra_bytes'])} peak RSS "
-            f"({memory['first_peak_extra_bytes'] / memory['checkpoint_bytes']:.2f}x the checkpoint, arena included), "
+            f"({memory['first_peak_extra_bytes'] / memory['checkpoint_bytes']:.2f}x the checkpoint, staging memory included), "
             f"later saves +{format_size(memory['steady_peak_extra_bytes'])}; "
             f"RSS growth over {memory['saves']} saves {format_size(memory['growth_bytes'])}")
     for g in document["goals"]:  # ratios, as facts: the project's own targets for them stay in the JSON

@@ -218,13 +218,17 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
     # least the interval of the same runs made again.
     save, load, stall, persist = (fit_sizes([node_bytes], [runs], node_bytes) for runs in (saves, loads, stalls,
                                                                                              persists))
+    # Async saves measured on a part of each share (a host without memory for two copies) and scaled:
+    # their range widened as a sample's is.
+    k = max(1.0, knobs.SAMPLE_EXTRAPOLATION) if bench.get("async_part") else 1.0
+    stall_range, persist_range = ((fit.low_s / k, fit.high_s * k) for fit in (stall, persist))
     return Measurements(
         measured_bytes=round(node_bytes), write_bps=node_bytes / save.point_s, read_bps=node_bytes / load.point_s,
         stall_s=stall.point_s, persist_s=persist.point_s, interference=None, memcpy_bps=memcpy_bps,
         shared_storage=shared_storage, free_bytes=free_bytes, host_memory_bytes=host_memory_bytes, threads=threads,
         direct=None, write_bps_range=(node_bytes / save.high_s, node_bytes / save.low_s),
         read_bps_range=(node_bytes / load.high_s, node_bytes / load.low_s),
-        stall_s_range=(stall.low_s, stall.high_s), persist_s_range=(persist.low_s, persist.high_s), shape=shape,
+        stall_s_range=stall_range, persist_s_range=persist_range, shape=shape,
         launched_ranks=len(bench["rank_bytes"]), per_rank_bytes=max(bench["rank_bytes"]),
         writers=len(bench["rank_bytes"]) // hosts, device=(bench.get("spec") or {}).get("device", "cpu"))
 

@@ -22,6 +22,9 @@ them does; callers ask them instead of probing for methods:
   there; None: object stores, which get a lease object instead).
 - ``writes_follow_copy``: ``write_files(..., after=cow_copy)`` writes each block once a copy-on-write
   staging has copied its bytes (the engine waits for them); False: the caller finishes the copy first.
+- ``pieces(names)``: the files ``names`` written piece by piece (``PieceWriter``: a buffer at an offset
+  of a file, any number of times, then every file synced at once); what a save through a bounded
+  staging ring needs (``checkpoint/ring.py``). ``writes_pieces`` says whether a store has it.
 - ``conditional_writes``: ``put_if(name, data, etag=)`` (only if absent, or only over that version;
   the new ETag or None) and ``get_tagged(name)`` (bytes and ETag) exist, for the save lease
   (``checkpoint/lock.py``). ``S3Store`` has them; other object stores get a best-effort lease.
@@ -135,6 +138,8 @@ class Store:
     local_path: Path | None = None
     #: Whether ``write_files`` takes ``after=`` (a copy-on-write staging it follows block by block).
     writes_follow_copy: bool = False
+    #: Whether ``pieces`` is implemented (files written piece by piece, synced at the end).
+    writes_pieces: bool = False
     #: Whether ``put_if`` and ``get_tagged`` (conditional writes) are implemented.
     conditional_writes: bool = False
     #: Whether ``read_ranges`` reads only the ranges asked for (False: whole objects, then sliced).
@@ -163,6 +168,11 @@ class Store:
                 raise OSError(errno.ENODATA, f"{len(data)} bytes, fewer than the {offset + len(view)} to read",
                               f"{self.url}/{name}")
             view[:] = memoryview(data)[offset:offset + len(view)]
+
+    def pieces(self, names: list[str]) -> contextlib.AbstractContextManager[PieceWriter]:
+        """The files ``names`` created, to be written piece by piece (``writes_pieces``); durable when
+        the block ends without an error, removed when it raises."""
+        raise NotImplementedError
 
     def put_if(self, name: str, data: bytes, *, etag: str | None = None) -> str | None:
         """Write ``name`` only if it is absent (``etag`` None) or still that version: the new ETag, or
@@ -210,6 +220,37 @@ def fsync_directory(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class PieceWriter:
+    """Files of a :class:`LocalStore` open for writing, written piece by piece by the engine (no sync per
+    piece); :meth:`finish` makes them durable. From ``LocalStore.pieces``."""
+
+    def __init__(self, directory: safeio.Directory, fds: dict[str, int]) -> None:
+        self._directory = directory
+        self._fds = fds
+        self._direct: bool | None = None
+        self._fallback: str | None = None
+        self.report: WriteReport | None = None  # once finished
+
+    def write(self, pieces: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
+              direct: bool) -> native.IoResult:
+        """Write each (file name, offset, buffer) piece; aligned pieces (address, offset, length) go
+        O_DIRECT where ``direct`` and the filesystem allow, the rest buffered; nothing is synced yet."""
+        jobs = [(view, self._directory.path_of(name), offset) for name, offset, view in pieces]
+        result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
+                                             sync="none", sync_dir=False))
+        self._direct = result.direct_used if self._direct is None else self._direct and result.direct_used
+        self._fallback = self._fallback or result.fallback_reason or None
+        return result
+
+    def finish(self) -> WriteReport:
+        """fdatasync every file, then fsync the directory: durable as ``write_files`` leaves them."""
+        for fd in self._fds.values():
+            os.fdatasync(fd)
+        fsync_directory(Path(self._directory.path_of()))
+        self.report = WriteReport(bool(self._direct), "fdatasync", self._fallback)
+        return self.report
 
 
 class LocalStore(Store):
@@ -315,6 +356,29 @@ class LocalStore(Store):
             self.remove([name for name, _ in files])
             raise
         return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
+
+    @property
+    def writes_pieces(self) -> bool:  # type: ignore[override]
+        """Not on a network or FUSE mount, whose files are written whole, one stream each (``_schedule``)."""
+        return self._schedule(None) == "shared"
+
+    @contextlib.contextmanager
+    def pieces(self, names: list[str]) -> Iterator[PieceWriter]:
+        """The files ``names`` created here (regular, not through a symlink) and held open while the
+        block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
+        writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
+        directory = self.directory()
+        try:
+            with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT) as fds:
+                writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
+                yield writer
+                writer.finish()
+        except OSError as exc:
+            self.remove(names)
+            raise self._named(exc) from None
+        except BaseException:
+            self.remove(names)
+            raise
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool, per_file: bool | None = None) -> None:

@@ -432,6 +432,43 @@ def test_bench_under_torchrun_aggregates_every_rank(tmp_path: Path):
     assert "all ranks together: bandwidth over time" in text
 
 
+def _imported_rss_bytes() -> int:
+    """The resident memory of a fresh interpreter once torch, torch.distributed and ckptbench's bench are
+    imported: what every rank holds before its share."""
+    code = ("import torch, torch.distributed, ckptbench.cli, ckptbench.bench.shootout_launched\n"
+            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')))")
+    return int(subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
+                              env=_env()).stdout)
+
+
+@pytest.mark.slow
+def test_bench_under_torchrun_holds_each_share_about_once(tmp_path: Path):
+    """Sync saves through the staging ring, loads into the share's own tensors: with a host memory that
+    cannot hold two copies, every rank's peak RSS stays within 1.25 shares of what the imports hold, and
+    the async saves are measured on a part of the share (said so)."""
+    share, ring = 512 * 2**20, 4 * 4 * 2**20
+    target = tmp_path / "target"
+    target.mkdir()
+    proc = torchrun(["-m", "ckptbench", "bench", str(target), "--size", f"{2 * share // 2**20}MiB", "--repeat", "1",
+                     "--warmup", "0", "--json"], cwd=tmp_path, timeout=300,
+                    CKPTBENCH_STAGE_RING_SLOTS="4", CKPTBENCH_STAGE_RING_SLOT_BYTES=str(ring // 4),
+                    CKPTBENCH_BENCH_MEMORY_BYTES=str(int(2 * (1.15 * share + ring))))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    doc = json.loads(proc.stdout)
+    baseline = _imported_rss_bytes()
+    memory = doc["memory"]
+    assert memory["ring_bytes"] == ring and [r["rank"] for r in memory["ranks"]] == [0, 1]
+    for r in memory["ranks"]:
+        assert r["share_bytes"] == doc["rank_bytes"][r["rank"]]
+        assert r["peak_rss_bytes"] <= 1.25 * r["share_bytes"] + baseline, (r, baseline)
+        assert 0 < r["async_bytes"] < r["share_bytes"] // 8
+    part = doc["async_part"]
+    assert part["measured_bytes"] == min(r["async_bytes"] for r in memory["ranks"]) and part["scaled_by"] > 8
+    assert "async-part" in [w["code"] for w in doc["warnings"]]
+    assert [r["total_bytes"] for r in doc["rounds"]["async"]] == [sum(doc["rank_bytes"])]  # scaled to the shares
+    assert doc["data_verified"] is True and list(target.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_bench_layout_must_fit_the_launch(tmp_path: Path):
     proc = torchrun(["-m", "ckptbench", "bench", str(tmp_path), "--size", "8MiB", "--tp", "4"], cwd=tmp_path,
