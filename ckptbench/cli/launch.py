@@ -126,3 +126,10 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
     console.print(ranks)
     click.echo("overhead = barrier-to-barrier on rank 0 minus the slowest rank's own work (plan, stage, write / "
                "read): the agreement, lock, commit and barriers")
+    ranks_memory = (document.get("memory") or {}).get("ranks") or []
+    if ranks_memory:
+        worst = max(ranks_memory, key=lambda r: (r["peak_rss_bytes"] - r["baseline_rss_bytes"]) / max(1, r["share_bytes"]))
+        click.echo(f"host memory: peak RSS {format_size(worst['peak_rss_bytes'])} on rank {worst['rank']} for its "
+                   f"{format_size(worst['share_bytes'])} share, "
+                   f"{(worst['peak_rss_bytes'] - worst['baseline_rss_bytes']) / max(1, worst['share_bytes']):.2f} "
+                   f"shares above the {format_size(worst['baseline_rss_bytes'])} it held before")
