@@ -161,8 +161,8 @@ class Checkpointer(_Saver, _Loader):
             allow_pickle: unpickle entries a save with ``allow_pickle=True`` pickled. Without it a
                 checkpoint holding any is refused (PickleNotAllowedError names them) before anything
                 is read: unpickling runs code the checkpoint names; allow it only for a trusted one.
-            bounded_memory: with ``into=`` (contiguous CPU tensors) on a store with ranged reads (a
-                directory): read through the bounded staging ring straight into ``into``'s tensors
+            bounded_memory: with ``into=`` (contiguous CPU tensors) in a directory (not on a network or
+                FUSE mount): read through the bounded staging ring straight into ``into``'s tensors
                 instead of a read buffer the size of the checkpoint (host memory: the ring's few
                 slots). Every CRC-32C is still checked, but as the bytes arrive: a mismatch is raised
                 once everything was read, with ``into`` holding what was read, and under a launch a

@@ -12,8 +12,8 @@ Call sequence of a load:
 4. every tensor a view into the buffer (or copied to the device), the skeleton rebuilt (``state_dict_format.rebuild``)
 5. with ``into=``: the loaded tree checked against the live one, then copied into it (``_fit_into``)
 
-With ``into=`` and ``bounded_memory`` (contiguous CPU tensors, a store with ranged reads, a part larger
-than the staging ring), steps 2-5 go through the Checkpointer's bounded staging ring instead of a read
+With ``into=`` and ``bounded_memory`` (contiguous CPU tensors, a directory not on a network or FUSE mount,
+a part larger than the staging ring), steps 2-5 go through the Checkpointer's bounded staging ring instead of a read
 buffer of the part's size (``_load_through_ring``): the fit is checked first (nothing read yet), then each
 slot-sized chunk of each shard is read into a slot while the one before is checked (CRC-32C pieces,
 continued across chunks) and its tensors' pieces copied into the ``into=`` tensors.
@@ -199,7 +199,9 @@ class _Loader:
         for s in shards:
             offsets.append(total)
             total = -(-(total + s["nbytes"]) // 4096) * 4096
-        if bounded and into is not None and store.ranged_reads and total > ring_bytes():
+        # Through the ring on a store read in ranges chunk by chunk (a directory, not on a network or FUSE
+        # mount, whose shards are read whole in streams, and written so: ``writes_pieces``).
+        if bounded and into is not None and store.ranged_reads and store.writes_pieces and total > ring_bytes():
             streamed = self._load_through_ring(store, manifest, part, offsets, verify, into, allow_pickle)
             if streamed is not None:
                 if defer:
@@ -311,7 +313,7 @@ class _Loader:
                     for d in goes_to[k]:
                         d[begin - int(starts[k]):end - int(starts[k])].copy_(flat[begin - start:end - start])
 
-        settings = tuning.read_settings(store, self._given[2], self.threads, self.block_size, 1)
+        settings = tuning.read_settings(store, self._given[2], self.threads, self.block_size)
         with self._ring.lock:
             slots = self._ring.slots()
             with Pipeline(slots, ("check",)) as pipe:
