@@ -326,13 +326,8 @@ class _Loader:
                     pipe.submit(k, "check", process, slot, shard, start, length)
                 pipe.join()
         if checks:
-            mismatches = [(c, got) for c, got in zip(checks, crcs.crcs, strict=True) if got != c.crc32c]
-            if mismatches:
-                first, got = min(mismatches, key=lambda m: m[0].order)
-                raise mf.CorruptCheckpointError(
-                    f"checksum mismatch in tensor {first.key!r} (shard {shards[first.shard]['name']} of {store.url}): "
-                    f"crc32c {got:#010x}, manifest {first.crc32c:#010x}; the into= tensors hold what was read",
-                    hint="the checkpoint is damaged; restore from another one")
+            _raise_first_mismatch([(c, got) for c, got in zip(checks, crcs.crcs, strict=True) if got != c.crc32c],
+                                  shards, store, "; the into= tensors hold what was read")
         return fit.rest
 
     def _read_verified(self, store: Store, buffer: Any, files: list[tuple[str, memoryview]],
@@ -360,12 +355,18 @@ class _Loader:
                     reads_done.set()
                 verifier.submit(check, group)
             mismatches = [m for found in verifier.join() for m in found]
-        if mismatches:
-            first, got = min(mismatches, key=lambda m: m[0].order)
-            raise mf.CorruptCheckpointError(
-                f"checksum mismatch in tensor {first.key!r} (shard {shards[first.shard]['name']} of {store.url}): "
-                f"crc32c {got:#010x}, manifest {first.crc32c:#010x}",
-                hint="the checkpoint is damaged; restore from another one")
+        _raise_first_mismatch(mismatches, shards, store)
+
+
+def _raise_first_mismatch(mismatches: list[tuple[Any, int]], shards: list[dict], store: Store, after: str = "") -> None:
+    """CorruptCheckpointError naming the first tensor (manifest order) whose CRC-32C differs; nothing if none."""
+    if not mismatches:
+        return
+    first, got = min(mismatches, key=lambda m: m[0].order)
+    raise mf.CorruptCheckpointError(
+        f"checksum mismatch in tensor {first.key!r} (shard {shards[first.shard]['name']} of {store.url}): "
+        f"crc32c {got:#010x}, manifest {first.crc32c:#010x}{after}",
+        hint="the checkpoint is damaged; restore from another one")
 
 
 def _own_storage_view(buffer: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
