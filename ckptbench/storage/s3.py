@@ -11,9 +11,14 @@ Semantics the checkpoint writer relies on (see ``store.Store``):
   acknowledged: S3 stores it durably before answering). On any failure, Ctrl-C included, the
   multipart uploads it started are aborted (no orphan parts) and the objects it completed are deleted.
 - ``put_atomic`` is one PutObject: the object appears whole or not at all. It is the commit.
-- Requests are retried by botocore (``adaptive`` mode: exponential backoff with jitter on throttling,
-  5xx and connection errors, plus client-side rate limiting). Metadata requests use fewer attempts
-  and a short connect timeout, so an unreachable endpoint fails in a few seconds, not a hang.
+- Requests are retried by botocore (``standard`` mode: exponential backoff with jitter on throttling,
+  5xx and connection errors). Metadata requests use fewer attempts and a short connect timeout, so an
+  unreachable endpoint fails in a few seconds, not a hang.
+- Data requests pass through one AIMD controller per connection (``s3_pacing.Aimd``): throttling
+  halves the requests in flight, successes add them back up to the configured concurrency. What the
+  requests met (throttled answers, retries, the seconds they cost) is counted (``s3_pacing``).
+- ``prefix_spread=N`` stores the objects ``write_files`` writes under N hashed sub-prefixes
+  (``3-spread/NAME``) for buckets that throttle per prefix; names stay flat (see ``S3Store._data_key``).
 
 Credentials and endpoint come the standard way (environment incl. ``AWS_ENDPOINT_URL``, profiles,
 shared files, instance roles) or from ``storage_options``; see :class:`S3Options`. Secrets never
@@ -23,13 +28,15 @@ appear in messages, logs or ``repr``: errors name the credential *source*.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -43,6 +50,7 @@ from ckptbench.errors import (
 )
 from ckptbench.interrupts import Workers
 from ckptbench.storage.s3_clients import CLIENTS, DEFAULT_CLIENT, data_path, require
+from ckptbench.storage.s3_pacing import Aimd, RequestStats, is_throttle
 from ckptbench.storage.store import Store, WriteReport
 from ckptbench.units import format_size, parse_size
 
@@ -62,6 +70,9 @@ CONTROL_CONNECT_TIMEOUT_S = 2.0
 READ_CHUNK_BYTES = 2**20
 #: HTTP connections a data client may keep (created on demand): the ceiling on requests in flight.
 MAX_POOL_CONNECTIONS = 64
+#: The most hashed sub-prefixes ``prefix_spread`` accepts; their names: ``_spread_dir``.
+MAX_PREFIX_SPREAD = 4096
+_SPREAD_DIR = re.compile(r"^[0-9a-f]{1,3}-spread$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                  "ExpiredToken", "TokenRefreshRequired", "AllAccessDisabled", "403"}
@@ -129,8 +140,13 @@ class S3Options:
     part_size: int = 16 * 2**20
     #: Parts in flight across all objects (uploads and ranged reads). Default: max(threads, 8).
     max_concurrency: int | None = None
-    #: botocore attempts per data request (first try included), adaptive retry mode.
+    #: botocore attempts per data request (first try included), standard retry mode.
     max_attempts: int = 8
+    #: Adapt the data requests in flight to throttling (AIMD, ``s3_pacing``); off: always ``max_concurrency``.
+    adaptive_concurrency: bool = True
+    #: Spread the objects a save writes over this many hashed sub-prefixes (0: none); for buckets
+    #: that throttle per prefix. Loads find them whatever this is set to.
+    prefix_spread: int = 0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
     #: Create the bucket in ``prepare`` when it does not exist (never done implicitly otherwise).
@@ -161,6 +177,8 @@ class S3Options:
             raise UsageError(f"addressing_style {self.addressing_style!r} must be path, virtual or auto")
         if (self.key is None) != (self.secret is None):
             raise UsageError("storage options key and secret must be given together")
+        if self.prefix_spread > MAX_PREFIX_SPREAD:
+            raise UsageError(f"prefix_spread {self.prefix_spread} is more than {MAX_PREFIX_SPREAD} sub-prefixes")
         if self.token is not None and self.key is None:
             raise UsageError("storage option token (a session token) needs key and secret too",
                              hint="pass key=... and secret=... with it, or drop token")
@@ -189,10 +207,10 @@ class S3Options:
                 values["part_size"] = parse_size(values["part_size"])
             except ValueError as exc:
                 raise UsageError(f"storage option part_size: {exc}") from None
-        for key in ("anon", "create_bucket", "sign_payload", "request_checksums"):
+        for key in ("anon", "create_bucket", "sign_payload", "request_checksums", "adaptive_concurrency"):
             if key in values:
                 values[key] = _as_bool(key, values[key])
-        for key, kind, minimum in (("max_concurrency", int, 1), ("max_attempts", int, 1),
+        for key, kind, minimum in (("max_concurrency", int, 1), ("max_attempts", int, 1), ("prefix_spread", int, 0),
                                    ("connect_timeout_s", float, 0.1), ("read_timeout_s", float, 0.1)):
             if key in values:
                 values[key] = _as_number(key, values[key], kind, minimum)
@@ -286,6 +304,8 @@ class _Connection:
     credential_source: str
     session: Any  # the boto3 session: credentials for clients other than boto3
     region: str
+    pacing: Aimd  # requests in flight on the data path, adapted to throttling
+    stats: RequestStats  # what the data path's requests met
 
 
 def _credential_source(session: Any, opts: S3Options) -> str:
@@ -335,7 +355,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     region = opts.region_name or session.region_name or "us-east-1"
     try:
         data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
-            retries={"total_max_attempts": opts.max_attempts, "mode": "adaptive"}, connect_timeout=opts.connect_timeout_s,
+            retries={"total_max_attempts": opts.max_attempts, "mode": "standard"}, connect_timeout=opts.connect_timeout_s,
             max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS),
             **_checksum_setting(Config, opts),
             **{**common, "s3": {**common["s3"], "payload_signing_enabled": opts.sign_payload}}))
@@ -347,7 +367,10 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         raise UsageError(f"cannot use S3 endpoint {endpoint!r}{where}: {exc}") from None
     for client in (data, control):  # first: the retry handler that answers the event would hide it
         client.meta.events.register_first("needs-retry.s3.PutObject", _note_put_attempt)
-    return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region)
+    data.meta.events.register_first("needs-retry.s3", _note_attempt)
+    data.meta.events.register("before-send.s3", _note_send)
+    return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region,
+                       Aimd(opts.max_concurrency or DEFAULT_MIN_CONCURRENCY), RequestStats())
 
 
 def _checksum_setting(config: Any, opts: S3Options) -> dict[str, str]:
@@ -373,6 +396,62 @@ def _note_put_attempt(caught_exception: BaseException | None = None, **_: Any) -
         _put_attempts.unanswered = True
 
 
+@dataclass
+class _Tracked:
+    """The data request a worker thread has in flight: its attempts, as botocore's events report them."""
+
+    pacing: Aimd | None
+    started: float | None  # when it got its slot (the controller's clock)
+    attempts: int = 0
+    first_send: float = 0.0
+    last_send: float = 0.0
+    throttled: int = 0
+    errors: int = 0
+
+
+#: Per thread: the data request in flight (None outside one).
+_tracking = threading.local()
+
+
+def _note_send(**_: Any) -> None:
+    """botocore's ``before-send``, once per attempt on the sending thread. Returns None (send it)."""
+    tracked = getattr(_tracking, "request", None)
+    if tracked is not None:
+        now = time.perf_counter()
+        tracked.first_send = tracked.first_send or now
+        tracked.last_send = now
+        tracked.attempts += 1
+
+
+def _note_attempt(response: Any = None, caught_exception: BaseException | None = None, **_: Any) -> None:
+    """botocore's ``needs-retry`` after every attempt of a data request: a throttled answer brings the
+    concurrency down (``Aimd.throttled``); throttles and other failures are counted. Returns None, so
+    the retry decision stays botocore's."""
+    tracked = getattr(_tracking, "request", None)
+    if tracked is None:
+        return
+    if caught_exception is not None:
+        tracked.errors += 1
+        return
+    if response is None:
+        return
+    http, parsed = response
+    status = getattr(http, "status_code", None)
+    code = (parsed or {}).get("Error", {}).get("Code") if isinstance(parsed, dict) else None
+    if is_throttle(status, code):
+        tracked.throttled += 1
+        if tracked.pacing is not None:
+            tracked.pacing.throttled(tracked.started)
+    elif status is not None and status >= 500:
+        tracked.errors += 1
+
+
+def _spread_dir(name: str, spread: int) -> str:
+    """The hashed sub-prefix of ``name`` among ``spread`` (SHA-1: the same in every process, and names
+    that differ in one digit land far apart)."""
+    return f"{int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], 'big') % spread:x}-spread"
+
+
 class S3Store(Store):
     """``s3://bucket/prefix``: objects named ``prefix/NAME``. See the module docstring for semantics."""
 
@@ -390,6 +469,10 @@ class S3Store(Store):
         self.endpoint, self.endpoint_source = connection.endpoint, connection.endpoint_source
         self.credential_source = connection.credential_source
         self._session, self.region = connection.session, connection.region
+        self.pacing = connection.pacing if self.options.adaptive_concurrency else None
+        self.stats = connection.stats
+        self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
+        self._discovered = False  # whether this location was listed for them
         require(self.options.client)
         self._client_data: Any = None  # the data path of a client other than boto3, made on first use
         self._reached = False  # whether a request succeeded (connection errors after that are runtime errors)
@@ -429,6 +512,27 @@ class S3Store(Store):
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _data_key(self, name: str) -> str:
+        """The key of an object that ``write_files`` writes or a load reads: where a listing or a lookup
+        found it, else under its hashed sub-prefix with ``prefix_spread``, else next to the manifest.
+        Names stay flat (a manifest names ``shard-...bin``, wherever the object lies), so a checkpoint
+        saved with any spread loads, lists and is removed with any other setting."""
+        placed = self._placed.get(name)
+        if placed is not None:
+            return placed
+        if self.options.prefix_spread:
+            return self._key(f"{_spread_dir(name, self.options.prefix_spread)}/{name}")
+        return self._key(name)
+
+    def _discover(self) -> bool:
+        """List this location once to find objects under spread sub-prefixes; whether any was new."""
+        if self._discovered:
+            return False
+        before = len(self._placed)
+        self._list(recursive=False)
+        self._discovered = True
+        return len(self._placed) > before
 
     def _where(self, name: str | None = None) -> str:
         return f"{self.url}/{name}" if name else self.url
@@ -492,6 +596,38 @@ class S3Store(Store):
         self._reached = True
         return response
 
+    @contextmanager
+    def _slot(self, stop: threading.Event | None) -> Iterator[float | None]:
+        """A slot of the AIMD controller for one data request (its start time; None when ``stop`` was
+        set while waiting: skip the request). Without the controller, at once."""
+        if self.pacing is None:
+            yield time.monotonic()
+            return
+        with self.pacing.slot(stop.is_set if stop is not None else None) as started:
+            yield started
+
+    def _data_call(self, action: str, name: str, method: str, *, started: float | None = None,
+                   **kwargs: Any) -> Any:
+        """One data request on the boto3 client, its attempts counted and a throttled answer reported to
+        the AIMD controller (as of ``started``, the request's slot; see ``s3_pacing``)."""
+        tracked = _Tracked(self.pacing, started if started is not None else time.monotonic())
+        _tracking.request = tracked
+        ok = False
+        try:
+            response = self._call(self._data, action, name, method, **kwargs)
+            ok = True
+            return response
+        finally:
+            _tracking.request = None
+            if ok and self.pacing is not None and not tracked.throttled:
+                self.pacing.succeeded()
+            retries = max(0, tracked.attempts - 1)
+            spent = 0.0
+            if tracked.first_send and (retries or not ok):
+                spent = (tracked.last_send if ok else time.perf_counter()) - tracked.first_send
+            self.stats.add(requests=1, throttled=tracked.throttled, retries=retries, errors=tracked.errors,
+                           retry_s=spent)
+
     # -- the Store primitives -----------------------------------------------------------------
 
     def is_dir_like(self) -> bool:
@@ -536,6 +672,8 @@ class S3Store(Store):
         report = WriteReport(direct=False, sync="s3-complete")
         if not files:
             return report
+        if self.pacing is not None:
+            self.pacing.set_ceiling(self.concurrency(threads))
         if self.options.client != "boto3":
             views = [(name, view.cast("B") if view.format != "B" else view) for name, view in files]
             self._other_client().write(views, self.concurrency(threads), self.on_request)
@@ -549,7 +687,10 @@ class S3Store(Store):
             if stop.is_set():
                 return
             started = time.perf_counter()
-            self._call(self._data, "uploading", name, "put_object", Key=key, Body=_ViewReader(view))
+            with self._slot(stop) as slot:
+                if slot is None:
+                    return
+                self._data_call("uploading", name, "put_object", started=slot, Key=key, Body=_ViewReader(view))
             with done_lock:
                 done_keys.append(key)
             self._moved(len(view), started)
@@ -560,16 +701,19 @@ class S3Store(Store):
             start = index * upload.part_bytes
             body = _ViewReader(upload.view[start:start + upload.part_bytes])
             started = time.perf_counter()
-            response = self._call(self._data, "uploading a part of", name, "upload_part", Key=upload.key,
-                                  UploadId=upload.upload_id, PartNumber=index + 1, Body=body)
+            with self._slot(stop) as slot:
+                if slot is None:
+                    return
+                response = self._data_call("uploading a part of", name, "upload_part", started=slot, Key=upload.key,
+                                           UploadId=upload.upload_id, PartNumber=index + 1, Body=body)
             self._moved(len(body), started)
             with upload.lock:
                 upload.etags[index] = response["ETag"]
                 last = all(upload.etags)
             if last and not stop.is_set():
                 parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(upload.etags)]
-                self._call(self._data, "completing", name, "complete_multipart_upload", Key=upload.key,
-                           UploadId=upload.upload_id, MultipartUpload={"Parts": parts})
+                self._data_call("completing", name, "complete_multipart_upload", Key=upload.key,
+                                UploadId=upload.upload_id, MultipartUpload={"Parts": parts})
                 upload.completed = True
                 with done_lock:
                     done_keys.append(upload.key)
@@ -585,12 +729,11 @@ class S3Store(Store):
             with Workers(self.concurrency(threads), "ckptbench-s3", on_failure=stop.set) as pool:
                 for name, view in files:
                     view = view.cast("B") if view.format != "B" else view
-                    key, part = self._key(name), self.part_bytes_for(len(view))
+                    key, part = self._data_key(name), self.part_bytes_for(len(view))
                     if len(view) <= part:
                         pool.submit(guarded, put_whole, key, name, view)
                         continue
-                    created = self._call(self._data, "starting the upload of", name, "create_multipart_upload",
-                                         Key=key)
+                    created = self._data_call("starting the upload of", name, "create_multipart_upload", Key=key)
                     upload = _Upload(key, view, part, created["UploadId"], [None] * math.ceil(len(view) / part))
                     uploads.append(upload)
                     for i in range(upload.parts):
@@ -620,7 +763,11 @@ class S3Store(Store):
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
             return 0
         for upload in uploads:
-            if owned is not None and not owned(upload["Key"][len(prefix):]):
+            relative = upload["Key"][len(prefix):]
+            head, _, rest = relative.partition("/")
+            if rest and _SPREAD_DIR.match(head):
+                relative = rest  # the name of an object written under a spread sub-prefix
+            if owned is not None and not owned(relative):
                 continue
             try:
                 self._data.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
@@ -633,17 +780,31 @@ class S3Store(Store):
         """Every object name under this location, sub-prefixes included (``a/b`` relative names)."""
         return self._list(recursive=True)
 
-    def _list(self, *, recursive: bool) -> list[str]:
-        prefix = f"{self.prefix}/" if self.prefix else ""
+    def _list(self, *, recursive: bool, under: str = "") -> list[str]:
+        """Names under this location; not ``recursive``: those directly in it, and those in its spread
+        sub-prefixes (``3-spread/NAME`` listed as ``NAME``, where it lies remembered)."""
+        prefix = f"{self.prefix}/{under}" if self.prefix else under
         delimiter = {} if recursive else {"Delimiter": "/"}
         names: list[str] = []
+        spread: list[str] = []
         token: dict[str, str] = {}
         while True:
             page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, **delimiter, **token)
             names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
+            if not recursive and not under:
+                spread.extend(p["Prefix"][len(prefix):] for p in page.get("CommonPrefixes", [])
+                              if _SPREAD_DIR.match(p["Prefix"][len(prefix):].rstrip("/")))
             if not page.get("IsTruncated"):
-                return names
+                break
             token = {"ContinuationToken": page["NextContinuationToken"]}
+        if self.options.prefix_spread and not recursive and not under:
+            for name in names:  # saved without the spread: found next to the manifest
+                self._placed.setdefault(name, self._key(name))
+        for sub in spread:
+            for name in self._list(recursive=False, under=sub):
+                self._placed[name] = self._key(sub + name)
+                names.append(name)
+        return names
 
     def _discard(self, uploads: list[_Upload], done_keys: list[str]) -> None:
         """After a failed write: abort unfinished multipart uploads, delete completed objects."""
@@ -676,6 +837,16 @@ class S3Store(Store):
             jobs.extend((name, view[start:start + part], offset + start) for start in range(0, len(view), part))
         if not jobs:
             return
+        if self.pacing is not None:
+            self.pacing.set_ceiling(self.concurrency(threads))
+        try:
+            self._read_jobs(jobs, threads)
+        except FileNotFoundError:
+            if not self._discover():  # objects under spread sub-prefixes this store has not seen yet
+                raise
+            self._read_jobs(jobs, threads)
+
+    def _read_jobs(self, jobs: list[tuple[str, memoryview, int]], threads: int) -> None:
         if self.options.client != "boto3":
             self._other_client().read(jobs, self.concurrency(threads), self.on_request)
             return
@@ -684,10 +855,15 @@ class S3Store(Store):
         def get_range(name: str, view: memoryview, start: int) -> None:
             if stop.is_set():
                 return
+            with self._slot(stop) as slot:  # held while the body streams in: that is the request's work
+                if slot is not None:
+                    get_in_slot(name, view, start, slot)
+
+        def get_in_slot(name: str, view: memoryview, start: int, slot: float) -> None:
             end = start + len(view) - 1
             started = time.perf_counter()
-            body = self._call(self._data, "reading", name, "get_object", Key=self._key(name),
-                              Range=f"bytes={start}-{end}")["Body"]
+            body = self._data_call("reading", name, "get_object", started=slot, Key=self._data_key(name),
+                                   Range=f"bytes={start}-{end}")["Body"]
             try:
                 filled = 0
                 while filled < len(view):
@@ -765,17 +941,36 @@ class S3Store(Store):
         return None
 
     def size(self, name: str) -> int | None:
-        try:
-            return int(self._call(self._control, "inspecting", name, "head_object", Key=self._key(name))
-                       ["ContentLength"])
-        except FileNotFoundError:
-            return None
+        """The object's size, None when absent. A data object is looked for where ``_data_key`` says, next
+        to the manifest, then (once per store) in the location's spread sub-prefixes; the manifest and
+        the lock (JSON and dot names, written by ``put_atomic``/``put_if``) are never spread."""
+        data = not name.endswith(".json") and not name.startswith(".")
+        keys = list(dict.fromkeys([self._data_key(name), self._key(name)])) if data else [self._key(name)]
+        for attempt in range(2):
+            for key in keys:
+                try:
+                    size = int(self._call(self._control, "inspecting", name, "head_object", Key=key)["ContentLength"])
+                except FileNotFoundError:
+                    continue
+                if data:
+                    self._placed[name] = key  # where reads of it go
+                return size
+            if attempt or not data or not self._discover() or name not in self._placed:
+                return None
+            keys = [self._placed[name]]
+        return None
 
     def list(self) -> list[str]:
         return self._list(recursive=False)
 
     def remove(self, names: list[str]) -> None:
-        self._delete_keys([self._key(name) for name in names])
+        """Delete each name wherever it may lie: next to the manifest, where a listing found it, and
+        under its spread sub-prefix (deleting an absent key is not an error in S3)."""
+        keys = [self._key(name) for name in names]
+        keys += [self._data_key(name) for name in names if self._data_key(name) != self._key(name)]
+        for name in names:
+            self._placed.pop(name, None)
+        self._delete_keys(list(dict.fromkeys(keys)))
 
     def _delete_keys(self, keys: list[str]) -> None:
         """Best effort: failures are logged, never raised (callers are cleaning up)."""

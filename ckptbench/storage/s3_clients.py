@@ -82,7 +82,7 @@ class S3fsData:
         self.fs = _cached_s3fs(store, arguments)
 
     def _path(self, name: str) -> str:
-        return f"{self.store.bucket}/{self.store._key(name)}"
+        return f"{self.store.bucket}/{self.store._data_key(name)}"
 
     def write(self, files: list[tuple[str, memoryview]], concurrency: int, on_request: Callable | None) -> None:
         completed: list[str] = []
@@ -253,7 +253,7 @@ class CrtData:
     def _request(self, method: str, name: str, headers: list[tuple[str, str]], body: Any = None) -> Any:
         from awscrt.http import HttpHeaders, HttpRequest
 
-        path = self.root + quote(self.store._key(name), safe="/~")
+        path = self.root + quote(self.store._data_key(name), safe="/~")
         return HttpRequest(method, path, HttpHeaders([("Host", self.host), *headers]), body_stream=body)
 
     def _wait(self, requests: list[tuple[str, Any]], action: str) -> None:

@@ -362,3 +362,36 @@ def test_a_save_under_20_percent_slowdown_completes_bit_exact_and_leaves_no_uplo
     assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
     uploads, keys = leftovers(s3_server, s3_bucket)
     assert uploads == [] and f"ckpt/{MANIFEST_NAME}" in keys
+
+
+def test_throttling_brings_the_requests_in_flight_down_and_is_counted(s3_server, s3_bucket, proxy):
+    """SlowDown answers reach the store's AIMD controller (its limit comes down from the configured
+    concurrency) and its counts: each throttled answer, each retry, and the seconds they cost."""
+    from ckptbench.storage.s3_pacing import totals
+    from ckptbench.storage.store import open_store
+
+    url, expected = f"s3://{s3_bucket}/ckpt", state(8)
+    options = through(proxy, s3_server, max_concurrency=4)
+    pacing = open_store(url, options).pacing
+    before, decreases = totals(), pacing.decreases
+    proxy.fail(3, status=503, kind="UploadPart")
+    save(expected, url, options)
+    counted = totals().minus(before)
+    assert proxy.injected("status", "UploadPart") == 3
+    assert counted.throttled == 3 and counted.retries >= 3 and counted.retry_s > 0
+    assert counted.requests >= PARTS
+    assert pacing.decreases > decreases and pacing.lowest < 4
+    assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
+
+
+def test_without_adaptive_concurrency_throttling_is_still_retried_and_counted(s3_server, s3_bucket, proxy):
+    from ckptbench.storage.s3_pacing import totals
+    from ckptbench.storage.store import open_store
+
+    url = f"s3://{s3_bucket}/ckpt"
+    options = through(proxy, s3_server, adaptive_concurrency=False)
+    assert open_store(url, options).pacing is None
+    before = totals()
+    proxy.fail(2, status=503, kind="UploadPart")
+    save(state(9), url, options)
+    assert totals().minus(before).throttled == 2
