@@ -37,6 +37,7 @@ from ckptbench.bench.stats import leaders
 from ckptbench.bench.timeline import LatencyHistogram, Timeline
 from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.storage.object_target import ObjectTarget
+from ckptbench.storage.s3_pacing import Counts, totals
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,9 @@ class ObjectConfigResult:
     part_size: int
     write: PhaseResult
     read: PhaseResult | None
+    #: What the measured runs' requests met, per phase ("write", "read"): throttled answers,
+    #: retries and the seconds they cost (``s3_pacing.Counts``).
+    requests: dict[str, Counts] = field(default_factory=dict)
 
     @property
     def parts_per_object(self) -> int:
@@ -126,6 +130,7 @@ class ObjectConfigResult:
                        "parts_per_object": self.parts_per_object},
             "write": self.write.to_dict(math.inf),
             "read": self.read.to_dict(math.inf) if self.read else None,
+            "requests": {op: counts.to_dict() for op, counts in self.requests.items()},
         }
 
 
@@ -214,6 +219,12 @@ def _record(sample: tuple[list[float], list[list[int]], list[Timeline]], measure
             kept.append(value)
 
 
+def _counted(counts: dict[str, Counts], op: str, measured: bool, before: Counts) -> None:
+    """Add what the requests of one timed transfer met (since ``before``) to ``op``'s counts."""
+    if measured:
+        counts[op] = counts.get(op, Counts()).plus(totals().minus(before))
+
+
 def _phase(op: str, bytes_per_run: int, runs_s: list[float], latencies: list[list[int]],
            timelines: list[Timeline]) -> PhaseResult:
     every = [x for run in latencies for x in run]
@@ -248,14 +259,17 @@ def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: P
             sink_view = memoryview(sink)[:obj] if sink is not None else None
             samples: dict[str, tuple[list[float], list[list[int]], list[Timeline]]] = {
                 "upload": ([], [], []), "download": ([], [], [])}
+            counts: dict[str, Counts] = {}
             name = (f"{format_size(obj)} x {conc}" + (f", {format_size(part)} parts" if part < obj else ""))
             for run in range(runs):
                 label = "warm-up" if run < spec.warmup else f"{run - spec.warmup + 1}/{spec.repeat}"
                 measured = run >= spec.warmup
                 progress.phase(f"{name}: upload {label}")
+                before = totals()
                 _record(samples["upload"], measured,
                         _timed_transfer(progress, store, store.write_files, names, source_view, conc, part,
                                         spec.sample_every_s))
+                _counted(counts, "write", measured, before)
                 if sink_view is not None:
                     if not verified:
                         native.fill_random(sink_view, _SOURCE_SEED + 1)
@@ -264,14 +278,16 @@ def run_object_bench(spec: ObjectBenchSpec, target: ObjectTarget, *, progress: P
                             raise StorageIOError(f"{scratch.url}: data read back differs from what was uploaded")
                         verified = True
                     progress.phase(f"{name}: download {label}")
+                    before = totals()
                     _record(samples["download"], measured,
                             _timed_transfer(progress, store, store.read_files, names, sink_view, conc, part,
                                             spec.sample_every_s))
+                    _counted(counts, "read", measured, before)
                 store.remove(names)
             (writes, write_lat, write_tl), (reads, read_lat, read_tl) = samples["upload"], samples["download"]
             results.append(ObjectConfigResult(
                 obj, count, conc, part, _phase("write", count * obj, writes, write_lat, write_tl),
-                _phase("read", count * obj, reads, read_lat, read_tl) if reads else None))
+                _phase("read", count * obj, reads, read_lat, read_tl) if reads else None, counts))
             log.info("%s: write %.3f GB/s%s", name, results[-1].write.gbps,
                      f", read {results[-1].read.gbps:.3f} GB/s" if results[-1].read else "")
     environment = collect_environment()

@@ -56,6 +56,7 @@ from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local_target import LocalDirectory
 from ckptbench.storage.object_target import ObjectScratch, ObjectTarget
+from ckptbench.storage.s3_pacing import Counts, totals
 from ckptbench.storage.store import engine_calls
 from ckptbench.units import format_size
 
@@ -299,6 +300,8 @@ class _Samples:
     # through the engine (the ckptbench writer on a directory)
     series: dict[str, list[tuple[Timeline, LatencyHistogram]]] = field(
         default_factory=lambda: {"save": [], "load": []})
+    # per op: what the measured runs' S3 requests met (the ckptbench writer on s3://; ``s3_pacing``)
+    requests: dict[str, Counts] = field(default_factory=dict)
 
 
 @dataclass
@@ -405,7 +408,8 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
             save=Timings("save", run_bytes, tuple(s.save_s)), load=Timings("load", run_bytes, tuple(s.load_s)),
             verified=s.verified, files=s.files, disk_bytes=s.disk_bytes,
             save_peak_extra_rss_bytes=tuple(s.peak_extra),
-            details={**(s.details or {}), **(async_samples[w.name].details if w.name in async_samples else {})},
+            details={**(s.details or {}), **(async_samples[w.name].details if w.name in async_samples else {}),
+                     **({"s3_requests": {op: c.to_dict() for op, c in s.requests.items()}} if s.requests else {})},
             series={op: (tuple(t for t, _ in runs), merge_histograms(h for _, h in runs) if runs else None)
                     for op, runs in s.series.items()},
         ))
@@ -443,17 +447,22 @@ def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str
                 label: str, rss: PeakRss, progress: Progress, nbytes: int) -> None:
     directory = places.location(name)
     progress.phase(f"{w.name}: save {label}")
+    counted = isinstance(places, ObjectPlaces) and isinstance(w, CkptbenchContender)
+    before = totals()
     with rss.measure() as peak, writer_failures(w, "save", directory), engine_calls() as saves:
         save_start = time.monotonic_ns()
         save_s = w.save(state_dict, directory)
+    saved = totals().minus(before)
     progress.end_step(nbytes)
     s.files, s.disk_bytes = places.files(directory)
     s.details = w.details()
     places.make_cold(directory)
     progress.phase(f"{w.name}: load {label} (cold)")
+    before = totals()
     with writer_failures(w, "load", directory), engine_calls() as loads:
         load_start = time.monotonic_ns()
         load_s, loaded = w.load(directory)
+    read = totals().minus(before)
     progress.end_step(nbytes)
     if loaded is not None:
         progress.phase(f"{w.name}: verifying")
@@ -465,6 +474,9 @@ def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str
         s.save_s.append(save_s)
         s.load_s.append(load_s)
         s.peak_extra.append(peak["extra_bytes"])
+        if counted:
+            for op, counts in (("save", saved), ("load", read)):
+                s.requests[op] = s.requests.get(op, Counts()).plus(counts)
         for op, calls, start, seconds in (("save", saves, save_start, save_s), ("load", loads, load_start, load_s)):
             recorded = from_engine_calls(calls, start, seconds)
             if recorded is not None:

@@ -391,6 +391,7 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
     crcs = fingerprint(state_dict)
     async_state, part_bytes = part_of(state_dict, part_bytes)
     ckpt = Checkpointer(threads=spec.threads)
+    options = target.storage_options if isinstance(target, ObjectTarget) else None  # endpoint, credentials, client
     measured: list[RoundResult] = []
     try:
         with _shared_places(target, world, required_disk_bytes(workload)) as places:
@@ -399,24 +400,25 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                          else f"warm-up {round_ + 1}/{spec.warmup}")
                 location = places.location(f"round-{round_}")
                 progress.phase(f"save {label} ({world.world_size} ranks)")
-                save = _timed(world, "save", round_, _save, ckpt, state_dict, location)
+                save = _timed(world, "save", round_, _save, ckpt, state_dict, location, options)
                 progress.end_step(mine.total_bytes)
                 if world.local_rank == 0:
                     places.make_cold(location)
                 world.barrier("dropping the page cache")
                 progress.phase(f"load {label} (cold)")
-                load = _timed(world, "load", round_, _load, ckpt, location, state_dict)
+                load = _timed(world, "load", round_, _load, ckpt, location, state_dict, options)
                 progress.end_step(mine.total_bytes)
                 progress.phase(f"verifying {label}")
                 _verify(state_dict, crcs, f"rank {world.rank}")
                 progress.phase(f"async save {label}")
                 async_location = places.location(f"round-{round_}-async")
                 async_ = _timed(world, "async", round_, _save_async, ckpt, async_state, async_location,
-                                mine.total_bytes)
+                                mine.total_bytes, options)
                 progress.end_step(mine.total_bytes)
                 if round_ == spec.warmup:  # the first measured round: the async save is verified too
                     progress.phase("verifying the async save")
-                    ckpt.load(async_location, distributed=True, into=async_state, bounded_memory=True)
+                    ckpt.load(async_location, distributed=True, into=async_state, bounded_memory=True,
+                              storage_options=options)
                     _verify(state_dict, crcs, f"rank {world.rank} (async)")
                 world.barrier("removing the round's checkpoints")
                 if first_here:  # one rank per host: node-local disks are emptied too
@@ -446,6 +448,8 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
                              "save's snapshot of them); stall, persist and io times are the part's, scaled by "
                              "share / part, and the rounds' bytes are the shares"}
     environment = collect_environment(target.path) if isinstance(target, LocalDirectory) else collect_environment()
+    if isinstance(target, ObjectTarget):
+        environment["target"] = target.describe()  # endpoint, credential source (never secrets), client
     launch = {"world_size": world.world_size, "source": "torch.distributed", "backend": "gloo (coordination only)",
               "local_world_size": local_ranks}
     return DistributedBenchReport(
@@ -454,29 +458,31 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
         async_part=async_part)
 
 
-def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any) -> tuple[int, float, None]:
-    result = ckpt.save(state_dict, location, distributed=True)
+def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any,
+          options: dict[str, Any] | None) -> tuple[int, float, None]:
+    result = ckpt.save(state_dict, location, distributed=True, storage_options=options)
     return result.bytes, result.stage_s + result.write_s, None  # type: ignore[union-attr]
 
 
 def _save_async(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any,
-                share_bytes: int) -> tuple[int, float, float, float]:
+                share_bytes: int, options: dict[str, Any] | None) -> tuple[int, float, float, float]:
     """(bytes, own work s, stall s, scale) of an async save of ``state_dict``, a part of the share when it
     holds fewer than ``share_bytes``: the span scales its times by share / part and counts the share."""
     start = time.perf_counter()
-    handle = ckpt.save(state_dict, location, async_=True, distributed=True)
+    handle = ckpt.save(state_dict, location, async_=True, distributed=True, storage_options=options)
     stall_s = time.perf_counter() - start
     result = handle.result()  # type: ignore[union-attr]
     scale = share_bytes / result.bytes if 0 < result.bytes < share_bytes else 1.0
     return (share_bytes if scale != 1.0 else result.bytes), result.stage_s + result.write_s, stall_s, scale
 
 
-def _load(ckpt: Checkpointer, location: Any, into: dict[str, Any]) -> tuple[int, float, None]:
+def _load(ckpt: Checkpointer, location: Any, into: dict[str, Any],
+          options: dict[str, Any] | None) -> tuple[int, float, None]:
     """A cold load into the share's own tensors (through the staging ring where they are on the CPU),
     every checksum checked."""
     from ckptbench.bench.workloads import state_dict_bytes
 
-    ckpt.load(location, distributed=True, into=into, bounded_memory=True)
+    ckpt.load(location, distributed=True, into=into, bounded_memory=True, storage_options=options)
     return state_dict_bytes(into), ckpt.last_load_s, None
 
 

@@ -80,6 +80,7 @@ class S3fsData:
         self.store = store
         arguments = s3fs_arguments(store)
         self.fs = _cached_s3fs(store, arguments)
+        _watch_s3fs(self.fs, store)
 
     def _path(self, name: str) -> str:
         return f"{self.store.bucket}/{self.store._data_key(name)}"
@@ -92,12 +93,14 @@ class S3fsData:
         def put(name: str, view: memoryview) -> None:
             started = time.perf_counter()
             part = self.store.part_bytes_for(len(view))
-            try:
-                # Below two parts s3fs sends one PutObject of the body as given (which must be bytes).
-                body = _Slices(view) if len(view) >= 2 * part else bytes(view)
-                self.fs.pipe_file(self._path(name), body, chunksize=part, max_concurrency=per_object)
-            except Exception as exc:
-                raise _as_storage_error(self.store, exc, "uploading", name) from None
+            with self.store._slot(None) as slot:  # an object (its parts in flight at once) per slot
+                try:
+                    # Below two parts s3fs sends one PutObject of the body as given (which must be bytes).
+                    body = _Slices(view) if len(view) >= 2 * part else bytes(view)
+                    self.fs.pipe_file(self._path(name), body, chunksize=part, max_concurrency=per_object)
+                    _succeeded(self.store, slot)
+                except Exception as exc:
+                    raise _as_storage_error(self.store, exc, "uploading", name) from None
             with lock:
                 completed.append(name)
             if on_request is not None:
@@ -115,12 +118,14 @@ class S3fsData:
     def read(self, jobs: list[tuple[str, memoryview, int]], concurrency: int, on_request: Callable | None) -> None:
         def get(name: str, view: memoryview, start: int) -> None:
             started = time.perf_counter()
-            try:
-                data = self.fs.cat_file(self._path(name), start=start, end=start + len(view))
-            except FileNotFoundError:
-                raise self.store._error(_not_found(), "reading", name) from None
-            except Exception as exc:
-                raise _as_storage_error(self.store, exc, "reading", name) from None
+            with self.store._slot(None) as slot:
+                try:
+                    data = self.fs.cat_file(self._path(name), start=start, end=start + len(view))
+                    _succeeded(self.store, slot)
+                except FileNotFoundError:
+                    raise self.store._error(_not_found(), "reading", name) from None
+                except Exception as exc:
+                    raise _as_storage_error(self.store, exc, "reading", name) from None
             if len(data) != len(view):
                 raise StorageIOError(f"{self.store._where(name)} ended at byte {start + len(data)}, expected "
                                      f"{start + len(view)}")
@@ -166,6 +171,44 @@ def s3fs_arguments(store: S3Store) -> dict[str, Any]:
     if custom_endpoint:
         arguments["endpoint_url"] = store.endpoint
     return arguments
+
+
+def _succeeded(store: S3Store, slot: float | None) -> None:
+    """A request of a client with its own retries done: one more for the counts and the controller."""
+    store.stats.add(requests=1)
+    if store.pacing is not None and slot is not None:
+        store.pacing.succeeded()
+
+
+def _watch_s3fs(fs: Any, store: S3Store) -> None:
+    """Count the attempts of ``fs``'s requests (aiobotocore's ``needs-retry`` event, on its event loop):
+    a throttled answer brings ``store``'s controller down (standing for the oldest request in flight),
+    every failed attempt counts as a retry (botocore retries it while attempts are left)."""
+    from ckptbench.storage.s3_pacing import is_throttle
+
+    client = fs.connect()
+    if getattr(client, "_ckptbench_watched", False):
+        return
+    stats, pacing = store.stats, store.pacing
+
+    def attempt(response: Any = None, caught_exception: BaseException | None = None, **_: Any) -> None:
+        if caught_exception is not None:
+            stats.add(errors=1, retries=1)
+            return
+        if response is None:
+            return
+        http, parsed = response
+        status = getattr(http, "status_code", None)
+        code = parsed.get("Error", {}).get("Code") if isinstance(parsed, dict) else None
+        if is_throttle(status, code):
+            stats.add(throttled=1, retries=1)
+            if pacing is not None:
+                pacing.throttled()
+        elif status is not None and status >= 500:
+            stats.add(errors=1, retries=1)
+
+    client.meta.events.register_first("needs-retry.s3", attempt)
+    client._ckptbench_watched = True
 
 
 _S3FS: dict[tuple[Any, ...], Any] = {}

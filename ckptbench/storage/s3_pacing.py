@@ -57,6 +57,7 @@ class Aimd:
         self._ceiling = ceiling
         self._limit = float(ceiling)
         self._in_flight = 0
+        self._starts: list[float] = []  # the slots in flight, by start time
         self._last_decrease = -float("inf")
         self.decreases = 0
         self.lowest = ceiling
@@ -95,11 +96,17 @@ class Aimd:
                     return None
                 self._cond.wait(_WAIT_POLL_S)
             self._in_flight += 1
-            return self._clock()
+            started = self._clock()
+            self._starts.append(started)
+            return started
 
-    def release(self) -> None:
+    def release(self, started: float | None = None) -> None:
         with self._cond:
             self._in_flight -= 1
+            if started is not None and started in self._starts:
+                self._starts.remove(started)
+            elif self._starts:
+                self._starts.pop(0)
             self._cond.notify_all()
 
     def succeeded(self) -> None:
@@ -109,10 +116,13 @@ class Aimd:
                 self._limit = min(float(self._ceiling), self._limit + 1.0 / self.limit)
                 self._cond.notify_all()
 
-    def throttled(self, started: float | None) -> None:
+    def throttled(self, started: float | None = None) -> None:
         """A request that started at ``started`` was throttled: multiplicative decrease, unless the limit
-        already came down after it started."""
+        already came down after it started. A client that cannot tell which request it was (its own
+        event loop sends them) gives None: the oldest slot in flight stands for it."""
         with self._cond:
+            if started is None and self._starts:
+                started = min(self._starts)
             if started is not None and started < self._last_decrease:
                 return
             self._limit = max(float(self._floor), self._limit * self._decrease)
@@ -128,7 +138,7 @@ class Aimd:
             yield started
         finally:
             if started is not None:
-                self.release()
+                self.release(started)
 
 
 @dataclass
@@ -184,3 +194,14 @@ class RequestStats:
     def snapshot(self) -> Counts:
         with self._lock:
             return Counts(**asdict(self.counts))
+
+
+def summary_text(counts: Counts, client: str | None = None) -> str:
+    """One line for a console: the throttled answers, retries and their seconds (or that there were none)."""
+    if client == "crt":
+        return "throttling: not counted with the CRT client (it retries inside its own event loop)"
+    if not counts.throttled and not counts.retries and not counts.errors:
+        return f"throttling: none ({counts.requests} data requests, no retries)"
+    cost = f", {counts.retry_s:.2f} s spent in retried requests" if counts.retry_s else ""
+    return (f"throttling: {counts.throttled} throttled answers (503 SlowDown/429), {counts.errors} other failed "
+            f"attempts, {counts.retries} retries of {counts.requests} data requests{cost}")

@@ -220,3 +220,83 @@ def test_ctrl_c_during_the_sweep_leaves_nothing(s3_server, s3_bucket, tmp_path: 
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert _leftovers(client, s3_bucket) == ([], [])
+
+
+def _faultproxy():
+    import importlib.util
+
+    if "faultproxy" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "servers" / "faultproxy.py"
+        spec = importlib.util.spec_from_file_location("faultproxy", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["faultproxy"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["faultproxy"]
+
+
+@pytest.mark.s3
+def test_object_sweep_reports_throttling(cli, s3_server, s3_bucket):
+    """Throttled answers, retries and the seconds they cost: in the JSON per phase, and on the console."""
+    with _faultproxy().FaultProxy(s3_server.endpoint) as proxy:
+        through = ["--endpoint-url", proxy.endpoint, *_options(s3_server)[2:]]
+        proxy.fail(2, status=503, kind="UploadPart")
+        doc = cli.json("bench", f"s3://{s3_bucket}/bench", *through, "--size", "10MiB", "--object-size", "10MiB",
+                       "--concurrency", "2", "--part-size", "5MiB", "--repeat", "1", "--warmup", "0")
+        assert proxy.injected("status", "UploadPart") == 2
+        proxy.fail(1, status=503, kind="UploadPart")
+        shown = cli("bench", f"s3://{s3_bucket}/bench", *through, "--size", "10MiB", "--object-size", "10MiB",
+                    "--concurrency", "2", "--part-size", "5MiB", "--repeat", "1", "--warmup", "0", "--no-read")
+    (result,) = doc["results"]
+    write, read = result["requests"]["write"], result["requests"]["read"]
+    assert write["throttled"] == 2 and write["retries"] >= 2 and write["retry_s"] > 0
+    assert write["requests"] >= 2
+    assert read["throttled"] == 0 and read["retries"] == 0 and read["requests"] >= 2
+    assert shown.exit_code == 0, shown.stderr
+    assert "throttling: 1 throttled answers" in shown.stdout
+
+
+@pytest.mark.s3
+def test_checkpoint_workload_reports_throttling(cli, s3_server, s3_bucket):
+    with _faultproxy().FaultProxy(s3_server.endpoint) as proxy:
+        through = ["--endpoint-url", proxy.endpoint, *_options(s3_server)[2:]]
+        proxy.fail(2, status=503, kind="UploadPart")
+        doc = cli.json("bench", f"s3://{s3_bucket}/ckpt", *through, "--workload", "checkpoint", "--size", "32MiB",
+                       "--repeat", "1", "--warmup", "0", "--storage-option", "part_size=5MiB")
+    (result,) = doc["results"]
+    counts = result["details"]["s3_requests"]
+    assert counts["save"]["throttled"] == 2 and counts["save"]["retries"] >= 2
+    assert counts["load"]["throttled"] == 0 and counts["load"]["requests"] >= 1
+
+
+@pytest.mark.s3
+def test_bench_under_torchrun_on_s3_every_rank_saves_and_loads_its_part(s3_server, s3_bucket, tmp_path: Path):
+    """Restore fan-in: under torchrun (2 gloo ranks) every rank saves its share to RGW and then loads its
+    own part at once (after one barrier), reported like the filesystem case; the scratch prefix is emptied."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                          "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "ckptbench", "bench", f"s3://{s3_bucket}/dist", *_options(s3_server),
+           "--size", "24MiB", "--repeat", "2", "--warmup", "0", "--json"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    doc = json.loads(proc.stdout)  # rank 0 alone prints
+    assert doc["schema"] == "ckptbench.bench.distributed/1" and doc["launch"]["world_size"] == 2
+    assert doc["target"] == f"s3://{s3_bucket}/dist" and doc["environment"]["target"]["filesystem"] == "s3"
+    assert min(doc["rank_bytes"]) > 0 and sum(doc["rank_bytes"]) == doc["workload"]["total_bytes"]
+    for op in ("save", "load", "async"):
+        rounds = doc["rounds"][op]
+        assert len(rounds) == 2
+        for r in rounds:
+            assert [s["rank"] for s in r["ranks"]] == [0, 1]
+            assert [s["bytes"] for s in r["ranks"]] == doc["rank_bytes"]  # each rank its own part
+            assert r["duration_s"] == max(s["end_s"] for s in r["ranks"])
+        assert doc["summary"][op]["gbps"]["n"] == 2 and doc["summary"][op]["gbps"]["median"] > 0
+    assert doc["data_verified"] is True
+    assert _leftovers(s3_server.client(), s3_bucket) == ([], [])
+    assert s3_server.secret not in proc.stdout + proc.stderr

@@ -140,3 +140,20 @@ def test_counts_add_up_per_connection_and_in_the_process_total():
     delta = totals().minus(before)
     assert delta.requests >= 4 and delta.throttled >= 2
     assert own.to_dict()["retry_s"] == 0.75
+
+
+def test_a_throttle_of_an_unknown_request_stands_for_the_oldest_in_flight():
+    """Clients with their own event loop cannot say which request was throttled: one decrease per round."""
+    clock = Clock()
+    aimd = Aimd(16, clock=clock)
+    old = aimd.acquire()
+    clock.tick()
+    aimd.throttled()
+    aimd.throttled()  # the same round: the oldest in flight started before the decrease
+    assert aimd.limit == 8
+    aimd.release(old)
+    clock.tick()
+    aimd.acquire()
+    clock.tick()
+    aimd.throttled()
+    assert aimd.limit == 4
