@@ -5,9 +5,12 @@ Per round, each side in turn (the order rotates every round):
 
 - ``ckptbench``: ``ckptbench.save`` / ``ckptbench.load`` of the state_dict (``--client`` picks the S3 client);
 - ``s3torchconnector``: ``dcp.save`` / ``dcp.load`` with s3torchconnector's ``S3StorageWriter(thread_count=4)``
-  / ``S3StorageReader`` (the AWS CRT through Mountpoint's client). Servers that do not answer its
-  uploads as it expects (Ceph RGW 16 omits the ETag it looks for) fail its save: the table says so,
-  and its load is then timed on the same checkpoint written by DCP's ``FsspecWriter``;
+  / ``S3StorageReader`` (the AWS CRT through Mountpoint's client). Its writer always uploads multipart
+  (its stream's length is unknown), and the CRT takes the object's ETag from the
+  CompleteMultipartUploadResult body: Ceph RGW 16 answers ``<ETag></ETag>`` (empty), so the save fails
+  with 'Header "ETag" not found'. Then the table says so and its load is timed on the same checkpoint
+  written by DCP's ``FsspecWriter``; with ``--fill-etag`` every side goes through
+  ``tests/servers/faultproxy.py`` filling that empty ETag with a placeholder, and its save completes;
 - ``s3fs put_file``: s3fs's default ``put_file`` of a local file (in /dev/shm) holding the same bytes.
 
 Times are wall clock around each call; loads read into fresh memory and are verified. With
@@ -78,6 +81,11 @@ def run(args: argparse.Namespace) -> dict:
 
     warnings.filterwarnings("ignore")
     endpoint, size = args.endpoint, parse_size(args.size)
+    filler = None
+    if args.fill_etag:  # every side through the same relay: the anchor's save needs the ETag RGW leaves empty
+        filler = _faultproxy().FaultProxy(endpoint, fill_etag=True).start()
+        endpoint = filler.endpoint
+    load_before = os.getloadavg()
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     bucket = f"ckptbench-perf-{uuid.uuid4().hex[:8]}"
     client.create_bucket(Bucket=bucket)
@@ -177,6 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             if proxy is not None:
                 proxy.stop()
+            load_after = os.getloadavg()
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
                 keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
                 if keys:
@@ -184,6 +193,9 @@ def run(args: argparse.Namespace) -> dict:
             for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
                 client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
             client.delete_bucket(Bucket=bucket)
+            if filler is not None:
+                notes.append(f"every side went through the ETag-filling relay ({filler.etags_filled} ETags filled)")
+                filler.stop()
 
     def rate(name: str) -> list[float | None]:
         return [nbytes / s / 1e6 if s else None for s in samples[name]]
@@ -197,6 +209,7 @@ def run(args: argparse.Namespace) -> dict:
     if proxy is not None:
         pairs.append(("ckptbench save, throttled", "ckptbench save, through the proxy"))
     return {"bytes": nbytes, "client": args.client or "default", "rounds": args.rounds, "notes": notes,
+            "fill_etag": bool(args.fill_etag), "load_average_before_after": [load_before[0], load_after[0]],
             "mb_per_s": {name: rate(name) for name in samples}, "median_mb_per_s": medians,
             "ratios": {f"{a} / {b}": ratios(a, b) for a, b in pairs}}
 
@@ -208,6 +221,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client", default=None, help="ckptbench's S3 client (boto3, s3fs, crt)")
     parser.add_argument("--slowdown", type=float, default=0.0, help="also time a save with this fraction throttled")
+    parser.add_argument("--fill-etag", action="store_true",
+                        help="every side through a relay that fills the empty ETag RGW 16 answers a multipart "
+                             "completion with (s3torchconnector's save needs it)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if not args.endpoint:
@@ -217,6 +233,7 @@ def main() -> None:
         print(f"{name:36s} median {median:7.1f} MB/s  rounds {[round(r) if r else None for r in result['mb_per_s'][name]]}")
     for pair, values in result["ratios"].items():
         print(f"{pair:60s} {[round(v, 2) if v else None for v in values]}")
+    print(f"load average (1 min) before/after: {result['load_average_before_after']}")
     for note in result["notes"]:
         print("note:", note)
     if args.json:

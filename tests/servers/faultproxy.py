@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import select
 import socket
 import struct
@@ -380,8 +381,13 @@ class FaultProxy:
     """A threaded HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` (``http://host:port``) with
     faults switchable at run time. Use as a context manager, or ``start()`` / ``stop()``."""
 
-    def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, fill_etag: bool = False) -> None:
+        """``fill_etag``: answer a CompleteMultipartUpload whose result holds an empty ``<ETag></ETag>``
+        (Ceph RGW 16 does) with a placeholder ETag (``"<md5 of the upload id>-0"``), which clients that
+        require one (the AWS CRT through s3torchconnector) need to finish their uploads."""
         parts = urlsplit(upstream)
+        self.fill_etag = fill_etag
+        self.etags_filled = 0
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"upstream {upstream!r} must be http://HOST:PORT")
         self.upstream = (parts.hostname, parts.port)
@@ -645,7 +651,8 @@ class FaultProxy:
         expects = head.headers.has_token("expect", "100-continue")
         framing = _framing(head.headers, request=True)
         if rule is None:
-            return self._forward(connection, client, head, expects, framing, budget=None)
+            return self._forward(connection, client, head, expects, framing, budget=None,
+                                 complete=request.kind == "CompleteMultipartUpload")
         if rule.action == "reset":
             self._forward(connection, client, head, expects, framing, budget=rule.after_bytes)
             raise _ResetNow  # the body was shorter than the budget: reset before the answer
@@ -680,7 +687,7 @@ class FaultProxy:
                 return  # the client timed out and closed
 
     def _forward(self, connection: _Connection, client: _Stream, head: _Head, expects: bool,
-                 framing: tuple[str, int], budget: int | None) -> bool:
+                 framing: tuple[str, int], budget: int | None, complete: bool = False) -> bool:
         upstream = socket.create_connection(self.upstream, timeout=UPSTREAM_CONNECT_TIMEOUT_S)
         upstream.settimeout(None)
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -701,10 +708,28 @@ class FaultProxy:
                 raise _Closed("the upstream closed without answering")
             response = _Head.parse(raw)
             status = int(response.start_line.split(" ", 2)[1])
+            response_framing = _framing(response.headers, request=False, method=method, status=status)
+            if self.fill_etag and complete and status == 200 and response_framing[0] == "length":
+                body = b""
+                while len(body) < response_framing[1]:
+                    data = answer.read_some(response_framing[1] - len(body))
+                    if not data:
+                        raise _Closed("the upstream closed in the middle of an answer")
+                    body += data
+                if b"<ETag></ETag>" in body:
+                    upload = parse_qs(urlsplit(head.start_line.split(" ")[1]).query).get("uploadId", [""])[0]
+                    body = body.replace(b"<ETag></ETag>", b'<ETag>&quot;' + hashlib.md5(upload.encode()).hexdigest()
+                                        .encode() + b'-0&quot;</ETag>')
+                    with self._lock:
+                        self.etags_filled += 1
+                items = [(k, str(len(body)) if k.lower() == "content-length" else v) for k, v in response.headers.items]
+                connection.client.sendall(_Head(response.start_line, _Headers(items)).encode() + body)
+                connection.close_upstream()
+                return not response.headers.has_token("connection", "close") \
+                    and not head.headers.has_token("connection", "close")
             connection.client.sendall(raw)
             if not 100 <= status < 200:
                 break
-        response_framing = _framing(response.headers, request=False, method=method, status=status)
         _relay_body(answer, response_framing, connection.client.sendall)
         connection.close_upstream()
         return (response_framing[0] != "close" and not response.headers.has_token("connection", "close")
