@@ -297,7 +297,7 @@ class _Upload:
 class _Connection:
     """boto3 clients for one set of options; shared by every S3Store opened with them."""
 
-    data: Any  # part uploads and ranged reads: many attempts, adaptive retries, a large pool
+    data: Any  # part uploads and ranged reads: many attempts (standard retries), paced by AIMD, a large pool
     control: Any  # metadata requests: few attempts, short connect timeout (fast, bounded failure)
     endpoint: str
     endpoint_source: str

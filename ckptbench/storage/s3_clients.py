@@ -158,7 +158,7 @@ def s3fs_arguments(store: S3Store) -> dict[str, Any]:
     addressing, timeouts, retries); also the storage options of fsspec-based writers (DCP's FsspecWriter)."""
     options = store.options
     config: dict[str, Any] = {"read_timeout": options.read_timeout_s, "connect_timeout": options.connect_timeout_s,
-                              "retries": {"total_max_attempts": options.max_attempts, "mode": "adaptive"},
+                              "retries": {"total_max_attempts": options.max_attempts, "mode": "standard"},
                               "max_pool_connections": 64}
     custom_endpoint = store.endpoint_source != "the default"
     if options.addressing_style or custom_endpoint:

@@ -169,7 +169,7 @@ def test_server_restarted_within_the_retry_budget(s3_server, s3_bucket, proxy):
 @pytest.mark.parametrize("fault", ["slowdown", "reset"])
 def test_persistent_fault_fails_cleanly(s3_server, s3_bucket, proxy, fault):
     url = f"s3://{s3_bucket}/ckpt"
-    if fault == "slowdown":  # botocore's adaptive mode then also rate-limits the client: 2 attempts are enough
+    if fault == "slowdown":
         proxy.fail(None, status=503, kind="UploadPart")
     else:
         proxy.reset(None, after_bytes=2**20, kind="UploadPart")
