@@ -7,7 +7,7 @@ additive increase), up to the ceiling, the configured concurrency. A throttled a
 SlowDown, 429, a Throttling code) multiplies it by ``decrease`` (multiplicative decrease), down to a
 floor of one; throttles of requests that started before the last decrease are that same congestion
 answering late and do not decrease it again (one decrease per round of requests, as TCP does per
-round trip). One controller per S3 connection (client and options) in a process, so every store
+round trip). A transfer starting ``RESTORE_AFTER_S`` after the last decrease starts at the ceiling. One controller per S3 connection (client and options) in a process, so every store
 with those options, and every save and load through them, shares what it learned.
 
 :class:`RequestStats` counts, per connection and in a process-wide total that benchmarks take
@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass
 
 #: The factor a throttled answer multiplies the limit by.
 DEFAULT_DECREASE = 0.5
+#: A transfer that starts this long after the last throttled answer starts at the ceiling again (the
+#: limit learned then is about a burst that has passed; throttling now brings it down within a round).
+RESTORE_AFTER_S = 2.0
 #: Error codes S3 and S3-compatible servers use for "slow down" (HTTP 503 SlowDown, 429 and others).
 THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
                             "RequestThrottled", "RequestLimitExceeded", "TooManyRequests",
@@ -76,12 +79,13 @@ class Aimd:
         return self._in_flight
 
     def set_ceiling(self, ceiling: int) -> None:
-        """The configured concurrency of the next transfer. A limit that never came down follows it;
-        a limit learned from throttling stays (clamped to the new ceiling) and grows back from there."""
+        """The configured concurrency of the next transfer. A limit that never came down follows it,
+        and so does one whose last decrease is ``RESTORE_AFTER_S`` old; a limit learned from recent
+        throttling stays (clamped to the new ceiling) and grows back from there."""
         if ceiling < 1:
             raise ValueError("the ceiling must be at least 1")
         with self._cond:
-            if self._limit >= self._ceiling:
+            if self._limit >= self._ceiling or self._clock() - self._last_decrease >= RESTORE_AFTER_S:
                 self._limit = float(ceiling)
             self._ceiling = ceiling
             self._limit = min(self._limit, float(ceiling))

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ckptbench.storage.s3_pacing import Aimd, RequestStats, is_throttle, totals
+from ckptbench.storage.s3_pacing import RESTORE_AFTER_S, Aimd, RequestStats, is_throttle, totals
 
 
 class Clock:
@@ -110,9 +110,23 @@ def test_a_new_ceiling_is_followed_unless_the_limit_was_learned():
     aimd.throttled(clock.tick())
     assert aimd.limit == 16
     aimd.set_ceiling(64)
-    assert aimd.limit == 16  # what throttling taught stays, and grows back from there
+    assert aimd.limit == 16  # what recent throttling taught stays, and grows back from there
     aimd.set_ceiling(4)
     assert aimd.limit == 4
+
+
+def test_a_transfer_long_after_the_last_throttle_starts_at_the_ceiling():
+    clock = Clock()
+    aimd = Aimd(8, clock=clock)
+    aimd.throttled(clock.tick())
+    aimd.throttled(clock.tick())
+    assert aimd.limit == 2
+    clock.tick(RESTORE_AFTER_S / 2)
+    aimd.set_ceiling(8)
+    assert aimd.limit == 2
+    clock.tick(RESTORE_AFTER_S)
+    aimd.set_ceiling(8)
+    assert aimd.limit == 8
 
 
 def test_bad_settings_are_refused():
