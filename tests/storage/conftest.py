@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,21 @@ from typing import Any
 import pytest
 
 CEPH_SH = Path(__file__).resolve().parents[1] / "servers" / "ceph.sh"
+
+
+# tests/servers is not a package: its proxy module is imported by name (``import faultproxy``) by the
+# test modules here, once this conftest has put the directory on the path.
+if str(CEPH_SH.parent) not in sys.path:
+    sys.path.insert(0, str(CEPH_SH.parent))
+
+
+@pytest.fixture
+def fault_proxy(s3_server) -> Iterator[Any]:
+    """tests/servers/faultproxy.py's proxy in front of the server (started, stopped after the test)."""
+    import faultproxy
+
+    with faultproxy.FaultProxy(s3_server.endpoint) as running:
+        yield running
 S3_BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph")
 CEPHFS_BINARIES = ("ceph-mds", "ceph-fuse")
 INSTALL = "apt-get install radosgw ceph-mon ceph-osd ceph-common ceph-mds ceph-fuse"

@@ -222,30 +222,20 @@ def test_ctrl_c_during_the_sweep_leaves_nothing(s3_server, s3_bucket, tmp_path: 
     assert _leftovers(client, s3_bucket) == ([], [])
 
 
-def _faultproxy():
-    import importlib.util
-
-    if "faultproxy" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "servers" / "faultproxy.py"
-        spec = importlib.util.spec_from_file_location("faultproxy", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["faultproxy"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["faultproxy"]
+def _through(proxy, server) -> list[str]:
+    return ["--endpoint-url", proxy.endpoint, *_options(server)[2:]]
 
 
 @pytest.mark.s3
-def test_object_sweep_reports_throttling(cli, s3_server, s3_bucket):
+def test_object_sweep_reports_throttling(cli, s3_server, s3_bucket, fault_proxy):
     """Throttled answers, retries and the seconds they cost: in the JSON per phase, and on the console."""
-    with _faultproxy().FaultProxy(s3_server.endpoint) as proxy:
-        through = ["--endpoint-url", proxy.endpoint, *_options(s3_server)[2:]]
-        proxy.fail(2, status=503, kind="UploadPart")
-        doc = cli.json("bench", f"s3://{s3_bucket}/bench", *through, "--size", "10MiB", "--object-size", "10MiB",
-                       "--concurrency", "2", "--part-size", "5MiB", "--repeat", "1", "--warmup", "0")
-        assert proxy.injected("status", "UploadPart") == 2
-        proxy.fail(1, status=503, kind="UploadPart")
-        shown = cli("bench", f"s3://{s3_bucket}/bench", *through, "--size", "10MiB", "--object-size", "10MiB",
-                    "--concurrency", "2", "--part-size", "5MiB", "--repeat", "1", "--warmup", "0", "--no-read")
+    sweep = ["bench", f"s3://{s3_bucket}/bench", *_through(fault_proxy, s3_server), "--size", "10MiB",
+             "--object-size", "10MiB", "--concurrency", "2", "--part-size", "5MiB", "--repeat", "1", "--warmup", "0"]
+    fault_proxy.fail(2, status=503, kind="UploadPart")
+    doc = cli.json(*sweep)
+    assert fault_proxy.injected("status", "UploadPart") == 2
+    fault_proxy.fail(1, status=503, kind="UploadPart")
+    shown = cli(*sweep, "--no-read")
     (result,) = doc["results"]
     write, read = result["requests"]["write"], result["requests"]["read"]
     assert write["throttled"] == 2 and write["retries"] >= 2 and write["retry_s"] > 0
@@ -256,12 +246,10 @@ def test_object_sweep_reports_throttling(cli, s3_server, s3_bucket):
 
 
 @pytest.mark.s3
-def test_checkpoint_workload_reports_throttling(cli, s3_server, s3_bucket):
-    with _faultproxy().FaultProxy(s3_server.endpoint) as proxy:
-        through = ["--endpoint-url", proxy.endpoint, *_options(s3_server)[2:]]
-        proxy.fail(2, status=503, kind="UploadPart")
-        doc = cli.json("bench", f"s3://{s3_bucket}/ckpt", *through, "--workload", "checkpoint", "--size", "32MiB",
-                       "--repeat", "1", "--warmup", "0", "--storage-option", "part_size=5MiB")
+def test_checkpoint_workload_reports_throttling(cli, s3_server, s3_bucket, fault_proxy):
+    fault_proxy.fail(2, status=503, kind="UploadPart")
+    doc = cli.json("bench", f"s3://{s3_bucket}/ckpt", *_through(fault_proxy, s3_server), "--workload", "checkpoint",
+                   "--size", "32MiB", "--repeat", "1", "--warmup", "0", "--storage-option", "part_size=5MiB")
     (result,) = doc["results"]
     counts = result["details"]["s3_requests"]
     assert counts["save"]["throttled"] == 2 and counts["save"]["retries"] >= 2

@@ -7,16 +7,13 @@ the proxy."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import faultproxy  # tests/servers, put on the path by conftest.py
 import numpy as np
 import pytest
 import torch
@@ -31,24 +28,9 @@ SHARD_BYTES = 12 * 2**20  # the state below: 2 shards, 12 MiB (3 parts) and 8 Mi
 PARTS = 5
 
 
-def _load_faultproxy() -> Any:
-    """tests/servers is not a package: load the proxy module from its file (once per process)."""
-    if "faultproxy" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "servers" / "faultproxy.py"
-        spec = importlib.util.spec_from_file_location("faultproxy", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["faultproxy"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["faultproxy"]
-
-
-faultproxy = _load_faultproxy()
-
-
 @pytest.fixture
-def proxy(s3_server) -> Iterator[Any]:
-    with faultproxy.FaultProxy(s3_server.endpoint) as running:
-        yield running
+def proxy(fault_proxy) -> Any:
+    return fault_proxy
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:

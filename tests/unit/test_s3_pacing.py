@@ -46,23 +46,23 @@ def test_throttles_of_requests_started_before_the_decrease_count_once():
     assert aimd.limit == 4 and aimd.decreases == 2
 
 
+def lowered(aimd: Aimd, clock: Clock, times: int) -> Aimd:
+    """``aimd`` after ``times`` throttles, each of a request sent after the previous decrease."""
+    for _ in range(times):
+        aimd.throttled(clock.tick())
+    return aimd
+
+
 def test_never_below_the_floor():
     clock = Clock()
-    aimd = Aimd(8, clock=clock)
-    for _ in range(10):
-        aimd.throttled(clock.tick())
+    aimd = lowered(Aimd(8, clock=clock), clock, 10)
     assert aimd.limit == 1 and aimd.lowest == 1
-    floored = Aimd(8, floor=2, clock=clock)
-    for _ in range(10):
-        floored.throttled(clock.tick())
-    assert floored.limit == 2
+    assert lowered(Aimd(8, floor=2, clock=clock), clock, 10).limit == 2
 
 
 def test_additive_increase_one_slot_per_round_of_successes_up_to_the_ceiling():
     clock = Clock()
-    aimd = Aimd(8, clock=clock)
-    aimd.throttled(clock.tick())
-    aimd.throttled(clock.tick())
+    aimd = lowered(Aimd(8, clock=clock), clock, 2)
     assert aimd.limit == 2
     aimd.succeeded()
     assert aimd.limit == 2  # half a slot so far
@@ -78,9 +78,7 @@ def test_additive_increase_one_slot_per_round_of_successes_up_to_the_ceiling():
 
 def test_acquire_waits_while_the_limit_is_in_flight():
     clock = Clock()
-    aimd = Aimd(4, clock=clock)
-    aimd.throttled(clock.tick())
-    aimd.throttled(clock.tick())  # limit 1
+    aimd = lowered(Aimd(4, clock=clock), clock, 2)  # limit 1
     first = aimd.acquire()
     assert first is not None and aimd.in_flight == 1
     got: list[float | None] = []
@@ -117,9 +115,7 @@ def test_a_new_ceiling_is_followed_unless_the_limit_was_learned():
 
 def test_a_transfer_long_after_the_last_throttle_starts_at_the_ceiling():
     clock = Clock()
-    aimd = Aimd(8, clock=clock)
-    aimd.throttled(clock.tick())
-    aimd.throttled(clock.tick())
+    aimd = lowered(Aimd(8, clock=clock), clock, 2)
     assert aimd.limit == 2
     clock.tick(RESTORE_AFTER_S / 2)
     aimd.set_ceiling(8)
