@@ -86,6 +86,52 @@ def run_ranks_here(args: list[str], *, target: str, ranks: int, timeout_s: float
             raise StorageIOError(f"{ranks} writers at once on {target}: rank 0 printed no result") from None
 
 
+def run_sample_fresh(spec: Any, target: str, *, settings: dict[str, str], timeout_s: float = 900.0) -> dict[str, Any]:
+    """The single-process checkpoint benchmark ``spec`` (a ``shootout.CheckpointBenchSpec``) on the local
+    directory ``target``, in a process of its own, with the writer ``settings`` (``CKPTBENCH_SAVE_*``) in its
+    environment; its ``ckptbench.bench.checkpoint/1`` document. A job's rank starts fresh: the same runs in a
+    process that already measured other sizes stalled its async saves about half again as long here
+    (memory that earlier state_dicts and arenas left behind). StorageIOError with the child's error line."""
+    import dataclasses
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES}
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), CKPTBENCH_LOG_PROGRESS="0", **settings)
+    argv = [sys.executable, "-c", "from ckptbench.bench.local_ranks import sample_main; sample_main()", target,
+            json.dumps(dataclasses.asdict(spec))]
+    with tempfile.TemporaryDirectory(prefix="ckptbench-sample-") as scratch:
+        out, err = Path(scratch) / "out", Path(scratch) / "err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env)
+            try:
+                proc.wait(timeout=timeout_s)
+            except BaseException:
+                _stop([proc])
+                raise
+        if proc.returncode:
+            raise StorageIOError(f"the sample of {spec.size_bytes} bytes on {target} failed: "
+                                 f"{_first_error([err], [proc.returncode])}")
+        try:
+            return json.loads(out.read_text())
+        except ValueError:
+            raise StorageIOError(f"the sample on {target} printed no result") from None
+
+
+def sample_main() -> None:
+    """The child of :func:`run_sample_fresh`: argv = TARGET SPEC_JSON; prints the document."""
+    from ckptbench.bench.shootout import CheckpointBenchSpec, run_checkpoint_bench
+    from ckptbench.errors import CkptbenchError
+    from ckptbench.storage import resolve_target
+
+    target, raw = sys.argv[1], json.loads(sys.argv[2])
+    try:
+        spec = CheckpointBenchSpec(**{**raw, "writers": tuple(raw["writers"])})
+        report = run_checkpoint_bench(spec, resolve_target(target, {}))
+    except CkptbenchError as exc:
+        print(f"ckptbench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(json.dumps(report.to_dict()))
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     """SIGTERM then SIGKILL the processes started here (each cleans its scratch on SIGTERM)."""
     for p in procs:

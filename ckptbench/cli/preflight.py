@@ -427,12 +427,15 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         """The runs of ``sample`` (a workload; the one already measured: ``workload``)."""
         if writers == 1:
             if sample is workload:
-                one = report
-            else:
-                progress.phase(f"the sample at {format_size(sample.total_bytes)}")
-                one = run_checkpoint_bench(dataclasses.replace(spec, size_bytes=sample.total_bytes), storage,
-                                           progress=progress, workload=sample)
-            return _single_runs(one)
+                return _single_runs(report)
+            progress.phase(f"the sample at {format_size(sample.total_bytes)}")
+            sized = dataclasses.replace(spec, size_bytes=sample.total_bytes)
+            if not local:
+                return _single_runs(run_checkpoint_bench(sized, storage, progress=progress, workload=sample))
+            from ckptbench.bench.local_ranks import run_sample_fresh
+
+            # In a process of its own, as a rank starts, with the settings this one's writer settled on.
+            return _doc_runs(run_sample_fresh(sized, str(storage), settings=_writer_settings(ours)))
         from ckptbench.bench.local_ranks import run_local_ranks
 
         progress.phase(f"{writers} writers at once ({format_size(sample.total_bytes)} in all), as a node's ranks")
@@ -570,6 +573,29 @@ def _single_runs(report: Any) -> tuple[int, dict[str, list[float]], dict[str, An
     (async_,) = report.async_results
     return ours.save.bytes_per_run, {"save": list(ours.save.runs_s), "load": list(ours.load.runs_s),
                                      "stall": list(async_.stall_s), "persist": list(async_.persist_s)}, {}
+
+
+def _doc_runs(doc: dict[str, Any]) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+    """The same from a single-process checkpoint-bench document (a sample measured in a process of its own)."""
+    ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
+    async_ = next(a for a in doc["async"] if a["writer"] == "ckptbench")
+    return ours["save"]["bytes_per_run"], {"save": list(ours["save"]["runs_s"]), "load": list(ours["load"]["runs_s"]),
+                                           "stall": list(async_["runs_stall_s"]),
+                                           "persist": list(async_["runs_persist_s"])}, {}
+
+
+def _writer_settings(ours: Any) -> dict[str, str]:
+    """``CKPTBENCH_SAVE_*`` for the writer settings ``ours`` (a shoot-out result) used, so that another process
+    saves the same way without measuring the mount again."""
+    d = ours.details
+    out = {}
+    if d.get("direct") is not None:
+        out["CKPTBENCH_SAVE_DIRECT"] = "1" if d["direct"] else "0"
+    if d.get("threads"):
+        out["CKPTBENCH_SAVE_THREADS"] = str(d["threads"])
+    if d.get("block_size_bytes"):
+        out["CKPTBENCH_SAVE_BLOCK_BYTES"] = str(d["block_size_bytes"])
+    return out
 
 
 def _together_runs(doc: dict[str, Any]) -> tuple[int, dict[str, list[float]], dict[str, Any]]:

@@ -253,3 +253,19 @@ def test_a_cpu_measurement_records_its_device_and_assumes_the_interference(cli, 
     m, p = doc["measurements"], doc["predictions"]
     assert m["device"] == "cpu" and m["interference"] is None and m["interference_range"] is None
     assert p["interference_source"].startswith("assumed")
+
+
+def test_a_further_sample_runs_in_a_fresh_process_with_the_settled_writer_settings(tmp_path: Path):
+    from ckptbench.bench.local_ranks import run_sample_fresh
+    from ckptbench.bench.shootout import CheckpointBenchSpec
+
+    spec = CheckpointBenchSpec(size_bytes=8 * 2**20, repeat=1, warmup=0, memory_saves=0)
+    doc = run_sample_fresh(spec, str(tmp_path), settings={"CKPTBENCH_SAVE_THREADS": "3",
+                                                          "CKPTBENCH_SAVE_DIRECT": "0"})
+    ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
+    assert ours["details"]["threads"] == 3 and ours["details"]["direct"] is False and ours["verified"]
+    assert list(tmp_path.iterdir()) == []
+    from ckptbench.errors import StorageIOError
+
+    with pytest.raises(StorageIOError, match="the sample of .* failed: .*does not exist"):
+        run_sample_fresh(spec, str(tmp_path / "missing"), settings={})
