@@ -23,8 +23,12 @@ import os
 import statistics
 import sys
 import uuid
+from pathlib import Path
 
 from ckptbench.units import parse_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets (not a package)
+from s3_buckets import remove_bucket  # noqa: E402
 
 DRAIN_GOAL = 0.9
 STALL_GOAL = 1.2
@@ -47,10 +51,7 @@ def measure(local: str, endpoint: str, size: int, rounds: int) -> dict:
                                 ObjectTarget(f"s3://{bucket}/drain", {"endpoint_url": endpoint}), repeat=rounds,
                                 warmup=1)
     finally:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for obj in page.get("Contents", []):
-                client.delete_object(Bucket=bucket, Key=obj["Key"])
-        client.delete_bucket(Bucket=bucket)
+        remove_bucket(client, bucket)
     doc = bench.to_dict()
     doc["goals"] = {
         "drain_vs_direct": {"goal": f">= {DRAIN_GOAL}", "median": statistics.median(bench.drain_vs_direct_by_round),

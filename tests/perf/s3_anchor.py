@@ -26,7 +26,6 @@ round too, next to a clean one through the same proxy: the goal is >= 0.5x the c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -40,16 +39,16 @@ from typing import Any
 
 from ckptbench.units import parse_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets, faultproxy (not packages)
+from s3_buckets import remove_bucket  # noqa: E402
+
 MiB = 2**20
 
 
 def _faultproxy() -> Any:
-    path = Path(__file__).resolve().parents[1] / "servers" / "faultproxy.py"
-    spec = importlib.util.spec_from_file_location("faultproxy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["faultproxy"] = module
-    spec.loader.exec_module(module)
-    return module
+    import faultproxy  # tests/servers, on the path above
+
+    return faultproxy
 
 
 def make_state(size: int) -> dict:
@@ -186,13 +185,7 @@ def run(args: argparse.Namespace) -> dict:
             if proxy is not None:
                 proxy.stop()
             load_after = os.getloadavg()
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                if keys:
-                    client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-            for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
-                client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-            client.delete_bucket(Bucket=bucket)
+            remove_bucket(client, bucket)
             if filler is not None:
                 notes.append(f"every side went through the ETag-filling relay ({filler.etags_filled} ETags filled)")
                 filler.stop()

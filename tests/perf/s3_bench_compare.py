@@ -31,6 +31,9 @@ from ckptbench.bench.object_sweep import ObjectBenchSpec, run_object_bench
 from ckptbench.storage.object_target import ObjectTarget
 from ckptbench.units import parse_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets (not a package)
+from s3_buckets import remove_bucket  # noqa: E402
+
 
 def boto3_upload(client, bucket: str, data: bytes, concurrency: int, part: int, rounds: int) -> list[float]:
     from boto3.s3.transfer import TransferConfig
@@ -88,13 +91,7 @@ def main() -> int:
             print(f"{conc:3d} in flight, {part / 2**20:.0f} MiB parts: ckptbench {got['ckptbench'] * 1e3:6.0f} MB/s  "
                   f"boto3 {got['boto3'] * 1e3:6.0f} MB/s", flush=True)
     finally:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-        for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
-            client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-        client.delete_bucket(Bucket=bucket)
+        remove_bucket(client, bucket)
     best_ours = max(rows, key=lambda r: r["ckptbench_gbps"])
     best_theirs = max(rows, key=lambda r: r["boto3_gbps"])
     ratio = best_ours["ckptbench_gbps"] / best_theirs["boto3_gbps"]

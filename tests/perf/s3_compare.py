@@ -18,11 +18,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from ckptbench.units import parse_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets (not a package)
+from s3_buckets import remove_bucket  # noqa: E402
 
 
 def compare(endpoint: str, size: int, rounds: int) -> dict:
@@ -61,10 +66,7 @@ def compare(endpoint: str, size: int, rounds: int) -> dict:
                 for name, fn in order if i % 2 == 0 else order[::-1]:
                     samples[name].append(size / fn() / 1e9)
         finally:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-                for item in page.get("Contents", []):
-                    client.delete_object(Bucket=bucket, Key=item["Key"])
-            client.delete_bucket(Bucket=bucket)
+            remove_bucket(client, bucket)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     return {"endpoint": endpoint, "bytes": size, "rounds": rounds, "samples_gbps": samples,
             "median_gbps": medians, "ratio_ckptbench_over_s3fs": medians["ckptbench"] / medians["s3fs"],

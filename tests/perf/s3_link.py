@@ -33,6 +33,9 @@ from pathlib import Path
 
 from ckptbench.units import parse_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets (not a package)
+from s3_buckets import remove_bucket  # noqa: E402
+
 MIB = 2**20
 
 
@@ -102,13 +105,7 @@ def measure(endpoint: str, key: str, secret: str, size: int, tensors: int, round
             for name, fn in order if i % 2 == 0 else order[::-1]:
                 timed(name, fn, record=True)
     finally:
-        for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
-            client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-        client.delete_bucket(Bucket=bucket)
+        remove_bucket(client, bucket)
     doc = {"endpoint": endpoint, "bytes": payload, "tensors": tensors, "rounds": rounds,
            "part_size": part_size, "max_concurrency": concurrency,
            "samples_MBps": samples, "median_MBps": {k: statistics.median(v) for k, v in samples.items()}}

@@ -171,13 +171,9 @@ def s3_bucket(s3_server: Ceph) -> Iterator[str]:
     name = f"ckptbench-test-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     yield name
-    for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
-        client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
-        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
-    client.delete_bucket(Bucket=name)
+    from s3_buckets import remove_bucket
+
+    remove_bucket(client, name)
 
 
 @pytest.fixture
