@@ -280,12 +280,11 @@ def check_device(device: str, nbytes: int) -> None:
         raise UsageError(f"--device {device} needs a CUDA GPU, and torch sees none here "
                          f"(torch {torch.__version__}, torch.cuda.is_available() is False)",
                          hint="drop --device to save a CPU state_dict")
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
+    index = _gpu_index(device)
     if index >= torch.cuda.device_count():
         raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
                          f"cuda:{torch.cuda.device_count() - 1}")
-    free, _ = torch.cuda.mem_get_info(index)
+    free = device_free_bytes(device)
     need = int(DEVICE_COPIES * nbytes)
     if need > free:
         raise UsageError(f"the run keeps about {DEVICE_COPIES:g} copies of the {format_size(nbytes)} checkpoint on "
@@ -315,12 +314,19 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _gpu_index(device: str) -> int:
+    """The GPU ``device`` names (cuda: the current one)."""
+    import torch
+
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
 def device_free_bytes(device: str) -> int:
     """Free memory of the GPU ``device`` names (cuda: the current one)."""
     import torch
 
-    index = torch.device(device).index
-    free, _ = torch.cuda.mem_get_info(torch.cuda.current_device() if index is None else index)
+    free, _ = torch.cuda.mem_get_info(_gpu_index(device))
     return int(free)
 
 

@@ -427,11 +427,11 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         """The runs of ``sample`` (a workload; the one already measured: ``workload``)."""
         if writers == 1:
             if sample is workload:
-                return _single_runs(report)
+                return _doc_runs(doc)
             progress.phase(f"the sample at {format_size(sample.total_bytes)}")
             sized = dataclasses.replace(spec, size_bytes=sample.total_bytes)
             if not local:
-                return _single_runs(run_checkpoint_bench(sized, storage, progress=progress, workload=sample))
+                return _doc_runs(run_checkpoint_bench(sized, storage, progress=progress, workload=sample).to_dict())
             from ckptbench.bench.local_ranks import run_sample_fresh
 
             # In a process of its own, as a rank starts, with the settings this one's writer settled on.
@@ -567,16 +567,9 @@ def _sustained_write(storage: Any, ours: Any, sample_bytes: int, writers: int, p
                                reason=why, interval_s=interval_for(size, rate), progress=progress, limits=limits)
 
 
-def _single_runs(report: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-    """Bytes per run and the runs' seconds of one process's save, load, async stall and persist."""
-    ours = report.result("ckptbench")
-    (async_,) = report.async_results
-    return ours.save.bytes_per_run, {"save": list(ours.save.runs_s), "load": list(ours.load.runs_s),
-                                     "stall": list(async_.stall_s), "persist": list(async_.persist_s)}, {}
-
-
 def _doc_runs(doc: dict[str, Any]) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-    """The same from a single-process checkpoint-bench document (a sample measured in a process of its own)."""
+    """Bytes per run and the runs' seconds of one process's save, load, async stall and persist, from its
+    checkpoint-bench document."""
     ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
     async_ = next(a for a in doc["async"] if a["writer"] == "ckptbench")
     return ours["save"]["bytes_per_run"], {"save": list(ours["save"]["runs_s"]), "load": list(ours["load"]["runs_s"]),
