@@ -15,6 +15,7 @@ from ckptbench import knobs, units
 from ckptbench.cli import params
 from ckptbench.cli.formats import format_options
 from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_environment
+from ckptbench.cli.options import checked_device
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
 from ckptbench.config import MAX_FILES, FsBenchSpec
 from ckptbench.errors import UsageError
@@ -242,9 +243,8 @@ def bench(target: str, size: int, file_size: int | None, files: int | None, thre
         if misplaced:
             flag = {**FS_ONLY, **OBJECT_ONLY, "sample_every": "--sample-every"}[misplaced[0]]
             raise UsageError(f"{flag} applies to the single-process sweep, not to a distributed launch")
-        if device not in (None, "cpu", "cuda"):
-            raise UsageError(f"--device {device}: under a launch each rank uses its own GPU",
-                             hint="give --device cuda (rank r uses cuda:LOCAL_RANK)")
+        if device is not None:
+            checked_device(device, 0, launched=True)
         bench_under_launch(launch, target, given, size=size, threads=threads, repeat=repeat, warmup=warmup,
                            output_format=output_format, plot_path=plot_path, output_dir=output_dir, model=model, scale=scale,
                            writers=writers, storage_options=options, force=force, dp=dp, tp=tp, pp=pp, zero=zero,

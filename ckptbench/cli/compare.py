@@ -13,7 +13,13 @@ from ckptbench.cli import params
 from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.formats import format_options
 from ckptbench.cli.interval_cmd import pct
-from ckptbench.cli.options import failure_options, resolve_failures, resolve_local_loss, two_level_options
+from ckptbench.cli.options import (
+    checked_device,
+    failure_options,
+    resolve_failures,
+    resolve_local_loss,
+    two_level_options,
+)
 from ckptbench.cli.render import open_output, run_and_emit, stdout_console
 from ckptbench.errors import UsageError
 from ckptbench.model.interference import ASSUMED
@@ -136,10 +142,7 @@ def compare(targets: tuple[str, ...], tier: tuple[str, ...], from_results: tuple
                                size_bytes=None if scale is not None else size, writers=("ckptbench",),
                                repeat=repeat, warmup=warmup, threads=threads, memory_saves=0, device=device)
     work = plan(spec)  # unknown model preset, size out of range: fail before touching any target
-    if device != "cpu":
-        from ckptbench.bench.workloads import check_device
-
-        check_device(device, work.total_bytes)
+    checked_device(device, work.total_bytes, launched=False)
     failure_model = resolve_failures(mtbf_s=mtbf, gpu_mtbf_s=gpu_mtbf, node_mtbf_s=node_mtbf,
                                      faults_per_day=faults_per_day, failure_preset=failures, gpus=gpus, nodes=nodes,
                                      count_given=True)

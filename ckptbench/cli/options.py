@@ -267,3 +267,20 @@ def resolve_local_loss(text: str | None, failure_preset: str | None) -> tuple[fl
         return parse_fraction(text, allow_zero=True), "given (--local-loss)"
     except ValueError as exc:
         raise UsageError(f"--local-loss: {exc}, or a failure preset (llama3)") from None
+
+
+def checked_device(device: str, sample_bytes: int, *, launched: bool) -> str:
+    """``--device`` checked before anything is measured: cpu, or a GPU torch sees with room for
+    ``sample_bytes`` (under a launch: cpu or cuda, each rank on its own GPU, checked by the ranks)."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device {device!r} must be cpu, cuda or cuda:N")
+    if launched and device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: under a launch each rank uses its own GPU",
+                         hint="give --device cuda (rank r uses cuda:LOCAL_RANK)")
+    if device != "cpu" and not launched:
+        from ckptbench.bench.workloads import check_device
+
+        check_device(device, sample_bytes)
+    return device

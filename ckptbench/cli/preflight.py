@@ -17,6 +17,7 @@ from ckptbench.cli.bench import storage_options_from
 from ckptbench.cli.formats import format_options
 from ckptbench.cli.options import (
     FAILURE_RATE,
+    checked_device,
     failure_options,
     flags_override_config,
     resolve_failures,
@@ -191,7 +192,7 @@ def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     from ckptbench.cli.launch import launch_from_environment
 
     launch = launch_from_environment()
-    device = _device(opts["device"], opts["measure_size"], launched=launch is not None)
+    device = checked_device(opts["device"], opts["measure_size"], launched=launch is not None)
     storage = resolve_target(target, options, force=opts["force"])
     if launch is not None:
         code = preflight_under_launch(launch, job, storage, model=DEFAULT_MODEL if preset is None else preset,
@@ -300,23 +301,6 @@ def _local_world_size() -> int | None:
         if raw.isdigit():
             return int(raw)
     return None
-
-
-def _device(device: str, sample_bytes: int, *, launched: bool) -> str:
-    """``device`` checked before anything is measured: cpu, or a GPU torch sees with room for the sample
-    (under a launch: cpu or cuda, each rank on its own GPU)."""
-    import re
-
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise UsageError(f"--device {device!r} must be cpu, cuda or cuda:N")
-    if launched and device not in ("cpu", "cuda"):
-        raise UsageError(f"--device {device}: under a launch each rank uses its own GPU",
-                         hint="give --device cuda (rank r uses cuda:LOCAL_RANK)")
-    if device != "cpu" and not launched:
-        from ckptbench.bench.workloads import check_device
-
-        check_device(device, sample_bytes)
-    return device
 
 
 def preflight_under_launch(launch: Any, job: Any, storage: Any, *, model: str, repeat: int, output_format: str,
