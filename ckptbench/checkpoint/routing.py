@@ -48,10 +48,10 @@ class Sources(list):
 
 def route_of(t: Any, device: int) -> int:
     """``t``'s staging route; ``device`` is ``t.get_device()``."""
-    return _route(t, device, t.is_conj() or t.is_neg())
+    return route_for(t, device, t.is_conj() or t.is_neg())
 
 
-def _route(t: Any, device: int, lazy_bits: bool) -> int:
+def route_for(t: Any, device: int, lazy_bits: bool) -> int:
     """:func:`route_of` with ``t``'s conjugate or negative bit read already (``lazy_bits``: either set)."""
     if lazy_bits or not t.is_contiguous():
         return ROUTE_TORCH

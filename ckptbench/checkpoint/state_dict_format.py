@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from ckptbench.checkpoint.routing import Sources, _route
+from ckptbench.checkpoint.routing import Sources, route_for
 from ckptbench.errors import PickleNotAllowedError, UsageError
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class Flattener:
         tensors = self.tensors
         tensors.append(t)
         tensors.addresses.append(address)
-        tensors.routes.append(_route(t, device, lazy != (False, False)))
+        tensors.routes.append(route_for(t, device, lazy != (False, False)))
         return index
 
 

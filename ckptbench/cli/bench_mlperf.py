@@ -70,9 +70,9 @@ def bench_mlperf(name: str, target: str, *, launch: Any, ranks: int | None, scal
         progress.phase(f"MLPerf {name}: {ranks} ranks here, {writes} writes, then {reads} cold reads")
         return _Result(run_ranks_here(args, target=target, ranks=ranks, timeout_s=RANKS_TIMEOUT_S))
 
-    from ckptbench.cli.launch import _plot
+    from ckptbench.cli.launch import plot_distributed_bench
 
-    run_and_emit(run, output=output, plot_path=plot_path, output_format=output_format, plot=_plot,
+    run_and_emit(run, output=output, plot_path=plot_path, output_format=output_format, plot=plot_distributed_bench,
                  print_tables=lambda report, doc: _print(doc))
 
 
@@ -86,7 +86,7 @@ def _under_launch(workload: Any, target: str, scale: float, procedure: Any, *, o
     from ckptbench.bench.mlperf import figures
     from ckptbench.bench.mlperf_launched import run_mlperf
     from ckptbench.checkpoint.distributed import current_world, leave_world
-    from ckptbench.cli.launch import _plot
+    from ckptbench.cli.launch import plot_distributed_bench
     from ckptbench.storage import resolve_target
 
     storage = resolve_target(target, storage_options, force=force)
@@ -105,7 +105,7 @@ def _under_launch(workload: Any, target: str, scale: float, procedure: Any, *, o
                 return _Result(document)
 
             run_and_emit(run, output=open_output(output_dir, "bench-mlperf"), plot_path=plot_path,
-                         output_format=output_format, plot=_plot, print_tables=lambda report, doc: _print(doc))
+                         output_format=output_format, plot=plot_distributed_bench, print_tables=lambda report, doc: _print(doc))
     finally:
         leave_world()
 

@@ -80,12 +80,13 @@ def bench_under_launch(launch: Launch, target: str, given: set[str], *, size: in
             run_and_emit(
                 lambda progress: run_distributed_bench(spec, storage, world, progress=progress),
                 output=open_output(output_dir, "bench-distributed"), plot_path=plot_path, output_format=output_format,
-                plot=_plot, print_tables=lambda report, doc: print_distributed_tables(doc))
+                plot=plot_distributed_bench, print_tables=lambda report, doc: print_distributed_tables(doc))
     finally:
         leave_world()
 
 
-def _plot(document: dict[str, Any], path: Path) -> None:
+def plot_distributed_bench(document: dict[str, Any], path: Path) -> None:
+    """A distributed bench document's figure (``bench`` under a launch, ``bench --mlperf``) to ``path``."""
     from ckptbench.report.distributed_plot import plot_distributed
 
     plot_distributed(document, path)

@@ -25,15 +25,18 @@ from dataclasses import dataclass
 
 def line_time_s(small_bytes: float, small_s: float, large_bytes: float, large_s: float, target_bytes: float,
                 min_slope: float = 0.0) -> float:
-    """The time at ``target_bytes`` on the line through the two measurements. Noise can make the line fall
-    or flatten below ``min_slope`` (seconds per byte: the fastest the bytes can go, e.g. the writer's own
-    rate into memory): then the larger time stands and the bytes beyond it cost ``min_slope`` each. A line
-    that crosses zero (a negative fixed part) gives the per-byte cost alone, in proportion to the larger."""
+    """The time at ``target_bytes`` on the line through the two measurements. Noise (or a smaller size's
+    layout with more of its bytes in small tensors) can make the line fall or flatten below ``min_slope``
+    (seconds per byte: the fastest the bytes can go, e.g. the writer's own rate into memory): then the time
+    of the size nearer the target stands, and the bytes beyond the larger size cost ``min_slope`` each. A
+    line that crosses zero (a negative fixed part) gives the per-byte cost alone, in proportion to the
+    larger."""
     if large_bytes <= small_bytes:
         raise ValueError(f"sizes {small_bytes} and {large_bytes} must grow")
     slope = (large_s - small_s) / (large_bytes - small_bytes)
     if slope <= min_slope:
-        return max(small_s, large_s) + max(target_bytes - large_bytes, 0.0) * min_slope
+        nearer = small_s if abs(target_bytes - small_bytes) < abs(target_bytes - large_bytes) else large_s
+        return nearer + max(target_bytes - large_bytes, 0.0) * min_slope
     fixed = small_s - slope * small_bytes
     if fixed < 0:
         return large_s * target_bytes / large_bytes
@@ -58,13 +61,25 @@ _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 
 def next_median_half_width(runs_s: Sequence[float]) -> float:
     """Half the width of a 90 % interval for the median of as many runs made again: two medians of n runs
-    differ with a standard deviation of about ``s * sqrt(pi / n)`` (``s`` the runs' standard deviation),
-    and with few runs ``s`` itself is uncertain (Student's t). 0 from one run (nothing to go by)."""
+    differ with a standard deviation of about ``s * sqrt(pi / n)``, and with few runs ``s`` itself is
+    uncertain (Student's t). ``s`` is :func:`robust_scale`: one slow run among three moves the next
+    median little, so it must not move this interval much either (the range still reaches every run).
+    0 from one run (nothing to go by)."""
     n = len(runs_s)
     if n < 2:
         return 0.0
     t = _T90[n - 2] if n - 2 < len(_T90) else 1.645
-    return t * statistics.stdev(runs_s) * math.sqrt(math.pi / n)
+    return t * robust_scale(runs_s) * math.sqrt(math.pi / n)
+
+
+def robust_scale(runs_s: Sequence[float]) -> float:
+    """The runs' standard deviation, or where smaller, 1.4826 x their median absolute deviation (the
+    normal's standard deviation from the middle half of the runs, which an outlier does not inflate)."""
+    sd = statistics.stdev(runs_s)
+    if len(runs_s) < 3:
+        return sd
+    middle = statistics.median(runs_s)
+    return min(sd, 1.4826 * statistics.median(abs(x - middle) for x in runs_s))
 
 
 def _widened(point: float, low: float, high: float, half_width: float, floor_s: float) -> Fitted:

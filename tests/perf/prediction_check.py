@@ -60,7 +60,8 @@ def predict(directory: str, params: str, ranks: int, repeat: int, measure_time: 
 
 
 def measure(directory: str, node_bytes: int, ranks: int, repeat: int) -> dict:
-    """The real shape: ``ranks`` processes writing ``node_bytes`` together (the distributed bench, one node)."""
+    """The real shape: ``ranks`` processes writing ``node_bytes`` together (the distributed bench, one node);
+    one rank saves with ckptbench alone, as a job does (not between torch.save's and DCP's runs)."""
     cmd = [sys.executable, "-m", "ckptbench", "bench", directory, "--workload", "checkpoint", "--size",
            str(node_bytes), "--repeat", str(repeat), "--warmup", "1", "--json"]
     if ranks > 1:
@@ -68,7 +69,7 @@ def measure(directory: str, node_bytes: int, ranks: int, repeat: int) -> dict:
                "127.0.0.1", "--master-port", str(_free_port()), *cmd[1:]]
         doc = _run(cmd)
         return {key: [r[field] for r in doc["rounds"][op]] for _, op, field in QUANTITIES for key in [op]}
-    doc = _run(cmd)
+    doc = _run([*cmd, "--writers", "ckptbench"])
     ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
     async_ = next(a for a in doc["async"] if a["writer"] == "ckptbench")
     return {"save": ours["save"]["runs_s"], "load": ours["load"]["runs_s"], "async": async_["runs_stall_s"]}

@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptbench.decide.scaling import extended_size, fit_sizes, fit_time, line_time_s, next_median_half_width
+from ckptbench.decide.scaling import (
+    extended_size,
+    fit_sizes,
+    fit_time,
+    line_time_s,
+    next_median_half_width,
+    robust_scale,
+)
 
 MiB = 2**20
 
@@ -22,7 +29,10 @@ def test_a_fixed_cost_is_not_scaled_with_the_bytes():
 
 
 def test_noise_that_makes_the_line_fall_or_cross_zero():
-    assert line_time_s(100, 0.5, 400, 0.4, 4000) == 0.5  # flat: the larger time stands
+    # falling: the time of the size nearer the target stands (beyond both: the larger size's)
+    assert line_time_s(100, 0.5, 400, 0.4, 4000) == 0.4
+    assert line_time_s(100, 0.5, 400, 0.4, 150) == 0.5
+    assert line_time_s(100, 0.5, 400, 0.4, 4000, min_slope=1e-4) == pytest.approx(0.4 + 3600 * 1e-4)
     assert line_time_s(100, 0.01, 400, 0.4, 4000) == pytest.approx(0.4 * 10)  # fixed < 0: in proportion
     with pytest.raises(ValueError):
         line_time_s(400, 0.4, 100, 0.1, 1000)
@@ -46,6 +56,20 @@ def test_the_interval_of_a_median_made_again():
     assert next_median_half_width([2.0, 2.0, 2.0]) == 0.0
     # more runs, a narrower interval for the same spread
     assert next_median_half_width([1.0, 2.0, 3.0] * 4) < next_median_half_width([1.0, 2.0, 3.0])
+
+
+def test_one_slow_run_does_not_blow_up_the_interval_of_the_median():
+    # three stalls, one slow: the runs' standard deviation (0.087) would give a half width of 0.26 s, below
+    # zero on the low side; the middle runs' spread (MAD 0.01 -> 0.0148) gives 0.044 s
+    runs = [0.09, 0.10, 0.25]
+    assert robust_scale(runs) == pytest.approx(1.4826 * 0.01)
+    assert next_median_half_width(runs) == pytest.approx(2.920 * 1.4826 * 0.01 * (3.141592653589793 / 3) ** 0.5)
+    # the range still reaches every run: the slow one is its high end
+    f = fit_sizes([1000 * MiB], [runs], 1000 * MiB)
+    assert f.low_s == pytest.approx(0.10 - next_median_half_width(runs)) and f.high_s == pytest.approx(0.25)
+    # evenly spread runs keep their standard deviation (the smaller of the two), and two runs have no middle
+    assert robust_scale([1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert robust_scale([1.0, 3.0]) == pytest.approx(2**0.5)
 
 
 runs = st.lists(st.floats(min_value=1e-3, max_value=10.0), min_size=1, max_size=5)
