@@ -379,9 +379,12 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     and the whole), each written by as many processes at once as the node runs ranks (up to
     ``knobs.SAMPLE_RANKS_MAX`` and the cores), fitted as a fixed part plus a per-byte part
     (:mod:`ckptbench.decide.scaling`) and read at the node's bytes. A third, larger size nearer the node's
-    bytes (the node's own when it fits) is measured when the host's memory and ``budget_s`` allow it."""
+    bytes (the node's own when it fits) is measured when the host's memory and ``budget_s`` allow it, in
+    two sessions (fresh processes, half the runs each) whose runs are pooled: runs made in one process agree
+    more closely than a job's saves minutes later do, and the range must cover the latter."""
     import dataclasses
     import os
+    import statistics
 
     from ckptbench import knobs
     from ckptbench.bench.ceiling import bottleneck, writer_ceiling_bps
@@ -407,13 +410,15 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         writers = 1
     small = plan(dataclasses.replace(spec, size_bytes=workload.total_bytes // 4))
 
-    def measure(sample: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-        """The runs of ``sample`` (a workload; the one already measured: ``workload``)."""
+    def measure(sample: Any, repeat: int = spec.repeat, session: str = "") -> tuple[int, dict[str, list[float]],
+                                                                                   dict[str, Any]]:
+        """The runs of ``sample`` (a workload; the one already measured: ``workload``); ``session``: which of
+        several processes measuring it this is, for the progress line."""
         if writers == 1:
             if sample is workload:
                 return _doc_runs(doc)
-            progress.phase(f"the sample at {format_size(sample.total_bytes)}")
-            sized = dataclasses.replace(spec, size_bytes=sample.total_bytes)
+            progress.phase(f"the sample at {format_size(sample.total_bytes)}{session}")
+            sized = dataclasses.replace(spec, size_bytes=sample.total_bytes, repeat=repeat)
             if not local:
                 return _doc_runs(run_checkpoint_bench(sized, storage, progress=progress, workload=sample).to_dict())
             from ckptbench.bench.local_ranks import run_sample_fresh
@@ -422,19 +427,33 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
             return _doc_runs(run_sample_fresh(sized, str(storage), settings=_writer_settings(ours)))
         from ckptbench.bench.local_ranks import run_local_ranks
 
-        progress.phase(f"{writers} writers at once ({format_size(sample.total_bytes)} in all), as a node's ranks")
+        progress.phase(f"{writers} writers at once ({format_size(sample.total_bytes)} in all), as a node's ranks"
+                       f"{session}")
         together = run_local_ranks(str(storage), ranks=writers, size_bytes=sample.total_bytes, model=spec.model,
-                                   repeat=spec.repeat, warmup=1, device="cpu" if spec.device == "cpu" else "cuda")
+                                   repeat=repeat, warmup=1, device="cpu" if spec.device == "cpu" else "cuda")
         return _together_runs(together)
+
+    def measure_in_sessions(sample: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+        """``sample`` measured in :data:`SESSIONS` fresh processes, one after the other, their runs pooled."""
+        sessions = [measure(sample, repeat=session_repeat, session=f", session {i + 1} of {SESSIONS}")
+                    for i in range(SESSIONS)]
+        nbytes, runs, first_doc = sessions[0]
+        pooled = {q: [t for _, r, _ in sessions for t in r[q]] for q in runs}
+        session_medians.extend({q: statistics.median(r[q]) for q in r} for _, r, _ in sessions)
+        return nbytes, pooled, first_doc
+
+    session_repeat = -(-spec.repeat // SESSIONS)
+    session_medians: list[dict[str, float]] = []
 
     target = job.node_bytes
     large_bytes, large_runs, large_doc = measure(workload)
     measured = [(large_bytes, large_runs, large_doc)]
     if small.total_bytes < workload.total_bytes:
         measured.insert(0, measure(small))
-    extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s)
-    if extended is not None:
-        measured.append(measure(extended))
+    extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s,
+                         runs_per_size=SESSIONS * (session_repeat + spec.warmup))
+    if extended is not None:  # a target measured in this process (object storage) has no fresh sessions
+        measured.append(measure_in_sessions(extended) if local else measure(extended))
     sizes = [b for b, _, _ in measured]
     largest_bytes, _, largest_doc = measured[-1]
     # The bytes beyond the largest sample go no faster than the writers into memory (saves) or a memory copy
@@ -448,6 +467,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
                       "budget_s": budget_s, "fastest_bps": fastest,
                       "runs_s": {q: [r[q] for _, r, _ in measured] for q in large_runs},
                       "fitted": {q: f.as_dict() for q, f in fitted.items()},
+                      "largest_sessions": session_medians,
                       "measurements": [d for _, _, d in measured] if writers > 1 else None}
     save, load, stall, persist = (fitted[q] for q in ("save", "load", "stall", "persist"))
     # Writes past the write-back cache: the node's bytes beyond a burst go at the sustained rate.
@@ -508,10 +528,14 @@ def _interference(device: str, async_: Any) -> dict[str, Any]:
 SAMPLE_MEMORY_SHARE = 0.6
 
 
+#: The processes the largest sample is measured in, one after the other (their runs pooled).
+SESSIONS = 2
+
+
 def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict[str, list[float]], writers: int,
-              budget_s: float) -> Any:
+              budget_s: float, *, runs_per_size: int) -> Any:
     """The workload of the size to measure next, nearer the node's bytes (None: no time, no memory, or the
-    sample is the node's size already)."""
+    sample is the node's size already); ``runs_per_size``: the runs it will take, warm-ups included."""
     import dataclasses
     import statistics
 
@@ -528,7 +552,7 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
         from ckptbench.bench.workloads import DEVICE_COPIES, device_free_bytes
 
         most = min(most, device_free_bytes(spec.device) * SAMPLE_MEMORY_SHARE / DEVICE_COPIES * writers)
-    size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + spec.warmup,
+    size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=runs_per_size,
                          memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=MEMORY_COPIES, budget_s=budget_s,
                          most_bytes=most)
     if size is None:

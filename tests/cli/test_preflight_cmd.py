@@ -71,6 +71,9 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
     assert len(sizes) == 3 and sizes[0] < sizes[1] < sizes[2] and abs(sizes[2] / target - 1) <= 0.05
     assert m["sampled_bytes"] == sizes[2] and p["extrapolation_factor"] == 1.0
     saves = scaling["runs_s"]["save"][2]
+    # the largest size in two fresh processes, one run each (half of --repeat 2), their runs pooled
+    assert len(saves) == 2 and [s["save"] for s in scaling["largest_sessions"]] == saves
+    assert len(scaling["runs_s"]["save"][1]) == 2  # the sizes before it: --repeat runs in one process
     k = target / sizes[2]
     assert p["sync_checkpoint_s"] == pytest.approx(sorted(saves)[len(saves) // 2] * k if len(saves) % 2 else
                                                    (saves[0] + saves[1]) / 2 * k)
