@@ -381,21 +381,11 @@ class LocalStore(Store):
         a symlink), then written by the engine through the directory's descriptor."""
         if not files:
             return WriteReport(direct=False, sync="fdatasync"), []
-        directory = self.directory()
-        names = [name for name, _, _ in files]
-        try:
-            with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT):
-                jobs = [(directory.path_of(name), segments, size) for name, segments, size in files]
-                result, crcs = native.write_gathered(jobs, ranges, threads=threads, block_size=block_size,
-                                                     sync="fdatasync", sync_dir=True,
-                                                     schedule=self._schedule(per_file))
-                _engine_result(result)
-        except OSError as exc:
-            self.remove(names)
-            raise self._named(exc) from None
-        except BaseException:
-            self.remove(names)
-            raise
+        with self._new_files([name for name, _, _ in files]) as (directory, _):
+            jobs = [(directory.path_of(name), segments, size) for name, segments, size in files]
+            result, crcs = native.write_gathered(jobs, ranges, threads=threads, block_size=block_size,
+                                                 sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file))
+            _engine_result(result)
         return WriteReport(False, result.sync), crcs
 
     @property
@@ -404,22 +394,29 @@ class LocalStore(Store):
         return self._schedule(None) == "shared"
 
     @contextlib.contextmanager
-    def pieces(self, names: list[str]) -> Iterator[PieceWriter]:
-        """The files ``names`` created here (regular, not through a symlink) and held open while the
-        block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
-        writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
+    def _new_files(self, names: list[str]) -> Iterator[tuple[safeio.Directory, list[int]]]:
+        """The directory and the files ``names`` created in it (regular, not through a symlink), held open
+        for the block; all removed when it raises (an OSError names the file)."""
         directory = self.directory()
         try:
             with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT) as fds:
-                writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
-                yield writer
-                writer.finish()
+                yield directory, fds
         except OSError as exc:
             self.remove(names)
             raise self._named(exc) from None
         except BaseException:
             self.remove(names)
             raise
+
+    @contextlib.contextmanager
+    def pieces(self, names: list[str]) -> Iterator[PieceWriter]:
+        """The files ``names`` created here (regular, not through a symlink) and held open while the
+        block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
+        writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
+        with self._new_files(names) as (directory, fds):
+            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
+            yield writer
+            writer.finish()
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool, per_file: bool | None = None) -> None:

@@ -6,6 +6,7 @@ thread count and block size; where they do not apply the save is staged as befor
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import types
@@ -67,30 +68,25 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.numel() else t
 
 
+def _leaves(obj, path: str = "") -> dict:
+    """Every leaf of nested dicts and lists by its path."""
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in _leaves(value, f"{path}.{key}").items()}
+    if isinstance(obj, list):
+        return {k: v for i, value in enumerate(obj) for k, v in _leaves(value, f"{path}[{i}]").items()}
+    return {path: obj}
+
+
 def _assert_equal(got, want) -> None:
-    if isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert torch.equal(_bytes(got), _bytes(want))
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys()
-        for k in want:
-            _assert_equal(got[k], want[k])
-    elif isinstance(want, list):
-        assert len(got) == len(want)
-        for a, b in zip(got, want, strict=True):
-            _assert_equal(a, b)
-    else:
-        assert got == want
-
-
-def _snapshot(state):
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    if isinstance(state, dict):
-        return {k: _snapshot(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_snapshot(v) for v in state]
-    return state
+    """Same structure, plain values equal, tensors of the same dtype and shape bit for bit."""
+    got, want = _leaves(got), _leaves(want)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+            assert torch.equal(_bytes(got[key]), _bytes(value)), key
+        else:
+            assert got[key] == value, key
 
 
 def _shards(path: Path) -> list[bytes]:
@@ -109,7 +105,7 @@ def _crcs(path: Path) -> list:
 def test_a_zero_copy_save_writes_what_a_staged_save_writes(tmp_path: Path, path_is, shard_size, threads,
                                                            block_size):
     state = _state()
-    before = _snapshot(state)
+    before = copy.deepcopy(state)
     with Checkpointer(direct=False, shard_size=shard_size, threads=threads, block_size=block_size) as ckpt:
         path_is("1")
         result = ckpt.save(state, tmp_path / "zero-copy")
