@@ -138,6 +138,11 @@ def write(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size:
     Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a CowCopy still copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. `deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.
     """
 
+def write_gathered(files: Sequence[tuple[str, Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], int]], ranges: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], threads: int = 1, block_size: int = 4194304, sync: SyncMode = SyncMode.fdatasync, sync_dir: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None) -> tuple[IoResult, list[int]]:
+    """
+    Write each (path, segments, size) file from memory where its bytes already are, buffered (never O_DIRECT): `segments` is a C-contiguous int64 table of (source address, file offset, nbytes) rows, sorted by offset, not overlapping, inside `size`; the bytes between them are written as zeros. Each block_size piece of a file is one pwritev. `ranges`: an int64 table of (file index, offset, nbytes) rows, each inside one segment; their CRC-32C, computed by the thread writing those bytes just before it does, are returned with the IoResult. Durable per `sync` when it returns. The caller guarantees every source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU tensor's data_ptr()).
+    """
+
 def read(jobs: Sequence[tuple[Buffer, str, int]], threads: int = 1, block_size: int = 4194304, direct: bool = True, drop_cache: bool = True, record_latency: bool = True, schedule: Schedule = Schedule.shared, control: Control | None = None, sample_interval_ns: int = 1000000000, deadline_ns: int = 0) -> IoResult:
     """
     Read each (writable buffer, path, offset) job, filling the buffer completely (or until `deadline_ns`, CLOCK_MONOTONIC, when not 0). `sample_interval_ns`: the timeline's interval.

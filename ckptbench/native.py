@@ -79,6 +79,7 @@ __all__ = [
     "run_interruptible",
     "cow_unavailable",
     "write",
+    "write_gathered",
 ]
 
 T = TypeVar("T")
@@ -121,6 +122,23 @@ def write(
     """
     return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
                          _member("schedule", schedule, Schedule), control, after, sample_interval_ns, deadline_ns)
+
+
+def write_gathered(
+    files: Sequence[tuple[str, Any, int]],
+    ranges: Any,
+    threads: int = 1,
+    block_size: int = 4 << 20,
+    sync: str | SyncMode = "fdatasync",
+    sync_dir: bool = True,
+    record_latency: bool = True,
+    schedule: str | Schedule = "shared",
+    control: Control | None = None,
+) -> tuple[IoResult, list[int]]:
+    """Write each (path, segments, size) file from the memory its bytes are in, buffered, with the CRC-32C
+    of each of ``ranges`` computed on the way (see ``_native.write_gathered``)."""
+    return _native.write_gathered(files, ranges, threads, block_size, _member("sync", sync, SyncMode), sync_dir,
+                                  record_latency, _member("schedule", schedule, Schedule), control)
 
 
 def read(

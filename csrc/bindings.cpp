@@ -37,6 +37,13 @@ using IoJobs = nb::typed<nb::sequence, nb::typed<nb::tuple, buffer, nb::str, int
 using CopyTable = nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using CopyTuples = nb::typed<nb::handle, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>>;
 
+// Files of write_gathered(): (path, segments table, size) tuples.
+using GatherJobs = nb::typed<nb::sequence, nb::typed<nb::tuple, nb::str, nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>, int>>;
+constexpr const char *kSegmentsShape =
+    "segments must be a C-contiguous int64 array of shape (n, 3): (source address, file offset, nbytes) rows";
+constexpr const char *kRangesShape =
+    "ranges must be a C-contiguous int64 array of shape (n, 3): (file index, offset, nbytes) rows";
+
 int aligned_buffer_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     auto *buf = nb::inst_ptr<ckpt::AlignedBuffer>(self);
     return PyBuffer_FillInfo(view, self, buf->data(), static_cast<Py_ssize_t>(buf->size()), 0, flags);
@@ -318,6 +325,56 @@ NB_MODULE(_native, m) {
         "copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, "
         "they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. "
         "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.");
+
+    m.def(
+        "write_gathered",
+        [](const GatherJobs &files, const CopyTable &ranges, int threads, std::size_t block_size, ckpt::SyncMode sync,
+           bool sync_dir, bool record_latency, ckpt::Schedule schedule, ckpt::Control *control) {
+            std::vector<ckpt::GatherFile> gathered;
+            gathered.reserve(nb::len(files));
+            for (nb::handle item : files) {
+                auto [path, table, size] = nb::cast<std::tuple<std::string, CopyTable, std::uint64_t>>(item);
+                if (table.shape(1) != 3) throw nb::value_error(kSegmentsShape);
+                ckpt::GatherFile file{path, {}, size};
+                file.segments.reserve(table.shape(0));
+                const std::int64_t *row = table.data();
+                for (std::size_t i = 0; i < table.shape(0); ++i, row += 3) {
+                    if (row[0] < 0 || row[1] < 0 || row[2] < 0) throw nb::value_error("a segments row is negative");
+                    file.segments.push_back({reinterpret_cast<const char *>(static_cast<std::uintptr_t>(row[0])),
+                                             static_cast<std::uint64_t>(row[1]), static_cast<std::size_t>(row[2])});
+                }
+                gathered.push_back(std::move(file));
+            }
+            if (ranges.shape(1) != 3) throw nb::value_error(kRangesShape);
+            std::vector<ckpt::CrcRange> crc_ranges;
+            crc_ranges.reserve(ranges.shape(0));
+            const std::int64_t *row = ranges.data();
+            for (std::size_t i = 0; i < ranges.shape(0); ++i, row += 3) {
+                if (row[0] < 0 || row[1] < 0 || row[2] < 0) throw nb::value_error("a checksum ranges row is negative");
+                crc_ranges.push_back({static_cast<std::size_t>(row[0]), static_cast<std::uint64_t>(row[1]),
+                                      static_cast<std::size_t>(row[2])});
+            }
+            auto opts = make_options(threads, block_size, false, sync, sync_dir, false, record_latency, schedule,
+                                     1000000000, 0);
+            std::vector<std::uint32_t> crcs;
+            ckpt::IoResult result;
+            {
+                nb::gil_scoped_release release;
+                result = ckpt::write_gathered(gathered, crc_ranges, opts, control, crcs);
+            }
+            return std::make_pair(std::move(result), std::move(crcs));
+        },
+        "files"_a, "ranges"_a.noconvert(), "threads"_a = 1, "block_size"_a = 4u << 20,
+        "sync"_a = ckpt::SyncMode::Fdatasync, "sync_dir"_a = true, "record_latency"_a = true,
+        "schedule"_a = ckpt::Schedule::Shared, "control"_a = nb::none(),
+        "Write each (path, segments, size) file from memory where its bytes already are, buffered (never "
+        "O_DIRECT): `segments` is a C-contiguous int64 table of (source address, file offset, nbytes) rows, "
+        "sorted by offset, not overlapping, inside `size`; the bytes between them are written as zeros. Each "
+        "block_size piece of a file is one pwritev. `ranges`: an int64 table of (file index, offset, nbytes) "
+        "rows, each inside one segment; their CRC-32C, computed by the thread writing those bytes just before "
+        "it does, are returned with the IoResult. Durable per `sync` when it returns. The caller guarantees "
+        "every source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU "
+        "tensor's data_ptr()).");
 
     m.def(
         "read",

@@ -89,6 +89,45 @@ std::uint32_t crc32c(const void *data, std::size_t nbytes, std::uint32_t crc) {
     return crc32c_soft(p, nbytes, crc);
 }
 
+namespace {
+
+// Polynomial arithmetic modulo the (reflected) Castagnoli polynomial, as zlib's crc32_combine does it:
+// a * b mod P, bit 31 standing for x^0.
+std::uint32_t multiply_mod(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t m = 1u << 31, product = 0;
+    for (;;) {
+        if (a & m) {
+            product ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+    }
+    return product;
+}
+
+// x^(2^k) mod P for k = 0..66 (a shift by n < 2^64 bytes is one of up to 2^67 bits).
+struct PowersOfTwo {
+    std::uint32_t x2k[67];
+    PowersOfTwo() {
+        std::uint32_t p = 1u << 30;  // x^1
+        x2k[0] = p;
+        for (int k = 1; k < 67; ++k) x2k[k] = p = multiply_mod(p, p);
+    }
+};
+
+}  // namespace
+
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t nbytes_b) {
+    static const PowersOfTwo powers;
+    // crc_a shifted over nbytes_b zero bytes: times x^(8 * nbytes_b), the power assembled from x^(2^k).
+    std::uint32_t shift = 1u << 31;  // x^0
+    std::uint64_t n = nbytes_b;
+    for (int k = 3; n; n >>= 1, ++k)
+        if (n & 1) shift = multiply_mod(powers.x2k[k], shift);
+    return multiply_mod(shift, crc_a) ^ crc_b;
+}
+
 std::vector<std::uint32_t> crc32c_ranges(const char *base, const std::vector<std::pair<std::size_t, std::size_t>> &ranges,
                                          int threads) {
     std::vector<std::uint32_t> out(ranges.size());

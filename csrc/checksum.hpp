@@ -11,6 +11,9 @@ namespace ckpt {
 
 std::uint32_t crc32c(const void *data, std::size_t nbytes, std::uint32_t crc = 0);
 
+// The CRC-32C of A followed by B from crc32c(A), crc32c(B) and B's length, without reading either.
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t nbytes_b);
+
 // One CRC per range, computed on `threads` threads (ranges are the unit of work).
 std::vector<std::uint32_t> crc32c_ranges(const char *base, const std::vector<std::pair<std::size_t, std::size_t>> &ranges,
                                          int threads);

@@ -1,9 +1,11 @@
 #include "engine.hpp"
+#include "checksum.hpp"
 #include "resources.hpp"
 #include "threads.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,6 +90,36 @@ void transfer(Kind kind, int fd, char *buf, std::size_t len, std::uint64_t offse
                           kind == Kind::Read ? "pread (file shorter than expected)" : "pwrite (wrote nothing)", path);
         }
         done += static_cast<std::size_t>(n);
+    }
+}
+
+// The zeros a gathered write writes between its segments (alignment padding, each gap shorter than a
+// page in a checkpoint's shards; longer gaps take several vectors).
+char kZeros[64u << 10] = {};
+
+// The most vectors one pwritev takes (IOV_MAX on Linux).
+constexpr std::size_t kMaxVectors = 1024;
+
+// Write all of `iov` at `offset`, retrying short writes and EINTR, at most kMaxVectors per call.
+void pwritev_all(int fd, std::vector<iovec> &iov, std::uint64_t offset, const std::string &path) {
+    std::size_t first = 0;
+    while (first < iov.size() && iov[first].iov_len == 0) ++first;
+    while (first < iov.size()) {
+        int count = static_cast<int>(std::min(iov.size() - first, kMaxVectors));
+        ssize_t n = ::pwritev(fd, iov.data() + first, count, static_cast<off_t>(offset));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw IoError(errno, "pwritev", path);
+        }
+        if (n == 0) throw IoError(EIO, "pwritev (wrote nothing)", path);
+        offset += static_cast<std::uint64_t>(n);
+        auto left = static_cast<std::size_t>(n);
+        while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+        if (left) {
+            iov[first].iov_base = static_cast<char *>(iov[first].iov_base) + left;
+            iov[first].iov_len -= left;
+        }
+        while (first < iov.size() && iov[first].iov_len == 0) ++first;
     }
 }
 
@@ -222,6 +254,55 @@ std::pair<bool, std::string> probe_direct_read(const std::string &path) {
     return {true, ""};
 }
 
+// Runs do_chunk(i, log) for each of `chunks` chunks on the pool: with Schedule::Shared from one queue,
+// every thread taking the next chunk; with Schedule::PerFile each of the `files` files (chunk i's is
+// file_of(i)) goes whole to one thread, its chunks in order (like fio's numjobs or DCP's per-file
+// writers).
+template <typename FileOf, typename DoChunk>
+void run_chunks(WorkerPool &pool, const IoOptions &opts, Control *control, std::int64_t start_ns, std::size_t chunks,
+                std::size_t files, FileOf file_of, DoChunk do_chunk) {
+    if (opts.schedule == Schedule::PerFile) {
+        std::vector<std::vector<std::size_t>> by_file(files);
+        for (std::size_t i = 0; i < chunks; ++i) by_file[file_of(i)].push_back(i);
+        pool.run(opts.threads, by_file.size(), control, start_ns, opts.sample_interval_ns, opts.deadline_ns,
+                 [&](std::size_t f, WorkerLog &log) {
+                     std::uint64_t bytes = 0;
+                     for (std::size_t i : by_file[f]) {
+                         if (control && control->cancel.load(std::memory_order_relaxed)) break;
+                         if (opts.deadline_ns > 0 && now_ns() >= opts.deadline_ns) {
+                             pool.deadline_reached.store(true, std::memory_order_relaxed);
+                             break;
+                         }
+                         bytes += do_chunk(i, log);
+                     }
+                     return bytes;
+                 });
+    } else {
+        pool.run(opts.threads, chunks, control, start_ns, opts.sample_interval_ns, opts.deadline_ns, do_chunk);
+    }
+}
+
+// The end of a write after its chunks ran (pool.fill done): a write stopped by the deadline syncs the
+// files it cut short like the others; unless cancelled, every file is closed and the directories
+// synced (`sync_dir`), all inside the timed region.
+void finish_writes(IoResult &result, std::vector<std::unique_ptr<FileState>> &files,
+                   const std::vector<std::string> &dirs, SyncMode sync, bool sync_dir) {
+    if (result.deadline_reached && !result.cancelled) {
+        for (auto &f : files) {
+            std::size_t left = f->remaining.load();
+            if (left != 0 && left != f->chunks)
+                sync_fd((f->fd_buffered ? f->fd_buffered : f->fd_direct).get(), sync, f->path);
+        }
+    }
+    if (result.cancelled) return;
+    for (auto &f : files) {
+        f->fd_direct.reset();
+        f->fd_buffered.reset();
+    }
+    if (sync_dir)
+        for (const auto &dir : dirs) sync_directory(dir);
+}
+
 IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts, Control *control) {
     if (opts.threads < 1) throw std::invalid_argument("threads must be >= 1");
     if (opts.block_size == 0) throw std::invalid_argument("block_size must be > 0");
@@ -322,50 +403,22 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
             sync_fd((f.fd_buffered ? f.fd_buffered : f.fd_direct).get(), sync, f.path);
         return c.len;
     };
+    std::unordered_map<FileState *, std::size_t> index;
+    for (std::size_t i = 0; i < files.size(); ++i) index[files[i].get()] = i;
     WorkerPool pool;
-    if (opts.schedule == Schedule::PerFile) {
-        // Each file goes whole to one thread (like fio's numjobs or DCP's per-file writers).
-        std::vector<std::vector<const Chunk *>> by_file(files.size());
-        std::unordered_map<FileState *, std::size_t> index;
-        for (std::size_t i = 0; i < files.size(); ++i) index[files[i].get()] = i;
-        for (const auto &c : chunks) by_file[index[c.file]].push_back(&c);
-        pool.run(opts.threads, by_file.size(), control, result.start_ns, opts.sample_interval_ns, opts.deadline_ns,
-                 [&](std::size_t i, WorkerLog &log) {
-                     std::uint64_t bytes = 0;
-                     for (const Chunk *c : by_file[i]) {
-                         if (control && control->cancel.load(std::memory_order_relaxed)) break;
-                         if (opts.deadline_ns > 0 && now_ns() >= opts.deadline_ns) {
-                             pool.deadline_reached.store(true, std::memory_order_relaxed);
-                             break;
-                         }
-                         bytes += do_chunk(*c, log);
-                     }
-                     return bytes;
-                 });
-    } else {
-        pool.run(opts.threads, chunks.size(), control, result.start_ns, opts.sample_interval_ns, opts.deadline_ns,
-                 [&](std::size_t i, WorkerLog &log) { return do_chunk(chunks[i], log); });
-    }
+    run_chunks(pool, opts, control, result.start_ns, chunks.size(), files.size(),
+               [&](std::size_t i) { return index[chunks[i].file]; },
+               [&](std::size_t i, WorkerLog &log) { return do_chunk(chunks[i], log); });
     result.interval_ns = std::max<std::int64_t>(opts.sample_interval_ns, 1);
     pool.fill(result, opts.record_latency);
-    if (kind == Kind::Write && result.deadline_reached && !result.cancelled) {
-        // Stopped by the deadline: the files it cut short are made durable like the others.
-        for (auto &f : files) {
-            std::size_t left = f->remaining.load();
-            if (left != 0 && left != f->chunks)
-                sync_fd((f->fd_buffered ? f->fd_buffered : f->fd_direct).get(), sync, f->path);
+    if (kind == Kind::Write) {
+        finish_writes(result, files, dirs, sync, opts.sync_dir);
+    } else if (!result.cancelled) {
+        for (auto &f : files) {  // closing is part of the timed region
+            f->fd_direct.reset();
+            f->fd_buffered.reset();
         }
     }
-    if (result.cancelled) {
-        result.end_ns = now_ns();
-        return result;
-    }
-    for (auto &f : files) {  // closing is part of the timed region
-        f->fd_direct.reset();
-        f->fd_buffered.reset();
-    }
-    if (kind == Kind::Write && opts.sync_dir)
-        for (const auto &dir : dirs) sync_directory(dir);
     result.end_ns = now_ns();
     return result;
 }
@@ -442,6 +495,136 @@ IoResult write_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control
 
 IoResult read_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control) {
     return run_jobs(Kind::Read, jobs, opts, control);
+}
+
+IoResult write_gathered(const std::vector<GatherFile> &gathered, const std::vector<CrcRange> &ranges,
+                        const IoOptions &opts, Control *control, std::vector<std::uint32_t> &crcs) {
+    if (opts.threads < 1) throw std::invalid_argument("threads must be >= 1");
+    if (opts.block_size == 0) throw std::invalid_argument("block_size must be > 0");
+    const std::uint64_t block = opts.block_size;
+
+    IoResult result;
+    result.sync = opts.sync;
+    result.files = gathered.size();
+    std::vector<std::unique_ptr<FileState>> files;
+    std::vector<std::string> dirs;
+    std::unordered_map<std::string, std::size_t> seen;
+    for (const auto &g : gathered) {
+        if (!seen.emplace(g.path, files.size()).second)
+            throw std::invalid_argument("a gathered write names " + g.path + " twice");
+        std::uint64_t end = 0;
+        for (const auto &seg : g.segments) {
+            if (seg.offset < end || seg.nbytes > g.size || seg.offset > g.size - seg.nbytes)
+                throw std::invalid_argument(g.path + ": segments must be sorted by offset, not overlap and lie "
+                                            "inside the file's " + std::to_string(g.size) + " bytes");
+            if (seg.nbytes && seg.src == nullptr) throw std::invalid_argument("a segment's source address is null");
+            end = seg.offset + seg.nbytes;
+        }
+        files.push_back(std::make_unique<FileState>());
+        files.back()->path = g.path;
+        std::string dir = parent_dir(g.path);
+        if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+    }
+
+    // Each file in block-size pieces of its bytes (an empty file: one empty piece, still synced), each
+    // with the first segment that ends after its start.
+    struct Piece {
+        std::size_t file;
+        std::uint64_t offset;
+        std::size_t len;
+        std::size_t segment;
+    };
+    std::vector<Piece> pieces;
+    std::vector<std::size_t> first_piece(gathered.size());
+    for (std::size_t f = 0; f < gathered.size(); ++f) {
+        const auto &segs = gathered[f].segments;
+        first_piece[f] = pieces.size();
+        std::size_t seg = 0;
+        std::uint64_t off = 0;
+        do {
+            while (seg < segs.size() && segs[seg].offset + segs[seg].nbytes <= off) ++seg;
+            auto len = static_cast<std::size_t>(std::min(block, gathered[f].size - off));
+            pieces.push_back({f, off, len, seg});
+            off += len;
+        } while (off < gathered[f].size);
+        files[f]->chunks = pieces.size() - first_piece[f];
+        files[f]->remaining = files[f]->chunks;
+    }
+
+    // The ranges to checksum, cut where the pieces are cut: each part is checksummed by the thread
+    // writing its piece, and a range's parts are combined in order at the end.
+    struct Part {
+        const char *src;
+        std::size_t nbytes;
+    };
+    std::vector<Part> parts;
+    std::vector<std::size_t> range_parts(ranges.size() + 1, 0);
+    std::vector<std::vector<std::size_t>> parts_of_piece(pieces.size());
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+        const CrcRange &range = ranges[r];
+        range_parts[r] = parts.size();
+        if (range.file >= gathered.size()) throw std::invalid_argument("a checksum range names a file not written");
+        const auto &segs = gathered[range.file].segments;
+        auto it = std::upper_bound(segs.begin(), segs.end(), range.offset,
+                                   [](std::uint64_t off, const Segment &seg) { return off < seg.offset; });
+        if (range.nbytes == 0) continue;
+        if (it == segs.begin() || range.offset + range.nbytes > std::prev(it)->offset + std::prev(it)->nbytes)
+            throw std::invalid_argument("checksum range (" + std::to_string(range.offset) + ", " +
+                                        std::to_string(range.nbytes) + ") of " + gathered[range.file].path +
+                                        " does not lie inside one segment");
+        const Segment &seg = *std::prev(it);
+        for (std::uint64_t pos = range.offset, end = range.offset + range.nbytes; pos < end;) {
+            std::uint64_t stop = std::min(end, (pos / block + 1) * block);
+            parts_of_piece[first_piece[range.file] + pos / block].push_back(parts.size());
+            parts.push_back({seg.src + (pos - seg.offset), static_cast<std::size_t>(stop - pos)});
+            pos = stop;
+        }
+    }
+    range_parts[ranges.size()] = parts.size();
+    std::vector<std::uint32_t> part_crcs(parts.size(), 0);
+
+    // Timed region: open, write, per-file sync, close, directory sync (as write_jobs).
+    result.start_ns = now_ns();
+    for (auto &f : files) f->fd_buffered = open_file(f->path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    auto do_piece = [&](std::size_t i, WorkerLog &log) -> std::uint64_t {
+        const Piece &piece = pieces[i];
+        FileState &f = *files[piece.file];
+        for (std::size_t k : parts_of_piece[i]) part_crcs[k] = crc32c(parts[k].src, parts[k].nbytes);
+        std::vector<iovec> iov;
+        auto zeros = [&](std::uint64_t n) {
+            for (; n; n -= std::min<std::uint64_t>(n, sizeof kZeros))
+                iov.push_back({kZeros, static_cast<std::size_t>(std::min<std::uint64_t>(n, sizeof kZeros))});
+        };
+        const auto &segs = gathered[piece.file].segments;
+        std::uint64_t pos = piece.offset, end = piece.offset + piece.len;
+        for (std::size_t k = piece.segment; k < segs.size() && segs[k].offset < end; ++k) {
+            const Segment &seg = segs[k];
+            std::uint64_t stop = std::min<std::uint64_t>(seg.offset + seg.nbytes, end);
+            if (stop <= pos) continue;
+            if (seg.offset > pos) zeros(seg.offset - pos);
+            std::uint64_t from = std::max(pos, seg.offset);
+            iov.push_back({const_cast<char *>(seg.src) + (from - seg.offset), static_cast<std::size_t>(stop - from)});
+            pos = stop;
+        }
+        if (pos < end) zeros(end - pos);
+        timed(log, opts.record_latency, control, piece.len,
+              [&] { pwritev_all(f.fd_buffered.get(), iov, piece.offset, f.path); });
+        if (f.remaining.fetch_sub(1) == 1) sync_fd(f.fd_buffered.get(), opts.sync, f.path);
+        return piece.len;
+    };
+    WorkerPool pool;
+    run_chunks(pool, opts, control, result.start_ns, pieces.size(), files.size(),
+               [&](std::size_t i) { return pieces[i].file; }, do_piece);
+    result.interval_ns = std::max<std::int64_t>(opts.sample_interval_ns, 1);
+    pool.fill(result, opts.record_latency);
+    finish_writes(result, files, dirs, opts.sync, opts.sync_dir);
+    result.end_ns = now_ns();
+    crcs.assign(ranges.size(), 0);
+    if (!result.cancelled && !result.deadline_reached)
+        for (std::size_t r = 0; r < ranges.size(); ++r)
+            for (std::size_t k = range_parts[r]; k < range_parts[r + 1]; ++k)
+                crcs[r] = crc32c_combine(crcs[r], part_crcs[k], parts[k].nbytes);
+    return result;
 }
 
 IoResult metadata_bench(const std::string &directory, std::size_t files, std::size_t file_size,

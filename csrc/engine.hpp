@@ -138,6 +138,39 @@ std::pair<bool, std::string> probe_direct(const std::string &directory);
 IoResult write_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control);
 IoResult read_jobs(const std::vector<Job> &jobs, const IoOptions &opts, Control *control);
 
+// A gathered write: a file's bytes taken from many places in memory where they already are (each
+// tensor's own memory, no staging copy), the gaps between them written as zeros.
+struct Segment {
+    const char *src;        // nbytes readable bytes
+    std::uint64_t offset;   // where they go in the file
+    std::size_t nbytes;
+};
+
+// One file of a gathered write: `size` bytes, its segments sorted by offset, not overlapping, inside it.
+struct GatherFile {
+    std::string path;
+    std::vector<Segment> segments;
+    std::uint64_t size = 0;
+};
+
+// The CRC-32C of `nbytes` bytes at `offset` of the gathered write's file number `file`; the range
+// lies inside one segment.
+struct CrcRange {
+    std::size_t file;
+    std::uint64_t offset;
+    std::size_t nbytes;
+};
+
+// Buffered writes (never O_DIRECT: the memory is the caller's, of any alignment) of every file, cut
+// into block_size pieces of the file, each written by one pwritev from its segments (and zeros).
+// Files are synced per opts.sync once their last piece is written and the directories per
+// opts.sync_dir, as write_jobs does; opts.schedule, threads, control and deadline as there. Each
+// range's CRC-32C is computed by the thread that writes its bytes, just before it writes them (the
+// bytes are read once into the cache for both), and stored in `crcs` (one per range, in order).
+// Throws std::invalid_argument for segments or ranges that break the rules above.
+IoResult write_gathered(const std::vector<GatherFile> &files, const std::vector<CrcRange> &ranges,
+                        const IoOptions &opts, Control *control, std::vector<std::uint32_t> &crcs);
+
 // Small-file rate: each of `files` files is created (O_EXCL), written with `file_size` bytes,
 // synced per `sync`, and closed; then the directory is fsynced. One latency sample per file.
 IoResult metadata_bench(const std::string &directory, std::size_t files, std::size_t file_size,

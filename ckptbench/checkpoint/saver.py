@@ -6,8 +6,11 @@ Call sequence of a save (each step's result feeds the next; only steps 1-2 block
 2. stage  - copy every tensor into the reused host arena (``stage.stage``); ``stall_s`` ends here
 3. write  - the engine writes the shards from the arena, O_DIRECT where possible, each file
             fdatasynced and the directory fsynced; CRC-32C of every tensor computed alongside
-            A sync save of contiguous CPU tensors to a directory, larger than the staging ring, does 2
-            and 3 together through the ring instead (``ring.write_through_ring``: a few slot-sized
+            A sync save of host tensors whose durable mode is buffered skips 2: the shards are written
+            straight from the tensors' own memory, the CRC-32C computed on the same pass
+            (``zero_copy.write_zero_copy``; where ``SaveResult.tuning["zero_copy"]`` says so).
+            Else a sync save of contiguous CPU tensors to a directory, larger than the staging ring,
+            does 2 and 3 together through the ring (``ring.write_through_ring``: a few slot-sized
             buffers staged while the others are written), so it holds no copy of the checkpoint.
 4. commit - the manifest, written to a temp name, fsynced, renamed, directory fsynced
             (``commit.commit``; under a launch the two-phase ``commit.commit_across_ranks``). Only now
@@ -42,6 +45,8 @@ from ckptbench.checkpoint.plan import CHECKSUM_BLOCK_BYTES, PlanCache, SavePlan
 from ckptbench.checkpoint.ring import Ring, ring_bytes, write_through_ring
 from ckptbench.checkpoint.routing import ROUTE_HOST, Sources
 from ckptbench.checkpoint.stage import Arena, CowStaging, CowStagingError, stage
+from ckptbench.checkpoint.zero_copy import unavailable as zero_copy_unavailable
+from ckptbench.checkpoint.zero_copy import write_zero_copy
 from ckptbench.errors import CheckpointExistsError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.store import Store, WriteReport
@@ -93,10 +98,12 @@ class SaveResult:
     plan_reused: bool = False
     #: How the host tensors were staged: "copy" (before the caller went on, or the write began),
     #: "copy-on-write" (their pages write-protected and copied behind the caller, the write following
-    #: the copy; see ``stage.CowStaging``) or "ring" (a sync save chunk by chunk through the bounded
+    #: the copy; see ``stage.CowStaging``), "ring" (a sync save chunk by chunk through the bounded
     #: staging ring, each chunk written while the next is staged: ``stage_s`` is then planning only and
-    #: ``write_s`` holds the staging; see ``checkpoint/ring.py``), and how many of the caller's writes
-    #: waited for a page.
+    #: ``write_s`` holds the staging; see ``checkpoint/ring.py``) or "zero-copy" (not staged: a sync
+    #: buffered save written from the tensors' own memory, views made contiguous first; ``stage_s`` is
+    #: planning only; see ``checkpoint/zero_copy.py``), and how many of the caller's writes waited for
+    #: a page.
     staging: str = "copy"
     cow_faults: int = 0
     #: How direct, threads and block_size were chosen: each value, its source and reason, the mount
@@ -211,6 +218,15 @@ def _describe_location(store: Store) -> str | None:
     return "checkpoint" if store.size(mf.MANIFEST_NAME) is not None else None
 
 
+@dataclass(frozen=True)
+class _Unstaged:
+    """A sync save written without staging into the arena: ``how`` ("zero-copy" or "ring") and the
+    plan's sources it reads while it writes."""
+
+    how: str
+    sources: Sources
+
+
 def _through_ring(async_: bool, store: Store, plan: SavePlan, tensors: Sources) -> bool:
     """Whether a save goes through the bounded staging ring (``checkpoint/ring.py``) instead of the
     whole-checkpoint arena: sync saves (an async one needs a copy of everything to return early) to a
@@ -220,6 +236,20 @@ def _through_ring(async_: bool, store: Store, plan: SavePlan, tensors: Sources) 
         return False
     routes = np.frombuffer(tensors.routes, np.int16)
     return bool(len(routes)) and bool((routes == ROUTE_HOST).all())
+
+
+def _unstaged(async_: bool, store: Store, plan: SavePlan, tensors: Sources, direct: bool,
+              settled: tuning.Tuning | None) -> _Unstaged | None:
+    """How a save writes without staging its tensors into the arena, or None (staged): "zero-copy" for a
+    sync buffered save to a store that writes from the caller's memory (``writes_gathered``) where the
+    tuning chose it (``Tuning.zero_copy``) and every tensor is in host memory; else "ring" where
+    ``_through_ring`` says so. An async save always stages: the caller goes on at once."""
+    if async_:
+        return None
+    if (not direct and store.writes_gathered and settled is not None and settled.zero_copy is not None
+            and settled.zero_copy.value and not zero_copy_unavailable(plan, tensors)):
+        return _Unstaged("zero-copy", tensors)
+    return _Unstaged("ring", tensors) if _through_ring(async_, store, plan, tensors) else None
 
 
 def _stages_copy_on_write(async_: bool, store: Store) -> bool:
@@ -283,9 +313,9 @@ class _Saver:
             _require_free(store, plan.total_bytes)
             self._settle(store, plan.total_bytes)
             staging = time.perf_counter()
-            ringed = tensors if _through_ring(async_, store, plan, tensors) else None
+            unstaged = _unstaged(async_, store, plan, tensors, self.direct, self._tuning)
             behind = None
-            if ringed is None:
+            if unstaged is None:
                 with self._lock:
                     behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             stage_s = plan_s + time.perf_counter() - staging
@@ -293,13 +323,13 @@ class _Saver:
             lock.release()
             store.abandon()
             raise
-        del tensors  # the arena holds the bytes now (or `behind` holds them until it has copied them)
+        del tensors  # the arena holds the bytes now (or `behind` until it has copied them, or `unstaged`)
         stall_s = time.perf_counter() - t0
         if not async_:
             try:
                 with lock:
                     return self._persist(plan, store, save_id, stall_s, time.perf_counter(), lock, stage_s, behind,
-                                         ringed)
+                                         unstaged)
             except BaseException:
                 store.abandon()
                 raise
@@ -363,9 +393,9 @@ class _Saver:
             store.prepare()
             _require_free(store, plan.total_bytes)
             self._settle(store, plan.total_bytes, world, key)
-            ringed = tensors if _through_ring(async_, store, plan, tensors) else None
+            unstaged = _unstaged(async_, store, plan, tensors, self.direct, self._tuning)
             behind = None
-            if ringed is None:
+            if unstaged is None:
                 with self._lock:
                     behind = stage(plan, tensors, self._arena, self.threads, cow=_stages_copy_on_write(async_, store))
             del tensors
@@ -378,7 +408,7 @@ class _Saver:
         if not async_:
             with lock:
                 return self._persist_distributed(world, key, plan, store, save_id, stall_s, time.perf_counter(),
-                                                 lock, stage_s, behind, ringed)
+                                                 lock, stage_s, behind, unstaged)
         future: Future = Future()
         staged_at = time.perf_counter()
 
@@ -408,7 +438,7 @@ class _Saver:
 
     def _persist_distributed(self, world: World, key: str, plan: SavePlan, store: Store, save_id: str,
                              stall_s: float, staged_at: float, lock: SaveLock, stage_s: float,
-                             behind: CowStaging | None = None, ringed: Sources | None = None) -> SaveResult:
+                             behind: CowStaging | None = None, unstaged: _Unstaged | None = None) -> SaveResult:
         """Two-phase commit, coordinated through the rendezvous store (so it runs on any thread).
 
         1. every rank writes its shards (durable) and sends their description to rank 0, or its failure;
@@ -422,7 +452,7 @@ class _Saver:
         own = [s.name for s in plan.shards]
         write_started = time.perf_counter()
         try:
-            report, part = self._write_part(plan, store, behind, ringed)
+            report, part = self._write_part(plan, store, behind, unstaged)
         except BaseException as exc:
             store.remove(own)
             announce_failure(world, key, exc)
@@ -431,7 +461,7 @@ class _Saver:
         part.update(rank=world.rank, host=world.host)
         world_bytes = commit_across_ranks(world, key, store, lock, own, part, self._header(save_id))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started, behind=behind, ringed=ringed is not None,
+                            write_s=written_at - write_started, behind=behind, unstaged=unstaged,
                             rank=world.rank,
                             world_size=world.world_size, world_bytes=world_bytes)
 
@@ -442,18 +472,23 @@ class _Saver:
             self._in_flight = None
 
     def _write_part(self, plan: SavePlan, store: Store, behind: CowStaging | None = None,
-                    ringed: Sources | None = None) -> tuple[WriteReport, dict[str, Any]]:
+                    unstaged: _Unstaged | None = None) -> tuple[WriteReport, dict[str, Any]]:
         """Write the plan's shards from the arena (durable on return) and describe them: the
         manifest's per-save part (total bytes, shards, tensors with their CRC-32C, skeleton).
         ``behind``: a copy-on-write staging still copying into the arena: the engine writes each block
         as its bytes land (elsewhere it is finished first); the checksums wait for all of it. It is
         finished when this returns or raises: nothing copies into the arena after that.
-        ``ringed``: the plan's sources, staged and written through the ring instead of the arena."""
+        ``unstaged``: the plan's sources, written from the tensors' own memory (zero-copy) or staged
+        and written through the ring, instead of from the arena."""
         try:
-            if ringed is None:
+            if unstaged is None:
                 return self._write_shards(plan, store, behind)
             with _write_errors(store, plan):
-                report, crcs, _ = write_through_ring(plan, ringed, store, self._ring, threads=self.threads,
+                if unstaged.how == "zero-copy":
+                    report, crcs, ranges = write_zero_copy(plan, unstaged.sources, store, threads=self.threads,
+                                                           block_size=self.block_size, checksum=self.checksum)
+                    return report, _describe_part(plan, ranges, crcs)
+                report, crcs, _ = write_through_ring(plan, unstaged.sources, store, self._ring, threads=self.threads,
                                                      block_size=self.block_size, direct=self.direct,
                                                      checksum=self.checksum)
             return report, _describe_part(plan, plan.checksum_ranges() if self.checksum else [], crcs)
@@ -510,7 +545,7 @@ class _Saver:
 
     def _result(self, plan: SavePlan, store: Store, report: WriteReport, stall_s: float, staged_at: float,
                 written_at: float, *, stage_s: float, write_s: float, behind: CowStaging | None = None,
-                ringed: bool = False, **world: Any) -> SaveResult:
+                unstaged: _Unstaged | None = None, **world: Any) -> SaveResult:
         now = time.perf_counter()
         return SaveResult(
             path=store.url, bytes=plan.total_bytes, files=len(plan.shards) + 1, tensors=len(plan.entries),
@@ -518,7 +553,7 @@ class _Saver:
             threads=self.threads,
             shard_size=self.shard_size, block_size=self.block_size, direct=report.direct, sync=report.sync,
             checksum=self.checksum, direct_fallback_reason=report.fallback_reason, plan_reused=plan.reused,
-            staging="ring" if ringed else "copy" if behind is None else "copy-on-write",
+            staging=unstaged.how if unstaged is not None else "copy" if behind is None else "copy-on-write",
             cow_faults=0 if behind is None else behind.faults,
             tuning=self._tuning.to_dict() if self._tuning is not None else None,
             **world,
@@ -526,13 +561,13 @@ class _Saver:
 
     def _persist(self, plan: SavePlan, store: Store, save_id: str, stall_s: float, staged_at: float,
                  lock: SaveLock, stage_s: float, behind: CowStaging | None = None,
-                 ringed: Sources | None = None) -> SaveResult:
+                 unstaged: _Unstaged | None = None) -> SaveResult:
         write_started = time.perf_counter()
-        report, part = self._write_part(plan, store, behind, ringed)
+        report, part = self._write_part(plan, store, behind, unstaged)
         written_at = time.perf_counter()
         shards = [s.name for s in plan.shards]
         with lock.committing(store, shards):  # still ours (else LockLostError), not abandoned until swept
             commit(store, {**self._header(save_id), **part}, shards)
             remove_stale(store, set(shards))
         return self._result(plan, store, report, stall_s, staged_at, written_at, stage_s=stage_s,
-                            write_s=written_at - write_started, behind=behind, ringed=ringed is not None)
+                            write_s=written_at - write_started, behind=behind, unstaged=unstaged)

@@ -16,6 +16,11 @@ DCP Writer) mean "auto": :func:`settle` decides each from, in order,
 Under a launch (torchrun, srun) every rank uses rank 0's settings (:func:`settle_across`): rank 0 alone
 measures, the others wait for its choice and record the same ``SaveResult.tuning``.
 
+A buffered save also settles whether it writes from the tensors' own memory (zero-copy, no staging copy;
+``checkpoint/zero_copy.py``): ``CKPTBENCH_SAVE_ZERO_COPY`` (0 or 1) where set, else yes on a network or
+FUSE mount and ``ZERO_COPY_LOCAL`` on local storage (:func:`zero_copy_choice`). O_DIRECT saves are staged:
+they need the aligned arena.
+
 A measured choice leaves a default only for a candidate that beats it beyond the noise
 (:func:`ckptbench.bench.stats.beats`: every sample faster than every sample of the default); a tie keeps
 the default. The same rule names the faster durable mode in ``bench`` (:func:`faster_mode`).
@@ -55,6 +60,9 @@ NETWORK_READ_BLOCK_BYTES = 16 << 20
 NETWORK_READ_STREAMS = 4
 #: The buffered cold read, as reasons name it.
 COLD_BUFFERED = "buffered (after fdatasync + fadvise DONTNEED)"
+#: Whether a buffered save on local block storage writes from the tensors' memory unless
+#: CKPTBENCH_SAVE_ZERO_COPY says otherwise (on network and FUSE mounts it does).
+ZERO_COPY_LOCAL = False
 #: The first trial of each durable mode, and the share of CKPTBENCH_TUNE_SECONDS each later trial aims at.
 FIRST_TRIAL_BYTES = 4 << 20
 TRIAL_SHARE = 1 / 16
@@ -102,15 +110,39 @@ class Tuning:
     read_direct: Choice | None = None
     #: Under a launch: who settled it for every rank (``settle_across``); None in one process.
     decided_by: str | None = None
+    #: Whether a sync save writes from the tensors' own memory (``zero_copy_choice``); None for object stores.
+    zero_copy: Choice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"direct": self.direct.to_dict(), "threads": self.threads.to_dict(),
                "block_size": self.block_size.to_dict(), "mount": self.mount, "fstype": self.fstype,
                "network": is_network(self.fstype), "measured": self.measured,
-               "read_direct": self.read_direct.to_dict() if self.read_direct else None}
+               "read_direct": self.read_direct.to_dict() if self.read_direct else None,
+               "zero_copy": self.zero_copy.to_dict() if self.zero_copy else None}
         if self.decided_by is not None:
             out["decided_by"] = self.decided_by
         return out
+
+
+def zero_copy_choice(direct: bool, fstype: str | None) -> Choice:
+    """Whether a sync save with durable mode ``direct`` to a filesystem of type ``fstype`` writes its
+    shards from the tensors' own memory: never with O_DIRECT (it needs the aligned staging arena);
+    else ``CKPTBENCH_SAVE_ZERO_COPY`` (0 or 1) where set; else on a network or FUSE mount, where the
+    copy is CPU taken from the client that moves the bytes, and ``ZERO_COPY_LOCAL`` elsewhere."""
+    if direct:
+        return Choice(False, "default", "O_DIRECT writes from the aligned staging arena")
+    raw = os.environ.get("CKPTBENCH_SAVE_ZERO_COPY")
+    if raw is not None:
+        if raw not in ("0", "1"):
+            raise UsageError(f"CKPTBENCH_SAVE_ZERO_COPY={raw!r} must be 0 or 1")
+        return Choice(raw == "1", "settings", "CKPTBENCH_SAVE_ZERO_COPY")
+    if is_network(fstype):
+        return Choice(True, "default", "buffered writes on a network or FUSE mount: from the tensors' own memory, "
+                                       "no staging copy")
+    if ZERO_COPY_LOCAL:
+        return Choice(True, "default", "buffered writes on local storage: from the tensors' own memory, no staging copy")
+    return Choice(False, "default", "buffered writes on local storage: staged, the default there "
+                                    "(CKPTBENCH_SAVE_ZERO_COPY=1 writes from the tensors' memory)")
 
 
 def faster_mode(direct_gbps: Sequence[float], buffered_gbps: Sequence[float], *,
@@ -381,7 +413,8 @@ def settle(store: Any, *, direct: bool | None, threads: int | None, block_size: 
     fstype = mount.fstype if mount else None
     point = mount.mount_point if mount else None
     if len(given) == 3:
-        return Tuning(given["direct"], given["threads"], given["block_size"], point, fstype)
+        return Tuning(given["direct"], given["threads"], given["block_size"], point, fstype,
+                      zero_copy=zero_copy_choice(given["direct"].value, fstype))
     if local is None:
         base = _defaults(default_threads, default_block, "object store: the defaults")
         return Tuning(**{**base, **_from_settings(), **given}, mount=None, fstype=None)
@@ -405,7 +438,8 @@ def settle(store: Any, *, direct: bool | None, threads: int | None, block_size: 
             base = _defaults(default_threads, default_block, f"save below CKPTBENCH_TUNE_MIN_BYTES "
                              f"({format_size(knobs.TUNE_MIN_BYTES)}) and no measurement of this mount yet: the defaults")
     chosen = {**base, **settings, **given}
-    return Tuning(chosen["direct"], chosen["threads"], chosen["block_size"], point, fstype, measured, read_direct)
+    return Tuning(chosen["direct"], chosen["threads"], chosen["block_size"], point, fstype, measured, read_direct,
+                  zero_copy=zero_copy_choice(chosen["direct"].value, fstype))
 
 
 def settle_across(world: Any, key: str, store: Any, *, direct: bool | None, threads: int | None,

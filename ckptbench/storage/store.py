@@ -25,6 +25,10 @@ them does; callers ask them instead of probing for methods:
 - ``pieces(names)``: the files ``names`` written piece by piece (``PieceWriter``: a buffer at an offset
   of a file, any number of times, then every file synced at once); what a save through a bounded
   staging ring needs (``checkpoint/ring.py``). ``writes_pieces`` says whether a store has it.
+- ``write_gathered(files, ranges)``: whole files written, buffered and durable as ``write_files`` leaves
+  them, from memory where their bytes already are (per file a table of (address, offset, nbytes)
+  segments, zeros between them), with the CRC-32C of byte ranges computed on the way: a sync save
+  without a staging copy (``checkpoint/saver.py``). ``writes_gathered`` says whether a store has it.
 - ``conditional_writes``: ``put_if(name, data, etag=)`` (only if absent, or only over that version;
   the new ETag or None) and ``get_tagged(name)`` (bytes and ETag) exist, for the save lease
   (``checkpoint/lock.py``). ``S3Store`` has them; other object stores get a best-effort lease.
@@ -140,6 +144,8 @@ class Store:
     writes_follow_copy: bool = False
     #: Whether ``pieces`` is implemented (files written piece by piece, synced at the end).
     writes_pieces: bool = False
+    #: Whether ``write_gathered`` is implemented (buffered writes straight from the caller's memory).
+    writes_gathered: bool = False
     #: Whether ``put_if`` and ``get_tagged`` (conditional writes) are implemented.
     conditional_writes: bool = False
     #: Whether ``read_ranges`` reads only the ranges asked for (False: whole objects, then sliced).
@@ -172,6 +178,16 @@ class Store:
     def pieces(self, names: list[str]) -> contextlib.AbstractContextManager[PieceWriter]:
         """The files ``names`` created, to be written piece by piece (``writes_pieces``); durable when
         the block ends without an error, removed when it raises."""
+        raise NotImplementedError
+
+    def write_gathered(self, files: list[tuple[str, Any, int]], ranges: Any, *, threads: int,
+                       block_size: int) -> tuple[WriteReport, list[int]]:
+        """Write each ``(name, segments, size)`` file, buffered, from the memory its bytes are in:
+        ``segments`` is an int64 table of (source address, offset in the file, nbytes) rows sorted by
+        offset; the bytes between them are zeros. ``ranges``: an int64 table of (file index, offset,
+        nbytes) rows, each inside one segment; their CRC-32C are returned, computed as the bytes are
+        written. Durable and cleaned up on failure as ``write_files``. The caller keeps every source
+        address valid and unchanged until it returns (``writes_gathered``)."""
         raise NotImplementedError
 
     def put_if(self, name: str, data: bytes, *, etag: str | None = None) -> str | None:
@@ -357,28 +373,50 @@ class LocalStore(Store):
             raise
         return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
 
+    writes_gathered = True
+
+    def write_gathered(self, files: list[tuple[str, Any, int]], ranges: Any, *, threads: int, block_size: int,
+                       per_file: bool | None = None) -> tuple[WriteReport, list[int]]:
+        """``per_file`` as for :meth:`write_files`. Each file is created here first (regular, not through
+        a symlink), then written by the engine through the directory's descriptor."""
+        if not files:
+            return WriteReport(direct=False, sync="fdatasync"), []
+        with self._new_files([name for name, _, _ in files]) as (directory, _):
+            jobs = [(directory.path_of(name), segments, size) for name, segments, size in files]
+            result, crcs = native.write_gathered(jobs, ranges, threads=threads, block_size=block_size,
+                                                 sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file))
+            _engine_result(result)
+        return WriteReport(False, result.sync), crcs
+
     @property
     def writes_pieces(self) -> bool:  # type: ignore[override]
         """Not on a network or FUSE mount, whose files are written whole, one stream each (``_schedule``)."""
         return self._schedule(None) == "shared"
 
     @contextlib.contextmanager
-    def pieces(self, names: list[str]) -> Iterator[PieceWriter]:
-        """The files ``names`` created here (regular, not through a symlink) and held open while the
-        block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
-        writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
+    def _new_files(self, names: list[str]) -> Iterator[tuple[safeio.Directory, list[int]]]:
+        """The directory and the files ``names`` created in it (regular, not through a symlink), held open
+        for the block; all removed when it raises (an OSError names the file)."""
         directory = self.directory()
         try:
             with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT) as fds:
-                writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
-                yield writer
-                writer.finish()
+                yield directory, fds
         except OSError as exc:
             self.remove(names)
             raise self._named(exc) from None
         except BaseException:
             self.remove(names)
             raise
+
+    @contextlib.contextmanager
+    def pieces(self, names: list[str]) -> Iterator[PieceWriter]:
+        """The files ``names`` created here (regular, not through a symlink) and held open while the
+        block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
+        writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
+        with self._new_files(names) as (directory, fds):
+            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
+            yield writer
+            writer.finish()
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool, per_file: bool | None = None) -> None:

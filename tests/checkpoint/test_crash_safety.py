@@ -160,9 +160,12 @@ def test_sigkill_at_25_random_moments_of_sync_and_async_saves(tmp_path: Path, fo
 # -- power loss: the order of the durability syscalls -------------------------------------------
 
 SAVE_ONCE = textwrap.dedent("""
-    import sys, torch, ckptbench
+    import os, sys, torch, ckptbench
     sd = {f"w{i}": torch.full((3 * 2**18 + 100 * i,), float(i)) for i in range(4)}
-    ckptbench.save(sd, sys.argv[1], threads=2, shard_size=2**20)
+    zero_copy = sys.argv[2] == "zero-copy"  # buffered, written from the tensors' memory (pwritev)
+    os.environ["CKPTBENCH_SAVE_ZERO_COPY"] = str(int(zero_copy))
+    result = ckptbench.save(sd, sys.argv[1], threads=2, shard_size=2**20, direct=False if zero_copy else None)
+    assert (result.staging == "zero-copy") is zero_copy, result.staging
 """)
 
 _START = re.compile(r"^(\d+) +(\w+)\((.*)$")
@@ -216,13 +219,14 @@ def strace_usable() -> str | None:
     return None
 
 
-def test_power_loss_order_data_fsync_then_manifest_fsync_then_rename_then_directory_fsync(tmp_path: Path):
+@pytest.mark.parametrize("how", ["default", "zero-copy"])
+def test_power_loss_order_data_fsync_then_manifest_fsync_then_rename_then_directory_fsync(tmp_path: Path, how: str):
     why = strace_usable()
     if why:
         pytest.skip(why)
     path, out = tmp_path / "c", tmp_path / "trace.txt"
     cmd = ["strace", "-f", "-qq", "-y", "-e", "trace=openat,write,fsync,fdatasync,rename,renameat,renameat2",
-           "-o", str(out), sys.executable, "-c", SAVE_ONCE, str(path)]
+           "-o", str(out), sys.executable, "-c", SAVE_ONCE, str(path), how]
     if subprocess.run(["strace", "--seccomp-bpf", "-f", "-qq", "-o", "/dev/null", "true"], capture_output=True).returncode == 0:
         cmd.insert(1, "--seccomp-bpf")  # stop only at the traced calls: torch's import stays fast
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

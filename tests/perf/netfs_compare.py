@@ -4,7 +4,8 @@
 Per target, interleaved round by round (the order rotates each round), each into a fresh directory
 removed afterwards:
 - checkpoint saves and cold loads: ``ckptbench.save``/``ckptbench.load`` with the defaults (auto durable
-  mode, threads and block size, measured once per mount by the warm-up save; its tuning is recorded),
+  mode, threads and block size, measured once per mount by the warm-up save; its tuning is recorded, and
+  per save the staging path it took, e.g. "zero-copy", and this process's CPU seconds, as for torch.save),
   ``torch.save`` + fsync of the file and the directory / ``torch.load``, and ``dcp.save`` with torch's
   ``FileSystemWriter(thread_count=4, sync_files=True)``. Before each load the page cache of the files is
   dropped (fdatasync + POSIX_FADV_DONTNEED per file: the machine is shared, so not the global
@@ -82,12 +83,13 @@ def timed(call: Callable[[], object]) -> float:
 
 
 def ckptbench_round(ckpt: ckptbench.Checkpointer, state: dict, where: Path) -> tuple[float, float, dict]:
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     result = ckpt.save(state, where)
-    save_s = time.perf_counter() - t0
+    save_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     drop_cache(where)
     load_s = timed(lambda: ckpt.load(where))
-    return save_s, load_s, {"direct": result.direct, "threads": result.threads, "block_size": result.block_size}
+    return save_s, load_s, {"direct": result.direct, "threads": result.threads, "block_size": result.block_size,
+                            "staging": result.staging, "cpu_s": cpu_s}
 
 
 def torch_round(state: dict, where: Path) -> tuple[float, float, dict]:
@@ -101,10 +103,12 @@ def torch_round(state: dict, where: Path) -> tuple[float, float, dict]:
             os.fsync(f.fileno())
         fsync_dir(where)
 
+    cpu0 = time.process_time()
     save_s = timed(save)
+    cpu_s = time.process_time() - cpu0
     drop_cache(where)
     load_s = timed(lambda: torch.load(path, weights_only=True))
-    return save_s, load_s, {}
+    return save_s, load_s, {"cpu_s": cpu_s}
 
 
 def dcp_round(state: dict, where: Path) -> tuple[float, float, dict]:

@@ -70,6 +70,8 @@ def test_auto_save_on_cephfs_records_the_faster_measured_mode(cephfs_dir: Path, 
         assert measured["direct_gbps"] and measured["buffered_gbps"]
         expected, _ = tuning.faster_mode(measured["direct_gbps"], measured["buffered_gbps"], default=False)
         assert t["direct"]["value"] is expected and result.direct is expected
+        # buffered there: written from the tensor's own memory, no staging copy
+        assert t["zero_copy"]["value"] is (not expected) and (result.staging == "zero-copy") is (not expected)
         assert str(t["threads"]["value"]) in {str(tuning.knobs.SAVE_THREADS), *measured.get("threads_gbps", {})}
         assert torch.equal(ckptbench.load(cephfs_dir / "auto")["w"], state["w"])
         assert not [p for p in (cephfs_dir / "auto").iterdir() if p.name.startswith(".ckptbench-tune-")]
