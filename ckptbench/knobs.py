@@ -110,7 +110,9 @@ DIST_HEARTBEAT_S = _env_float("DIST_HEARTBEAT_S", 0.5)
 DIST_DEAD_AFTER_S = _env_float("DIST_DEAD_AFTER_S", 5.0)
 #: Save lock on object stores: a lease not renewed for this long is taken over (checkpoint/lock.py).
 LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
-#: Host memory a drain to the remote tier reads shards into (two halves: one read while the other is written).
+#: Host memory a drain to the remote tier reads shards into: to S3, at most this many bytes of parts in flight
+#: (read, waiting or uploading; at most one more than the upload workers, at least two parts); to a directory,
+#: two halves (one read while the other is written).
 DRAIN_BUFFER_BYTES = _env_int("DRAIN_BUFFER_BYTES", 512 * 2**20)
 #: Seconds before a failed drain is tried again (a new local checkpoint to drain retries at once).
 DRAIN_RETRY_S = _env_float("DRAIN_RETRY_S", 30.0)

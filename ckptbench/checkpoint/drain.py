@@ -4,9 +4,13 @@
 the commit protocol of a save (``checkpoint/manifest.py``): the target's save lock is taken, the
 shards are written and durable first (``Store.write_files``), then the source's manifest is
 committed as is (``manifest.commit``), the last step; a copy killed at any point leaves the
-target's previous checkpoint, or none, never a half one. Shards are read into a host buffer a
-batch at a time, the next batch read while the previous one is written, and every tensor's CRC-32C
-is checked before its bytes are written: a damaged source is refused, never copied.
+target's previous checkpoint, or none, never a half one. To a target that uploads a file part by
+part (``upload_in_parts``: S3), each shard is streamed: read one part at a time into a small ring
+of part buffers, each part uploaded while the next ones are read (``DRAIN_BUFFER_BYTES`` bounds the
+buffers), every tensor's CRC-32C checked as its last part is read, and no object completed before
+every shard was read and checked. To other targets, shards are read into a host buffer a batch at
+a time, the next batch read while the previous one is written, every tensor's CRC-32C checked before
+its bytes are written. Either way a damaged source is refused, never copied.
 
 :class:`Drainer` runs those copies on one background thread for ``CheckpointManager(remote=...)``:
 one copy at a time, the newest step asked for first (an older one still waiting is skipped); a
@@ -23,6 +27,7 @@ import contextlib
 import logging
 import mmap
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,12 +136,14 @@ def _batches(shards: list[_Shard], budget_bytes: int) -> list[list[_Shard]]:
 
 
 class DrainBuffers:
-    """Two page-aligned host buffers (read one batch while the other is written), kept between copies."""
+    """Page-aligned host buffers by slot (two for the batches of a whole-file copy, one per part in flight
+    for a streamed one), kept between copies."""
 
     def __init__(self) -> None:
-        self._buffers: list[mmap.mmap | None] = [None, None]
+        self._buffers: list[mmap.mmap | None] = []
 
     def get(self, slot: int, nbytes: int) -> mmap.mmap:
+        self._buffers += [None] * (slot + 1 - len(self._buffers))
         buffer = self._buffers[slot]
         if buffer is None or len(buffer) < nbytes:
             if buffer is not None:
@@ -145,6 +152,16 @@ class DrainBuffers:
             self._buffers[slot] = buffer
         return buffer
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of every buffer held now."""
+        return sum(len(b) for b in self._buffers if b is not None)
+
+    @property
+    def slots(self) -> int:
+        """How many buffers are held now."""
+        return sum(b is not None for b in self._buffers)
+
     def close(self) -> None:
         for buffer in self._buffers:
             if buffer is not None:
@@ -152,7 +169,7 @@ class DrainBuffers:
                     buffer.close()
                 except BufferError:  # a view of it is still referenced: it is freed with the last one
                     log.debug("a drain buffer is still viewed; left to the garbage collector")
-        self._buffers = [None, None]
+        self._buffers = []
 
 
 def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, threads: int, block_size: int,
@@ -207,13 +224,134 @@ def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: DrainBuffer
                     view.release()
 
 
+class _Checker:
+    """The CRC-32Cs of one shard checked as its parts are read in order: a checksummed block that spans
+    parts is carried from one to the next."""
+
+    def __init__(self, shard: _Shard, where: str) -> None:
+        self._shard, self._where = shard, where
+        self._checks = sorted(shard.checks)
+        self._next = 0  # the first block not yet checked whole
+        self._crc = 0  # the CRC-32C so far of that block (of its bytes before the current part)
+
+    def part(self, start: int, view: memoryview) -> None:
+        """Check the blocks that end inside ``view`` (the shard's bytes from ``start`` on), carry the rest."""
+        end = start + len(view)
+        while self._next < len(self._checks):
+            offset, nbytes, crc = self._checks[self._next]
+            if offset >= end:
+                return
+            lo, hi = max(offset, start), min(offset + nbytes, end)
+            self._crc = native.crc32c(view[lo - start:hi - start], self._crc)
+            if hi < offset + nbytes:
+                return  # the block goes on in the next part
+            if self._crc != crc:
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {self._shard.name} of {self._where} (crc32c {self._crc:#010x}, "
+                    f"manifest {crc:#010x}): the damaged checkpoint is not copied",
+                    hint="the remote tier keeps its previous checkpoints")
+            self._next, self._crc = self._next + 1, 0
+
+
+class _NotStreamed(Exception):
+    """The target cannot upload this file part by part: the copy writes whole files."""
+
+
+def _upload_workers(target: Store, threads: int) -> int:
+    concurrency = getattr(target, "concurrency", None)
+    return max(1, concurrency(threads) if callable(concurrency) else threads)
+
+
+def _stream_shards(source: Store, target: Store, shards: list[_Shard], buffers: DrainBuffers, *, budget: int,
+                   threads: int, block_size: int, direct: bool, moved: Callable[[], None]) -> list[str]:
+    """Copy ``shards`` to a target that uploads files part by part (``upload_in_parts``): each shard is
+    read from ``source`` one part at a time into a free part buffer, checked, and handed to an upload
+    worker while the next part is read; a buffer is free again once its part is uploaded. At most
+    ``slots`` parts (read, waiting or uploading) are held at once: min(``budget`` // part size, upload
+    workers + 1), at least 2. Every object is completed only after every shard was read and checked,
+    so a damaged source completes none. The names completed; on an error every upload is aborted
+    (objects completed included), and it is raised.
+
+    Raises _NotStreamed (nothing written) when the target declines the first shard."""
+    opener = getattr(target, "upload_in_parts", None)
+    if opener is None or not shards:
+        raise _NotStreamed
+    workers = _upload_workers(target, threads)
+    uploads: list[Any] = []
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    failed: list[BaseException] = []
+    slots = 0
+
+    def upload(part: Any, index: int, view: memoryview, slot: int) -> None:
+        try:
+            if not failed:
+                part.put(index, view)
+                moved()
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            view.release()
+            free.put(slot)
+
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckptbench-drain-up") as pool:
+            futures: list[Future] = []
+            try:
+                for shard in shards:
+                    part = opener(shard.name, shard.nbytes)
+                    if part is None:
+                        if uploads:
+                            raise RuntimeError(f"{target.url} declined a part upload after accepting one")
+                        raise _NotStreamed
+                    uploads.append(part)
+                    if not slots:
+                        slots = max(2, min(budget // part.part_bytes, workers + 1))
+                        for slot in range(slots):
+                            free.put(slot)
+                    checker = _Checker(shard, source.url)
+                    for index in range(part.parts):
+                        start = index * part.part_bytes
+                        nbytes = min(part.part_bytes, shard.nbytes - start)
+                        slot = free.get()
+                        if failed:
+                            raise failed[0]
+                        view = memoryview(buffers.get(slot, part.part_bytes))[:nbytes]
+                        try:
+                            if nbytes:
+                                source.read_ranges([(shard.name, start, view)], threads=threads,
+                                                   block_size=block_size, direct=direct)
+                                checker.part(start, view)
+                            moved()
+                            futures.append(pool.submit(upload, part, index, view, slot))
+                        except BaseException:
+                            view.release()
+                            raise
+                for future in futures:
+                    future.result()
+            except BaseException:
+                failed.append(RuntimeError("the copy failed"))  # queued parts upload nothing
+                raise
+        for part in uploads:
+            part.complete()
+            moved()
+    except BaseException:
+        for part in uploads:
+            try:
+                part.abort()
+            except Exception as exc:  # noqa: BLE001 - the next copy or retention sweeps them
+                log.info("could not abort the upload of %s to %s: %s", part.name, target.url, exc)
+        raise
+    return [shard.name for shard in shards]
+
+
 def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, block_size: int, direct: bool,
                     buffers: DrainBuffers | None = None, buffer_bytes: int | None = None,
                     progress: Callable[[], None] | None = None) -> DrainResult:
     """Copy the committed checkpoint of ``source`` to ``target``: shards durable, then the manifest.
 
-    ``progress()`` is called whenever the copy moves on: a batch of shards read (and checked), a batch
-    written, the manifest committed.
+    ``progress()`` is called whenever the copy moves on: a part or batch of shards read (and checked), a
+    part uploaded or a batch written, an object completed, the manifest committed.
 
     Nothing is written when ``target`` already holds this very checkpoint (the same save id). The
     target's save lock is held throughout (a save or copy already there: CheckpointLockedError);
@@ -244,14 +382,18 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     committed = False
     try:
         with acquire_save_lock(target) as lock:
-            batches = _read_ahead(source, _batches(shards, max(1, budget // 2)), own, threads=threads,
-                                  block_size=block_size, direct=direct)
-            with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
-                for files in batches:
-                    moved()
-                    target.write_files(files, threads=threads, block_size=block_size, direct=direct)
-                    written += [name for name, _ in files]
-                    moved()
+            try:
+                written = _stream_shards(source, target, shards, own, budget=budget, threads=threads,
+                                         block_size=block_size, direct=direct, moved=moved)
+            except _NotStreamed:
+                batches = _read_ahead(source, _batches(shards, max(1, budget // 2)), own, threads=threads,
+                                      block_size=block_size, direct=direct)
+                with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
+                    for files in batches:
+                        moved()
+                        target.write_files(files, threads=threads, block_size=block_size, direct=direct)
+                        written += [name for name, _ in files]
+                        moved()
             with lock.committing(target, names):
                 mf.commit(target, manifest)
                 committed = True
