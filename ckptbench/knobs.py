@@ -125,6 +125,9 @@ DRAIN_TIMEOUT_S = _env_float("DRAIN_TIMEOUT_S", 300.0)
 #: Niceness added to a background drain's thread (and the I/O threads it starts), so that local saves'
 #: staging and training win the CPU from it; 0 keeps its priority.
 DRAIN_NICE = _env_int("DRAIN_NICE", 10)
+#: A background drain's disk I/O (and its threads') in the idle class (Linux, schedulers with classes): its
+#: reads of the local tier wait for local saves' writes; 0 keeps its I/O class.
+DRAIN_IDLE_IO = _env_int("DRAIN_IDLE_IO", 1)
 #: The DCP Writer's staging memory, shared by every Writer of a process (``integrations.dcp``): idle
 #: arenas kept for the next save, at most this many, each freed after this many seconds unused.
 DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)

@@ -16,7 +16,8 @@ its bytes are written. Either way a damaged source is refused, never copied.
 one copy at a time, the newest step asked for first (an older one still waiting is skipped); a
 copy that fails (the remote tier unreachable, say) is retried after ``CKPTBENCH_DRAIN_RETRY_S``
 or as soon as another step is submitted, and :meth:`Drainer.status` says what happened. Its thread
-runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``): local saves stall no longer for it.
+runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``) and reads in the idle I/O class
+(``CKPTBENCH_DRAIN_IDLE_IO``): local saves stall no longer for it.
 :class:`DrainProcess` runs each copy in a process of its own, watched: a copy with no progress for
 ``CKPTBENCH_DRAIN_TIMEOUT_S`` (a remote tier that stopped answering) is killed and fails like any other.
 """
@@ -28,6 +29,7 @@ import logging
 import mmap
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -412,18 +414,42 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started)
 
 
-def lower_priority() -> None:
-    """Lower the calling thread's CPU priority by ``CKPTBENCH_DRAIN_NICE`` (on Linux a thread's nice value
-    is its own, and the threads it starts inherit it: the engine's and the S3 uploads' workers). A
-    drain in the background then takes the CPU that local saves and training leave; it is not slowed
-    on a machine with idle cores."""
-    if knobs.DRAIN_NICE <= 0 or not hasattr(os, "setpriority"):
+#: ioprio_set(2) by machine (Linux); its "who" is a thread id, and the threads a thread starts inherit it.
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}
+_IOPRIO_IDLE = 3 << 13  # IOPRIO_CLASS_IDLE: disk time only when no other process wants the disk
+
+
+def _idle_io(tid: int) -> None:
+    """The thread's disk I/O in the idle class (its reads wait for local saves' writes; schedulers that keep
+    no classes ignore it)."""
+    import ctypes
+    import platform
+
+    number = _IOPRIO_SET.get(platform.machine())
+    if number is None:
         return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + knobs.DRAIN_NICE))
-    except OSError as exc:
-        log.debug("could not lower the drain's priority: %s", exc)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, 1, tid, _IOPRIO_IDLE) != 0:  # IOPRIO_WHO_PROCESS
+        log.debug("could not put the drain's I/O in the idle class: %s", os.strerror(ctypes.get_errno()))
+
+
+def lower_priority() -> None:
+    """Lower the calling thread's CPU priority by ``CKPTBENCH_DRAIN_NICE`` and, with
+    ``CKPTBENCH_DRAIN_IDLE_IO``, put its disk I/O in the idle class (on Linux a thread's nice value and
+    I/O priority are its own, and the threads it starts inherit them: the engine's and the S3 uploads'
+    workers). A drain in the background then takes the CPU and the disk that local saves and training
+    leave; it is not slowed on a machine with idle cores and an idle disk."""
+    if not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    if knobs.DRAIN_NICE > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + knobs.DRAIN_NICE))
+        except OSError as exc:
+            log.debug("could not lower the drain's priority: %s", exc)
+    if knobs.DRAIN_IDLE_IO and sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            _idle_io(tid)
 
 
 _worker_buffers: DrainBuffers | None = None
@@ -518,6 +544,12 @@ class DrainProcess:
     def pid(self) -> int | None:
         """The drain process's pid (None before the first copy, or once it ended)."""
         return int(self._progress[1]) or None if self._pool is not None and self._progress is not None else None
+
+    @property
+    def moves(self) -> int:
+        """How often the copies so far moved on (parts or batches read and written, commits): a copy in
+        flight counts up."""
+        return int(self._progress[0]) if self._progress is not None else 0
 
     def copy(self, source: tuple[str, dict | None], target: tuple[str, dict | None], *, step: int, threads: int,
              block_size: int, direct: bool) -> DrainResult:

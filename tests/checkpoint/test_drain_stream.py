@@ -229,6 +229,37 @@ def test_a_streamed_drain_killed_midway_leaves_a_loadable_checkpoint(tmp_path: P
     assert_same(ckptbench.load(target), state(9))
 
 
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="ioprio_get: x86_64 Linux")
+def test_the_drain_thread_yields_the_cpu_and_the_disk(monkeypatch):
+    import ctypes
+
+    from ckptbench import knobs
+    from ckptbench.checkpoint.drain import lower_priority
+
+    monkeypatch.setattr(knobs, "DRAIN_NICE", 5)
+    monkeypatch.setattr(knobs, "DRAIN_IDLE_IO", 1)
+    seen: dict = {}
+
+    def drain_thread() -> None:  # a thread's nice value and I/O class are its own: the test's stay as they are
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        lower_priority()
+
+        def started() -> None:
+            tid = threading.get_native_id()
+            seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+            seen["io_class"] = ctypes.CDLL(None).syscall(252, 1, tid) >> 13  # ioprio_get(IOPRIO_WHO_PROCESS)
+
+        child = threading.Thread(target=started)  # as the drain's upload and engine workers
+        child.start()
+        child.join()
+
+    thread = threading.Thread(target=drain_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"nice": min(5, 19 - os.getpriority(os.PRIO_PROCESS, 0)), "io_class": 3}  # idle class
+
+
 def _worker(source: str, target: str) -> None:
     """Copy SOURCE to TARGET streamed; say so once parts of the second shard are in, then hang until killed."""
     store = PartsStore(target)
