@@ -260,6 +260,9 @@ class _NotStreamed(Exception):
 
 
 def _upload_workers(target: Store, threads: int) -> int:
+    """Parts uploading at once: ``CKPTBENCH_DRAIN_UPLOADS``, else as many as a save to the target sends."""
+    if knobs.DRAIN_UPLOADS > 0:
+        return knobs.DRAIN_UPLOADS
     concurrency = getattr(target, "concurrency", None)
     return max(1, concurrency(threads) if callable(concurrency) else threads)
 

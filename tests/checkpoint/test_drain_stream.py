@@ -172,6 +172,18 @@ def test_the_buffers_stay_within_the_upload_workers(tmp_path: Path):
     assert_same(ckptbench.load(tmp_path / "remote"), state(3))
 
 
+def test_the_drain_uploads_as_many_parts_at_once_as_it_is_told(tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "DRAIN_UPLOADS", 1)
+    ckptbench.save(state(3), tmp_path / "local", shard_size=512 * 1024)
+    target = PartsStore(tmp_path / "remote", workers=8, put_s=0.005)
+    buffers = DrainBuffers()
+    copy_checkpoint(LocalStore(tmp_path / "local"), target, step=3, buffers=buffers, buffer_bytes=1 << 30, **IO)
+    assert target.most_in_flight == 1 and buffers.slots == 2
+    assert_same(ckptbench.load(tmp_path / "remote"), state(3))
+
+
 def test_a_damaged_source_completes_nothing(tmp_path: Path):
     ckptbench.save(state(4), tmp_path / "remote")  # the target's previous checkpoint
     ckptbench.save(state(5), tmp_path / "local", shard_size=512 * 1024)
