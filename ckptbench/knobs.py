@@ -119,7 +119,7 @@ DRAIN_RETRY_S = _env_float("DRAIN_RETRY_S", 30.0)
 #: Stop the drain process (SIGSTOP) while an async save of the same manager stages (training is blocked
 #: then), continue it after (SIGCONT); 0 lets it run on beside the staging.
 DRAIN_PAUSE = _env_int("DRAIN_PAUSE", 1)
-#: A drain that makes no progress for this many seconds (no batch of shards read or written, no commit:
+#: A drain that makes no progress for this many seconds (no part or batch of shards read or written, no commit:
 #: a remote tier that stopped answering) is stopped (its process killed) and retried later.
 DRAIN_TIMEOUT_S = _env_float("DRAIN_TIMEOUT_S", 300.0)
 #: Niceness added to a background drain's thread (and the I/O threads it starts), so that local saves'

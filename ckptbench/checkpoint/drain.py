@@ -496,7 +496,7 @@ class DrainProcess:
     process runs at the drain's lower priority (``CKPTBENCH_DRAIN_NICE``) and ends with the thread that
     started it (``close()``, or that thread's death). Locations go to it as (URL, storage options).
 
-    A watchdog: a copy that makes no progress (no batch of shards read or written, no commit) for
+    A watchdog: a copy that makes no progress (no part or batch of shards read or written, no commit) for
     ``timeout_s`` seconds (default ``CKPTBENCH_DRAIN_TIMEOUT_S``) has its process killed and raises
     :class:`~ckptbench.errors.DrainStalledError`; the next copy starts another process. What the
     killed copy wrote is never committed (its manifest comes last) and is swept by the next commit.
