@@ -110,19 +110,27 @@ DIST_HEARTBEAT_S = _env_float("DIST_HEARTBEAT_S", 0.5)
 DIST_DEAD_AFTER_S = _env_float("DIST_DEAD_AFTER_S", 5.0)
 #: Save lock on object stores: a lease not renewed for this long is taken over (checkpoint/lock.py).
 LOCK_TTL_S = _env_float("LOCK_TTL_S", 60.0)
-#: Host memory a drain to the remote tier reads shards into (two halves: one read while the other is written).
+#: Host memory a drain to the remote tier reads shards into: to S3, at most this many bytes of parts in flight
+#: (read, waiting or uploading; at most one more than the upload workers, at least two parts); to a directory,
+#: two halves (one read while the other is written).
 DRAIN_BUFFER_BYTES = _env_int("DRAIN_BUFFER_BYTES", 512 * 2**20)
 #: Seconds before a failed drain is tried again (a new local checkpoint to drain retries at once).
 DRAIN_RETRY_S = _env_float("DRAIN_RETRY_S", 30.0)
 #: Stop the drain process (SIGSTOP) while an async save of the same manager stages (training is blocked
 #: then), continue it after (SIGCONT); 0 lets it run on beside the staging.
 DRAIN_PAUSE = _env_int("DRAIN_PAUSE", 1)
-#: A drain that makes no progress for this many seconds (no batch of shards read or written, no commit:
+#: A drain that makes no progress for this many seconds (no part or batch of shards read or written, no commit:
 #: a remote tier that stopped answering) is stopped (its process killed) and retried later.
 DRAIN_TIMEOUT_S = _env_float("DRAIN_TIMEOUT_S", 300.0)
 #: Niceness added to a background drain's thread (and the I/O threads it starts), so that local saves'
 #: staging and training win the CPU from it; 0 keeps its priority.
 DRAIN_NICE = _env_int("DRAIN_NICE", 10)
+#: A background drain's disk I/O (and its threads') in the idle class (Linux, schedulers with classes): its
+#: reads of the local tier wait for local saves' writes; 0 keeps its I/O class.
+DRAIN_IDLE_IO = _env_int("DRAIN_IDLE_IO", 1)
+#: Parts a drain to S3 uploads at once; 0: as many as a save to the same store sends. Fewer leave less data
+#: in flight for the remote tier's servers to take in while the drain is stopped for a local save's staging.
+DRAIN_UPLOADS = _env_int("DRAIN_UPLOADS", 0)
 #: The DCP Writer's staging memory, shared by every Writer of a process (``integrations.dcp``): idle
 #: arenas kept for the next save, at most this many, each freed after this many seconds unused.
 DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)

@@ -1,15 +1,20 @@
 """Two tiers measured as two levels: the drain and its interference with local saves.
 
-With the real writer and the real drain (``checkpoint/drain.py``), in rounds, each round in both
-orders so that drift in a shared machine's load falls on both sides alike:
+With the real writer and the real drain (``checkpoint/drain.py``), in rounds of four runs (a direct
+save, a drain, a local save alone, a local save during a drain), each round starting one run later
+than the one before (so that every run takes every place in turn, and drift in a shared machine's
+load falls on all of them alike); the ratios are taken within each round:
 
 - **drain vs direct**: the committed local checkpoint copied to the remote tier
   (``copy_checkpoint``: read, checked, written, committed) against ``ckptbench.save`` of the same
   state_dict straight to the remote tier (sync, durable); each timed from its call to its commit.
-- **stall with and without a drain**: an async local save (``Checkpointer.save(async_=True)``)
-  alone, and one started while a drain of the same checkpoint runs (in the drain process, at the
-  priority ``CheckpointManager`` gives its drains, and stopped while the save stages as
-  ``CheckpointManager.save`` stops it); its stall (the time training is blocked) and persist.
+- **stall with and without a drain**: async local saves (``Checkpointer.save(async_=True)``)
+  alone, and saves while a drain of the same checkpoint runs (in the drain process, at the priority
+  ``CheckpointManager`` gives its drains, and stopped while a save stages as
+  ``CheckpointManager.save`` stops it), the first once the drain moves data (not while its process
+  starts), the next ones while it still runs; their stall (the time training is blocked) and
+  persist. ``stall_saves`` saves of each kind a round (one after another), the round's figure their
+  median.
 
 Everything is written inside the two targets' scratch directories or prefixes, removed at the end
 (Ctrl-C included).
@@ -39,7 +44,10 @@ class DrainBench:
     ``runs_drain_s``: drains of the committed local checkpoint to the remote tier;
     ``runs_direct_save_s``: sync saves of the same state_dict straight to the remote tier, in the
     same rounds; ``runs_stall_alone_s``/``runs_persist_alone_s``: async local saves with no drain;
-    ``runs_stall_during_s``/``runs_persist_during_s``: async local saves while a drain runs.
+    ``runs_stall_during_s``/``runs_persist_during_s``: async local saves while a drain runs;
+    ``load_by_round``: the 1-minute load average at the start of each round (0 where unknown). With
+    several saves of a kind a round, the stall and persist of a round are their medians, and
+    ``stalls_alone_s``/``stalls_during_s`` hold every save's stall, round after round.
     """
 
     workload_bytes: int
@@ -49,6 +57,9 @@ class DrainBench:
     runs_stall_during_s: tuple[float, ...]
     runs_persist_alone_s: tuple[float, ...]
     runs_persist_during_s: tuple[float, ...]
+    load_by_round: tuple[float, ...] = ()
+    stalls_alone_s: tuple[float, ...] = ()
+    stalls_during_s: tuple[float, ...] = ()
 
     @property
     def drain_gbps(self) -> float:
@@ -120,16 +131,22 @@ def _remove(store: Store) -> None:
 
 
 def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote: Any, *, repeat: int = 3,
-                    warmup: int = 1, threads: int | None = None, progress: Progress | None = None) -> DrainBench:
+                    warmup: int = 1, threads: int | None = None, progress: Progress | None = None,
+                    stall_saves: int = 1) -> DrainBench:
     """Measure the drain from ``local`` (a directory) to ``remote`` (a directory or an object target) and
-    its interference with local saves, ``warmup`` discarded rounds then ``repeat`` measured ones."""
+    its interference with local saves, ``warmup`` discarded rounds then ``repeat`` measured ones, each
+    with ``stall_saves`` local saves alone and as many during a drain (fewer when the drain ends first)."""
     from ckptbench.checkpoint.api import Checkpointer
     from ckptbench.checkpoint.drain import DrainProcess
 
+    if stall_saves < 1:
+        raise ValueError(f"stall_saves must be at least 1, got {stall_saves}")
     progress = progress or Progress()
     state_dict = build_state_dict(workload)
     runs: dict[str, list[float]] = {k: [] for k in ("drain", "direct", "stall_alone", "stall_during",
                                                     "persist_alone", "persist_during")}
+    load: list[float] = []
+    every: dict[str, list[float]] = {"alone": [], "during": []}
     drainer = DrainProcess()  # started by the first drain, on this thread (it lives as long as the thread)
     with _scratch(local) as here, _scratch(remote) as there, Checkpointer(threads=threads) as ckpt:
         io = {"threads": ckpt.threads, "block_size": ckpt.block_size, "direct": bool(ckpt.direct)}
@@ -153,7 +170,10 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
             result = handle.result()
             return result.stall_s, result.persist_s
 
-        def local_save_during_drain(name: str, remote_name: str) -> tuple[float, float]:
+        def local_saves(name: str) -> list[tuple[float, float]]:
+            return [local_save(name) for _ in range(stall_saves)]
+
+        def local_saves_during_drain(name: str, remote_name: str) -> list[tuple[float, float]]:
             failure: list[BaseException] = []
 
             def run() -> None:  # as CheckpointManager's drain runs: a thread waiting for the drain process
@@ -162,10 +182,16 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                 except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
                     failure.append(exc)
 
+            moves = drainer.moves
             thread = threading.Thread(target=run, name="ckptbench-drain-bench", daemon=True)
             thread.start()
             try:
-                return local_save(name)
+                while thread.is_alive() and drainer.moves < moves + 4:  # started, and data read and sent
+                    time.sleep(0.005)
+                saves = [local_save(name)]
+                while len(saves) < stall_saves and thread.is_alive():
+                    saves.append(local_save(name))
+                return saves
             finally:
                 thread.join()
                 if failure:
@@ -176,18 +202,23 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                 measured = n >= warmup
                 progress.phase(f"drain: round {n + 1 - warmup if measured else n + 1}"
                                f"{'' if measured else ' (warm-up)'}")
-                pairs = [("direct", lambda n=n: direct(f"direct-{n}")), ("drain", lambda n=n: drain(f"drain-{n}"))]
-                for key, run_one in pairs if n % 2 == 0 else pairs[::-1]:
+                if measured:
+                    load.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+                runs_of_round = [("direct", lambda n=n: direct(f"direct-{n}")),
+                                 ("drain", lambda n=n: drain(f"drain-{n}")),
+                                 ("alone", lambda: local_saves("alone")),
+                                 ("during", lambda n=n: local_saves_during_drain("during", f"during-{n}"))]
+                shift = n % len(runs_of_round)
+                for key, run_one in runs_of_round[shift:] + runs_of_round[:shift]:
                     seconds = run_one()
-                    if measured:
+                    if not measured:
+                        continue
+                    if key in ("direct", "drain"):
                         runs[key].append(seconds)
-                saves = [("alone", lambda: local_save("alone")),
-                         ("during", lambda n=n: local_save_during_drain("during", f"during-{n}"))]
-                for key, run_one in saves if n % 2 == 0 else saves[::-1]:
-                    stall_s, persist_s = run_one()
-                    if measured:
-                        runs[f"stall_{key}"].append(stall_s)
-                        runs[f"persist_{key}"].append(persist_s)
+                    else:
+                        runs[f"stall_{key}"].append(statistics.median(stall for stall, _ in seconds))
+                        runs[f"persist_{key}"].append(statistics.median(persist for _, persist in seconds))
+                        every[key] += [stall for stall, _ in seconds]
                 for name in (f"direct-{n}", f"drain-{n}", f"during-{n}"):
                     _remove(there.store(name))
         finally:
@@ -196,4 +227,5 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                       runs_direct_save_s=tuple(runs["direct"]), runs_stall_alone_s=tuple(runs["stall_alone"]),
                       runs_stall_during_s=tuple(runs["stall_during"]),
                       runs_persist_alone_s=tuple(runs["persist_alone"]),
-                      runs_persist_during_s=tuple(runs["persist_during"]))
+                      runs_persist_during_s=tuple(runs["persist_during"]), load_by_round=tuple(load),
+                      stalls_alone_s=tuple(every["alone"]), stalls_during_s=tuple(every["during"]))

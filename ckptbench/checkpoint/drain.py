@@ -4,15 +4,20 @@
 the commit protocol of a save (``checkpoint/manifest.py``): the target's save lock is taken, the
 shards are written and durable first (``Store.write_files``), then the source's manifest is
 committed as is (``manifest.commit``), the last step; a copy killed at any point leaves the
-target's previous checkpoint, or none, never a half one. Shards are read into a host buffer a
-batch at a time, the next batch read while the previous one is written, and every tensor's CRC-32C
-is checked before its bytes are written: a damaged source is refused, never copied.
+target's previous checkpoint, or none, never a half one. To a target that uploads a file part by
+part (``upload_in_parts``: S3), each shard is streamed: read one part at a time into a small ring
+of part buffers, each part uploaded while the next ones are read (``DRAIN_BUFFER_BYTES`` bounds the
+buffers), every tensor's CRC-32C checked as its last part is read, and no object completed before
+every shard was read and checked. To other targets, shards are read into a host buffer a batch at
+a time, the next batch read while the previous one is written, every tensor's CRC-32C checked before
+its bytes are written. Either way a damaged source is refused, never copied.
 
 :class:`Drainer` runs those copies on one background thread for ``CheckpointManager(remote=...)``:
 one copy at a time, the newest step asked for first (an older one still waiting is skipped); a
 copy that fails (the remote tier unreachable, say) is retried after ``CKPTBENCH_DRAIN_RETRY_S``
 or as soon as another step is submitted, and :meth:`Drainer.status` says what happened. Its thread
-runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``): local saves stall no longer for it.
+runs at a lower CPU priority (``CKPTBENCH_DRAIN_NICE``) and reads in the idle I/O class
+(``CKPTBENCH_DRAIN_IDLE_IO``): local saves stall no longer for it.
 :class:`DrainProcess` runs each copy in a process of its own, watched: a copy with no progress for
 ``CKPTBENCH_DRAIN_TIMEOUT_S`` (a remote tier that stopped answering) is killed and fails like any other.
 """
@@ -23,6 +28,8 @@ import contextlib
 import logging
 import mmap
 import os
+import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,12 +138,14 @@ def _batches(shards: list[_Shard], budget_bytes: int) -> list[list[_Shard]]:
 
 
 class DrainBuffers:
-    """Two page-aligned host buffers (read one batch while the other is written), kept between copies."""
+    """Page-aligned host buffers by slot (two for the batches of a whole-file copy, one per part in flight
+    for a streamed one), kept between copies."""
 
     def __init__(self) -> None:
-        self._buffers: list[mmap.mmap | None] = [None, None]
+        self._buffers: list[mmap.mmap | None] = []
 
     def get(self, slot: int, nbytes: int) -> mmap.mmap:
+        self._buffers += [None] * (slot + 1 - len(self._buffers))
         buffer = self._buffers[slot]
         if buffer is None or len(buffer) < nbytes:
             if buffer is not None:
@@ -145,6 +154,16 @@ class DrainBuffers:
             self._buffers[slot] = buffer
         return buffer
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of every buffer held now."""
+        return sum(len(b) for b in self._buffers if b is not None)
+
+    @property
+    def slots(self) -> int:
+        """How many buffers are held now."""
+        return sum(b is not None for b in self._buffers)
+
     def close(self) -> None:
         for buffer in self._buffers:
             if buffer is not None:
@@ -152,7 +171,7 @@ class DrainBuffers:
                     buffer.close()
                 except BufferError:  # a view of it is still referenced: it is freed with the last one
                     log.debug("a drain buffer is still viewed; left to the garbage collector")
-        self._buffers = [None, None]
+        self._buffers = []
 
 
 def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, threads: int, block_size: int,
@@ -207,13 +226,137 @@ def _read_ahead(source: Store, batches: list[list[_Shard]], buffers: DrainBuffer
                     view.release()
 
 
+class _Checker:
+    """The CRC-32Cs of one shard checked as its parts are read in order: a checksummed block that spans
+    parts is carried from one to the next."""
+
+    def __init__(self, shard: _Shard, where: str) -> None:
+        self._shard, self._where = shard, where
+        self._checks = sorted(shard.checks)
+        self._next = 0  # the first block not yet checked whole
+        self._crc = 0  # the CRC-32C so far of that block (of its bytes before the current part)
+
+    def part(self, start: int, view: memoryview) -> None:
+        """Check the blocks that end inside ``view`` (the shard's bytes from ``start`` on), carry the rest."""
+        end = start + len(view)
+        while self._next < len(self._checks):
+            offset, nbytes, crc = self._checks[self._next]
+            if offset >= end:
+                return
+            lo, hi = max(offset, start), min(offset + nbytes, end)
+            self._crc = native.crc32c(view[lo - start:hi - start], self._crc)
+            if hi < offset + nbytes:
+                return  # the block goes on in the next part
+            if self._crc != crc:
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {self._shard.name} of {self._where} (crc32c {self._crc:#010x}, "
+                    f"manifest {crc:#010x}): the damaged checkpoint is not copied",
+                    hint="the remote tier keeps its previous checkpoints")
+            self._next, self._crc = self._next + 1, 0
+
+
+class _NotStreamed(Exception):
+    """The target cannot upload this file part by part: the copy writes whole files."""
+
+
+def _upload_workers(target: Store, threads: int) -> int:
+    """Parts uploading at once: ``CKPTBENCH_DRAIN_UPLOADS``, else as many as a save to the target sends."""
+    if knobs.DRAIN_UPLOADS > 0:
+        return knobs.DRAIN_UPLOADS
+    concurrency = getattr(target, "concurrency", None)
+    return max(1, concurrency(threads) if callable(concurrency) else threads)
+
+
+def _stream_shards(source: Store, target: Store, shards: list[_Shard], buffers: DrainBuffers, *, budget: int,
+                   threads: int, block_size: int, direct: bool, moved: Callable[[], None]) -> list[str]:
+    """Copy ``shards`` to a target that uploads files part by part (``upload_in_parts``): each shard is
+    read from ``source`` one part at a time into a free part buffer, checked, and handed to an upload
+    worker while the next part is read; a buffer is free again once its part is uploaded. At most
+    ``slots`` parts (read, waiting or uploading) are held at once: min(``budget`` // part size, upload
+    workers + 1), at least 2. Every object is completed only after every shard was read and checked,
+    so a damaged source completes none. The names completed; on an error every upload is aborted
+    (objects completed included), and it is raised.
+
+    Raises _NotStreamed (nothing written) when the target declines the first shard."""
+    opener = getattr(target, "upload_in_parts", None)
+    if opener is None or not shards:
+        raise _NotStreamed
+    workers = _upload_workers(target, threads)
+    uploads: list[Any] = []
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    failed: list[BaseException] = []
+    slots = 0
+
+    def upload(part: Any, index: int, view: memoryview, slot: int) -> None:
+        try:
+            if not failed:
+                part.put(index, view)
+                moved()
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            view.release()
+            free.put(slot)
+
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckptbench-drain-up") as pool:
+            futures: list[Future] = []
+            try:
+                for shard in shards:
+                    part = opener(shard.name, shard.nbytes)
+                    if part is None:
+                        if uploads:
+                            raise RuntimeError(f"{target.url} declined a part upload after accepting one")
+                        raise _NotStreamed
+                    uploads.append(part)
+                    if not slots:
+                        slots = max(2, min(budget // part.part_bytes, workers + 1))
+                        for slot in range(slots):
+                            free.put(slot)
+                    checker = _Checker(shard, source.url)
+                    for index in range(part.parts):
+                        start = index * part.part_bytes
+                        nbytes = min(part.part_bytes, shard.nbytes - start)
+                        slot = free.get()
+                        if failed:
+                            raise failed[0]
+                        view = memoryview(buffers.get(slot, part.part_bytes))[:nbytes]
+                        try:
+                            if nbytes:
+                                source.read_ranges([(shard.name, start, view)], threads=threads,
+                                                   block_size=block_size, direct=direct)
+                                checker.part(start, view)
+                            moved()
+                            futures.append(pool.submit(upload, part, index, view, slot))
+                        except BaseException:
+                            view.release()
+                            raise
+                for future in futures:
+                    future.result()
+            except BaseException:
+                failed.append(RuntimeError("the copy failed"))  # queued parts upload nothing
+                raise
+        for part in uploads:
+            part.complete()
+            moved()
+    except BaseException:
+        for part in uploads:
+            try:
+                part.abort()
+            except Exception as exc:  # noqa: BLE001 - the next copy or retention sweeps them
+                log.info("could not abort the upload of %s to %s: %s", part.name, target.url, exc)
+        raise
+    return [shard.name for shard in shards]
+
+
 def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, block_size: int, direct: bool,
                     buffers: DrainBuffers | None = None, buffer_bytes: int | None = None,
                     progress: Callable[[], None] | None = None) -> DrainResult:
     """Copy the committed checkpoint of ``source`` to ``target``: shards durable, then the manifest.
 
-    ``progress()`` is called whenever the copy moves on: a batch of shards read (and checked), a batch
-    written, the manifest committed.
+    ``progress()`` is called whenever the copy moves on: a part or batch of shards read (and checked), a
+    part uploaded or a batch written, an object completed, the manifest committed.
 
     Nothing is written when ``target`` already holds this very checkpoint (the same save id). The
     target's save lock is held throughout (a save or copy already there: CheckpointLockedError);
@@ -244,14 +387,18 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     committed = False
     try:
         with acquire_save_lock(target) as lock:
-            batches = _read_ahead(source, _batches(shards, max(1, budget // 2)), own, threads=threads,
-                                  block_size=block_size, direct=direct)
-            with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
-                for files in batches:
-                    moved()
-                    target.write_files(files, threads=threads, block_size=block_size, direct=direct)
-                    written += [name for name, _ in files]
-                    moved()
+            try:
+                written = _stream_shards(source, target, shards, own, budget=budget, threads=threads,
+                                         block_size=block_size, direct=direct, moved=moved)
+            except _NotStreamed:
+                batches = _read_ahead(source, _batches(shards, max(1, budget // 2)), own, threads=threads,
+                                      block_size=block_size, direct=direct)
+                with contextlib.closing(batches):  # a failed write releases the batch read ahead at once
+                    for files in batches:
+                        moved()
+                        target.write_files(files, threads=threads, block_size=block_size, direct=direct)
+                        written += [name for name, _ in files]
+                        moved()
             with lock.committing(target, names):
                 mf.commit(target, manifest)
                 committed = True
@@ -270,18 +417,42 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     return DrainResult(step, total, len(shards) + 1, time.perf_counter() - started)
 
 
-def lower_priority() -> None:
-    """Lower the calling thread's CPU priority by ``CKPTBENCH_DRAIN_NICE`` (on Linux a thread's nice value
-    is its own, and the threads it starts inherit it: the engine's and the S3 uploads' workers). A
-    drain in the background then takes the CPU that local saves and training leave; it is not slowed
-    on a machine with idle cores."""
-    if knobs.DRAIN_NICE <= 0 or not hasattr(os, "setpriority"):
+#: ioprio_set(2) by machine (Linux); its "who" is a thread id, and the threads a thread starts inherit it.
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}
+_IOPRIO_IDLE = 3 << 13  # IOPRIO_CLASS_IDLE: disk time only when no other process wants the disk
+
+
+def _idle_io(tid: int) -> None:
+    """The thread's disk I/O in the idle class (its reads wait for local saves' writes; schedulers that keep
+    no classes ignore it)."""
+    import ctypes
+    import platform
+
+    number = _IOPRIO_SET.get(platform.machine())
+    if number is None:
         return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + knobs.DRAIN_NICE))
-    except OSError as exc:
-        log.debug("could not lower the drain's priority: %s", exc)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, 1, tid, _IOPRIO_IDLE) != 0:  # IOPRIO_WHO_PROCESS
+        log.debug("could not put the drain's I/O in the idle class: %s", os.strerror(ctypes.get_errno()))
+
+
+def lower_priority() -> None:
+    """Lower the calling thread's CPU priority by ``CKPTBENCH_DRAIN_NICE`` and, with
+    ``CKPTBENCH_DRAIN_IDLE_IO``, put its disk I/O in the idle class (on Linux a thread's nice value and
+    I/O priority are its own, and the threads it starts inherit them: the engine's and the S3 uploads'
+    workers). A drain in the background then takes the CPU and the disk that local saves and training
+    leave; it is not slowed on a machine with idle cores and an idle disk."""
+    if not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    if knobs.DRAIN_NICE > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + knobs.DRAIN_NICE))
+        except OSError as exc:
+            log.debug("could not lower the drain's priority: %s", exc)
+    if knobs.DRAIN_IDLE_IO and sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            _idle_io(tid)
 
 
 _worker_buffers: DrainBuffers | None = None
@@ -325,7 +496,7 @@ class DrainProcess:
     process runs at the drain's lower priority (``CKPTBENCH_DRAIN_NICE``) and ends with the thread that
     started it (``close()``, or that thread's death). Locations go to it as (URL, storage options).
 
-    A watchdog: a copy that makes no progress (no batch of shards read or written, no commit) for
+    A watchdog: a copy that makes no progress (no part or batch of shards read or written, no commit) for
     ``timeout_s`` seconds (default ``CKPTBENCH_DRAIN_TIMEOUT_S``) has its process killed and raises
     :class:`~ckptbench.errors.DrainStalledError`; the next copy starts another process. What the
     killed copy wrote is never committed (its manifest comes last) and is swept by the next commit.
@@ -376,6 +547,12 @@ class DrainProcess:
     def pid(self) -> int | None:
         """The drain process's pid (None before the first copy, or once it ended)."""
         return int(self._progress[1]) or None if self._pool is not None and self._progress is not None else None
+
+    @property
+    def moves(self) -> int:
+        """How often the copies so far moved on (parts or batches read and written, commits): a copy in
+        flight counts up."""
+        return int(self._progress[0]) if self._progress is not None else 0
 
     def copy(self, source: tuple[str, dict | None], target: tuple[str, dict | None], *, step: int, threads: int,
              block_size: int, direct: bool) -> DrainResult:

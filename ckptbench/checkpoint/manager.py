@@ -234,7 +234,7 @@ class CheckpointManager:
         remote_every: copy every k-th committed step to ``remote`` (default 1: every one).
         keep_remote: how many committed steps the remote tier keeps (the newest), or None for all.
         remote_storage_options: for a remote tier on object storage, as ``storage_options``.
-        drain_timeout: seconds a copy to the remote tier may go without progress (no batch of shards read
+        drain_timeout: seconds a copy to the remote tier may go without progress (no part or batch of shards read
             or written) before it is stopped and retried later (a remote tier that stopped answering);
             None: ``CKPTBENCH_DRAIN_TIMEOUT_S`` (300 s).
 

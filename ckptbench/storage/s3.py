@@ -293,6 +293,52 @@ class _Upload:
         return len(self.etags)
 
 
+class PartUpload:
+    """One object of ``S3Store.upload_in_parts``: ``put(index, view)`` uploads part ``index`` (from any
+    thread, ``part_bytes`` each, the last one shorter), ``complete()`` makes the object once every part
+    is in, ``abort()`` removes what was uploaded. An object of a single part is put whole by ``put(0)``.
+    Nothing is visible under its name before ``complete()`` (the single part: before its ``put``)."""
+
+    def __init__(self, store: S3Store, name: str, nbytes: int) -> None:
+        self._store, self.name, self._key = store, name, store._data_key(name)
+        self.part_bytes = store.part_bytes_for(nbytes)
+        self.parts = max(1, math.ceil(nbytes / self.part_bytes))
+        self._etags: list[str | None] = [None] * self.parts
+        self._upload_id: str | None = None
+        if self.parts > 1:
+            self._upload_id = store._data_call("starting the upload of", name, "create_multipart_upload",
+                                               Key=self._key)["UploadId"]
+        self._whole = False  # the single part was put
+
+    def put(self, index: int, view: memoryview) -> None:
+        view = view.cast("B") if view.format != "B" else view
+        started = time.perf_counter()
+        with self._store._slot(None) as slot:
+            if self._upload_id is None:
+                self._store._data_call("uploading", self.name, "put_object", started=slot, Key=self._key,
+                                       Body=_ViewReader(view))
+                self._whole = True
+            else:
+                self._etags[index] = self._store._data_call(
+                    "uploading a part of", self.name, "upload_part", started=slot, Key=self._key,
+                    UploadId=self._upload_id, PartNumber=index + 1, Body=_ViewReader(view))["ETag"]
+        self._store._moved(len(view), started)
+
+    def complete(self) -> None:
+        if self._upload_id is not None:
+            parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(self._etags)]
+            self._store._data_call("completing", self.name, "complete_multipart_upload", Key=self._key,
+                                   UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+            self._upload_id = None
+            self._whole = True
+
+    def abort(self) -> None:
+        """Best effort: an unfinished upload aborted, a completed object deleted."""
+        upload = _Upload(self._key, memoryview(b""), self.part_bytes, self._upload_id or "", self._etags,
+                         completed=self._upload_id is None)
+        self._store._discard([upload] if self._upload_id else [], [self._key] if self._whole else [])
+
+
 @dataclass(frozen=True)
 class _Connection:
     """boto3 clients for one set of options; shared by every S3Store opened with them."""
@@ -745,6 +791,13 @@ class S3Store(Store):
             self._discard(uploads, done_keys)
             raise
         return report
+
+    def upload_in_parts(self, name: str, nbytes: int) -> PartUpload | None:
+        """``name`` (``nbytes`` bytes) uploaded part by part as a caller produces its bytes (see
+        :class:`PartUpload`); None when the data path is not boto3's (the caller writes whole files)."""
+        if self.options.client != "boto3":
+            return None
+        return PartUpload(self, name, nbytes)
 
     def _moved(self, nbytes: int, started: float) -> None:
         if self.on_request is not None:

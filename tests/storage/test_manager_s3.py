@@ -110,3 +110,36 @@ def test_a_remote_tier_that_stops_answering_is_timed_out_and_caught_up(s3_server
         loaded = manager.load()
         assert loaded["step"] == 2 and torch.equal(loaded["w"], state(2)["w"]) and torch.equal(loaded["b"],
                                                                                               state(2)["b"])
+
+
+def test_a_drain_to_s3_streams_multipart_shards_bit_exact_and_refuses_damage(s3_server, s3_bucket, tmp_path):
+    # shards of several parts (part_size 5 MiB): each uploaded part by part, completed after every read
+    from ckptbench.checkpoint.drain import copy_checkpoint
+    from ckptbench.errors import CorruptCheckpointError
+    from ckptbench.storage.store import LocalStore, open_store
+
+    options = {**s3_server.options(), "part_size": "5MiB"}
+    client = s3_server.client()
+    generator = torch.Generator().manual_seed(5)
+    saved = {"a": torch.randn(3_000_001, generator=generator), "b": torch.randn(1_234_567, generator=generator)}
+    ckptbench.save(saved, tmp_path / "local", shard_size=8 * 2**20)
+    shards = {p.name: p.read_bytes() for p in (tmp_path / "local").glob("shard-*")}
+    assert len(shards) >= 2 and max(len(b) for b in shards.values()) > 5 * 2**20
+    io = {"threads": 2, "block_size": 1 << 20, "direct": False}
+    url = f"s3://{s3_bucket}/drained"
+    copy_checkpoint(LocalStore(tmp_path / "local"), open_store(url, options), step=1, **io)
+    loaded = ckptbench.load(url, storage_options=options)
+    assert torch.equal(loaded["a"], saved["a"]) and torch.equal(loaded["b"], saved["b"])
+    for name, data in shards.items():
+        assert client.get_object(Bucket=s3_bucket, Key=f"drained/{name}")["Body"].read() == data
+
+    ckptbench.save({"a": saved["a"] + 1, "b": saved["b"]}, tmp_path / "other", shard_size=8 * 2**20)
+    shard = max((tmp_path / "other").glob("shard-*"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x55  # in the last part: the parts before it are uploaded by then
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        copy_checkpoint(LocalStore(tmp_path / "other"), open_store(url, options), step=2, **io)
+    assert not client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads")  # aborted
+    loaded = ckptbench.load(url, storage_options=options)  # the previous copy, as it was
+    assert torch.equal(loaded["a"], saved["a"]) and torch.equal(loaded["b"], saved["b"])
