@@ -135,7 +135,7 @@ class Checkpointer(_Saver, _Loader):
         """
         t0 = time.perf_counter()
         self._wait_in_flight()
-        world = _world_for(distributed)
+        world = world_for(distributed)
         store = open_store(path, storage_options)
         if world is not None:
             return self._save_distributed(world, state_dict, path, store, async_, overwrite, t0, allow_pickle)
@@ -191,7 +191,7 @@ class Checkpointer(_Saver, _Loader):
         ``LOAD_ATTEMPTS`` times.
         """
         store = open_store(path, storage_options)
-        world = _world_for(distributed) if rank is None else None
+        world = world_for(distributed) if rank is None else None
         if world is None:
             return self._load_latest(store, rank, device, verify, into, allow_pickle, bounded_memory)
         return self._load_distributed(world, store, device, verify, into, allow_pickle, bounded_memory)
@@ -212,7 +212,7 @@ class Checkpointer(_Saver, _Loader):
         self.close()
 
 
-def _world_for(distributed: bool | None) -> World | None:
+def world_for(distributed: bool | None) -> World | None:
     """The launch to coordinate with: detected (None), none (False), required (True)."""
     if distributed is False:
         return None

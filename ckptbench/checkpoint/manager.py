@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ckptbench.checkpoint import manifest as mf
-from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, _world_for
+from ckptbench.checkpoint.api import Checkpointer, SaveHandle, SaveResult, world_for
 from ckptbench.checkpoint.drain import Drainer, DrainProcess, DrainResult, DrainStatus
 from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_save_lock
 from ckptbench.errors import (
@@ -411,7 +411,7 @@ class CheckpointManager:
         """Once ``step`` is committed (rank 0 only under a launch): queue its copy to the remote tier
         when it is due, then retention and cleanup. Never raises: the step is saved whatever happens
         here; what could not be removed is logged and retried by the next save."""
-        world = _world_for(self.distributed)
+        world = world_for(self.distributed)
         if world is not None and not world.is_first:
             return
         busy: set[int] = set()
@@ -490,7 +490,7 @@ class CheckpointManager:
         if explicit:
             step = _check_step(step)
         where = self.root if self._remote is None else f"{self.root} or {self._remote.url}"
-        world = _world_for(self.distributed)
+        world = world_for(self.distributed)
         candidates: list[tuple[int, _Tier]] = []
         if world is None or world.is_first:
             for s in [step] if explicit else sorted(self.steps(), reverse=True):
