@@ -316,7 +316,7 @@ class CrtData:
     def _client(self) -> Any:
         frozen = None if self.store.options.anon else self.store.credentials()
         connections = self.store.pacing.ceiling if self.store.pacing is not None else self.store.concurrency(1)
-        return _crt_client(self.store.region, self.tls, connections,
+        return _crt_client(self.host, self.store.region, self.tls, connections,
                            None if frozen is None else (frozen.access_key, frozen.secret_key, frozen.token))
 
     def _request(self, method: str, key: str, headers: list[tuple[str, str]], query: str = "",
@@ -443,9 +443,12 @@ def _crt_error(store: S3Store, exc: BaseException, action: str, name: str) -> Ba
 
 
 @functools.lru_cache(maxsize=8)
-def _crt_client(region: str, tls: bool, connections: int, credentials: tuple[str, str, str | None] | None) -> Any:
-    """One CRT S3 client per setting (each has its event loop threads and connection pools), at most
-    ``connections`` open, and no retries of its own (``CrtData.attempts`` makes them)."""
+def _crt_client(host: str, region: str, tls: bool, connections: int,
+                credentials: tuple[str, str, str | None] | None) -> Any:
+    """One CRT S3 client per endpoint and setting (each has its event loop threads and connection
+    pools), at most ``connections`` open, and no retries of its own (``CrtData.attempts`` makes them).
+    Per endpoint (``host``, the Host header with its port): a client keeps one connection pool per host
+    name, port left out, so requests to 127.0.0.1:B would go to the 127.0.0.1:A it connected to first."""
     from awscrt import auth, s3
     from awscrt import io as crt_io
 

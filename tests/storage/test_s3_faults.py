@@ -379,6 +379,17 @@ def test_throttling_brings_the_requests_in_flight_down_and_is_counted(s3_server,
     assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
 
 
+def test_the_crt_reaches_each_endpoint_it_is_given(s3_server, s3_bucket, proxy):
+    """Two endpoints on one host (the server, the proxy in front of it), the same settings otherwise:
+    each save reaches the endpoint its options name (a CRT client pools connections per host name,
+    port left out, so each endpoint needs its own)."""
+    url, expected = f"s3://{s3_bucket}/ckpt", state(11)
+    save(expected, url, s3_server.options(part_size="5MiB", max_concurrency=2, client=_client("crt")))
+    assert proxy.count("UploadPart", "passed") == 0
+    save(expected, url, through(proxy, s3_server, client="crt"), overwrite=True)
+    assert proxy.count("UploadPart", "passed") == PARTS
+
+
 def test_throttled_ranged_reads_through_the_crt_are_paced_retried_and_counted(s3_server, s3_bucket, proxy):
     """The CRT's ranged GETs: a SlowDown brings the controller down and is retried by ckptbench (the CRT
     client has no retries of its own), and the load is bit-exact."""
