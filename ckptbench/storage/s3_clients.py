@@ -253,10 +253,17 @@ def _as_storage_error(store: S3Store, exc: BaseException, action: str, name: str
     return exc
 
 
+#: The least a ``ViewStream.read`` returns (where that many bytes are left): botocore's HTTP connection
+#: asks for 16 KiB at a time and hands each read to one ``sendall``; views of 1 MiB take 64 times fewer
+#: Python iterations and system calls for the same bytes (a tenth of the client CPU of a save, measured).
+SEND_CHUNK_BYTES = 2**20
+
+
 class ViewStream:
     """A seekable, read-only file over a memoryview: a request body sent without copying it, and rewound
     to send it again on a retry. botocore reads it with ``read`` (views of the memory, which the socket
-    layer takes as they are); the CRT with ``readinto`` (into its own buffers)."""
+    layer takes as they are, at least ``SEND_CHUNK_BYTES`` per read whatever size it asks for: every
+    reader of a request body takes the length it gets); the CRT with ``readinto`` (into its own buffers)."""
 
     def __init__(self, view: memoryview) -> None:
         self._view = view
@@ -266,15 +273,19 @@ class ViewStream:
         return len(self._view)
 
     def read(self, size: int | None = -1) -> memoryview:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        if size is None or size < 0:
+            end = len(self._view)
+        else:
+            end = min(len(self._view), self._pos + max(size, SEND_CHUNK_BYTES))
         chunk = self._view[self._pos:end]
         self._pos = end
         return chunk
 
     def readinto(self, buffer: Any) -> int:
-        chunk = self.read(len(buffer))
-        buffer[:len(chunk)] = chunk
-        return len(chunk)
+        n = min(len(buffer), len(self._view) - self._pos)
+        buffer[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
