@@ -151,6 +151,9 @@ class RankSpan:
     stall_s: float | None = None  # async saves: until the call returned
     timeline: Timeline | None = None  # the engine's bytes per second on this rank, from the barrier
     histogram: LatencyHistogram | None = None  # this rank's engine operations
+    #: Object storage: what this rank's S3 data requests met (``s3_pacing.Counts``: requests, throttled
+    #: answers, retries, other failed attempts, the seconds retries cost); None when it sent none.
+    requests: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "host": self.host, "bytes": self.nbytes, "io_s": self.io_s,
@@ -162,6 +165,8 @@ class RankSpan:
         if self.histogram is not None:
             out["latency_ms"] = {name: self.histogram.percentile_ns(q) / 1e6 if self.histogram.count else None
                                  for name, q in (("p50", 50), ("p99", 99))}
+        if self.requests is not None:
+            out["s3_requests"] = self.requests
         return out
 
 
@@ -202,6 +207,11 @@ class RoundResult:
         timelines = [s.timeline for s in self.spans if s.timeline is not None]
         return merge_timelines(timelines) if timelines else None
 
+    @property
+    def requests(self) -> dict[str, Any] | None:
+        """Every rank's S3 request counts summed (None when no rank sent any)."""
+        return sum_requests([s.requests for s in self.spans])
+
     def slowest(self) -> RankSpan:
         return max(self.spans, key=lambda s: s.end_s)
 
@@ -219,6 +229,8 @@ class RoundResult:
         }
         if self.op == "async":
             out["stall_s"] = self.stall_s
+        if self.requests is not None:
+            out["s3_requests"] = self.requests
         return out
 
 
@@ -253,6 +265,9 @@ class DistributedBenchReport:
         }
         if op == "async":
             out["stall_s"] = summarize([r.stall_s for r in rounds])
+        requests = sum_requests([r.requests for r in rounds])
+        if requests is not None:  # every rank's, every measured round's
+            out["s3_requests"] = requests
         timelines = [t for r in rounds if (t := r.timeline) is not None]
         histograms = [s.histogram for r in rounds for s in r.spans if s.histogram is not None]
         out.update(series_dict(timelines, merge_histograms(histograms) if histograms else None))
@@ -458,6 +473,19 @@ def run_distributed_bench(spec: DistributedBenchSpec, target: LocalDirectory | O
         async_part=async_part)
 
 
+def sum_requests(counts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """S3 request counts (``s3_pacing.Counts.to_dict``) summed; None when there are none."""
+    from ckptbench.storage.s3_pacing import Counts
+
+    given = [c for c in counts if c is not None]
+    if not given:
+        return None
+    total = Counts()
+    for c in given:
+        total = total.plus(Counts(**c))
+    return total.to_dict()
+
+
 def _save(ckpt: Checkpointer, state_dict: dict[str, Any], location: Any,
           options: dict[str, Any] | None) -> tuple[int, float, None]:
     result = ckpt.save(state_dict, location, distributed=True, storage_options=options)
@@ -507,12 +535,16 @@ def _max_rss_bytes() -> int:
 
 def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundResult:
     """barrier -> ``run(*args)`` -> barrier on every rank; every rank's span gathered."""
+    from ckptbench.storage.s3_pacing import totals
+
     world.barrier(f"before the {op}")
+    before = totals()
     with engine_calls() as calls:
         start_ns = time.monotonic_ns()
         start = time.perf_counter()
         nbytes, io_s, stall_s, *scaled = run(*args)
         end_s = time.perf_counter() - start
+    counted = totals().minus(before)  # this process's S3 data requests (none on a filesystem)
     world.barrier(f"after the {op}")
     b2b_s = time.perf_counter() - start
     recorded = from_engine_calls(calls, start_ns, end_s)
@@ -522,7 +554,8 @@ def _timed(world: World, op: str, round_: int, run: Any, *args: Any) -> RoundRes
     if scale != 1.0:  # measured on a part of the share: its times (and bytes) scaled to the share
         io_s, end_s, stall_s = io_s * scale, end_s * scale, stall_s * scale
         b2b_s, timeline = end_s + barrier_s, None
-    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, barrier_s, stall_s, timeline, histogram)
+    span = RankSpan(world.rank, world.host, nbytes, io_s, end_s, barrier_s, stall_s, timeline, histogram,
+                    counted.to_dict() if counted.requests else None)
     spans = world.all_gather(span, f"collecting the {op} timings")
     log.info("%s round %d: rank %d %.3f s (io %.3f s)", op, round_, world.rank, end_s, io_s)
     return RoundResult(op, round_, tuple(spans), world.broadcast(b2b_s, "sharing the barrier time"))

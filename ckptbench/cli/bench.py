@@ -421,8 +421,7 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
                     f"{r['latency_ms']['p99']:.0f}" if r["latency_ms"] else "-"]
         table.add_row(*row, style="bold green" if [i] == leaders and len(report.results) > 1 else None)
     console.print(table)
-    console.print(_throttling([record.get("requests") or {} for record in document["results"]],
-                              env_target.get("client")))
+    console.print(_throttling([record.get("requests") or {} for record in document["results"]]))
     b = report.results[best]
     read_text = f", read {b.read.gbps * 1e3:.0f} MB/s" if b.read else ""
     if len(report.results) > 1:
@@ -430,7 +429,7 @@ def _print_object_tables(report: Any, document: dict[str, Any]) -> None:
     console.print(f"fastest median: {b.label()}: write {b.write.gbps * 1e3:.0f} MB/s{read_text}")
 
 
-def _throttling(per_run: list[dict[str, dict[str, Any]]], client: str | None) -> str:
+def _throttling(per_run: list[dict[str, dict[str, Any]]]) -> str:
     """The line saying what a run's S3 requests met, summed over its phases (``s3_pacing.Counts``)."""
     from ckptbench.storage.s3_pacing import Counts, summary_text
 
@@ -438,7 +437,7 @@ def _throttling(per_run: list[dict[str, dict[str, Any]]], client: str | None) ->
     for phases in per_run:
         for counts in phases.values():
             total = total.plus(Counts(**counts))
-    return summary_text(total, client)
+    return summary_text(total)
 
 
 def _plot_sweep(document: dict[str, Any], path: Path) -> None:
@@ -599,8 +598,7 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
     console.print(table)
     for r in document["results"]:
         if (r.get("details") or {}).get("s3_requests"):
-            client = (document["environment"].get("target") or {}).get("client")
-            console.print(f"{r['writer']} {_throttling([r['details']['s3_requests']], client)}")
+            console.print(f"{r['writer']} {_throttling([r['details']['s3_requests']])}")
     if document["async"]:
         table = Table(header_style="bold", title="async saves (medians)", title_justify="left")
         for name in ("writer", "stall", "persist", "total", "interference"):

@@ -97,6 +97,7 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
     from rich.table import Table
 
     from ckptbench.report.distributed_plot import median_round, timeline_ranks
+    from ckptbench.storage.s3_pacing import Counts, summary_text
 
     console = stdout_console()
     workload, spec, launch = document["workload"], document["spec"], document["launch"]
@@ -117,6 +118,9 @@ def print_distributed_tables(document: dict[str, Any]) -> None:
                       f"{s['duration_s']['median']:.3f} s", f"{s['rank_spread']['median']:.0%}",
                       f"{s['overhead_s']['median'] * 1e3:.1f} ms", stall)
     console.print(table)
+    for op, s in document["summary"].items():
+        if s.get("s3_requests"):  # every rank's S3 requests, every measured round
+            click.echo(f"{names[op]}, all ranks: {summary_text(Counts(**s['s3_requests']))}")
     round_ = median_round(document["rounds"]["save"])
     ranks = Table(title=f"save round {round_['round']} (the median one), per rank")
     for column in ("rank", "host", "bytes", "own work", "returned", "waited for others"):

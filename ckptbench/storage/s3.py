@@ -49,7 +49,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.interrupts import Workers
-from ckptbench.storage.s3_clients import CLIENTS, DEFAULT_CLIENT, data_path, require
+from ckptbench.storage.s3_clients import CLIENTS, DEFAULT_CLIENT, ViewStream, data_path, require
 from ckptbench.storage.s3_pacing import Aimd, RequestStats, is_throttle
 from ckptbench.storage.store import Store, WriteReport
 from ckptbench.units import format_size, parse_size
@@ -244,38 +244,6 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, "/".join(parts)
 
 
-class _ViewReader:
-    """A seekable, read-only file over a memoryview, so botocore uploads a part without copying it
-    (and can rewind it to retry). ``read`` returns views; the socket layer accepts them."""
-
-    def __init__(self, view: memoryview) -> None:
-        self._view = view
-        self._pos = 0
-
-    def __len__(self) -> int:
-        return len(self._view)
-
-    def read(self, size: int = -1) -> memoryview:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        chunk = self._view[self._pos:end]
-        self._pos = end
-        return chunk
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, min(len(self._view), base + offset))
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-
 @dataclass
 class _Upload:
     """One multipart upload in flight: the worker finishing its last part completes it."""
@@ -315,13 +283,11 @@ class PartUpload:
         started = time.perf_counter()
         with self._store._slot(None) as slot:
             if self._upload_id is None:
-                self._store._data_call("uploading", self.name, "put_object", started=slot, Key=self._key,
-                                       Body=_ViewReader(view))
+                self._store._upload("uploading", self.name, slot, self._key, view)
                 self._whole = True
             else:
-                self._etags[index] = self._store._data_call(
-                    "uploading a part of", self.name, "upload_part", started=slot, Key=self._key,
-                    UploadId=self._upload_id, PartNumber=index + 1, Body=_ViewReader(view))["ETag"]
+                self._etags[index] = self._store._upload("uploading a part of", self.name, slot, self._key, view,
+                                                         upload_id=self._upload_id, part_number=index + 1)["ETag"]
         self._store._moved(len(view), started)
 
     def complete(self) -> None:
@@ -509,6 +475,7 @@ class S3Store(Store):
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.options = S3Options.from_mapping(storage_options)
         _import_boto3()
+        require(self.options.client)  # before any client is made: a missing package is the news
         connection = _connect(self.options, tuple(sorted((k, v) for k, v in os.environ.items()
                                                          if k.startswith("AWS_"))))
         self._data, self._control = connection.data, connection.control
@@ -519,7 +486,6 @@ class S3Store(Store):
         self.stats = connection.stats
         self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
         self._discovered = False  # whether this location was listed for them
-        require(self.options.client)
         self._client_data: Any = None  # the data path of a client other than boto3, made on first use
         self._reached = False  # whether a request succeeded (connection errors after that are runtime errors)
         #: Called as ``(bytes, seconds)`` for every object or part uploaded and every range read (progress
@@ -720,7 +686,7 @@ class S3Store(Store):
             return report
         if self.pacing is not None:
             self.pacing.set_ceiling(self.concurrency(threads))
-        if self.options.client != "boto3":
+        if self.options.client == "s3fs":
             views = [(name, view.cast("B") if view.format != "B" else view) for name, view in files]
             self._other_client().write(views, self.concurrency(threads), self.on_request)
             return report
@@ -736,7 +702,7 @@ class S3Store(Store):
             with self._slot(stop) as slot:
                 if slot is None:
                     return
-                self._data_call("uploading", name, "put_object", started=slot, Key=key, Body=_ViewReader(view))
+                self._upload("uploading", name, slot, key, view)
             with done_lock:
                 done_keys.append(key)
             self._moved(len(view), started)
@@ -745,13 +711,13 @@ class S3Store(Store):
             if stop.is_set():
                 return
             start = index * upload.part_bytes
-            body = _ViewReader(upload.view[start:start + upload.part_bytes])
+            body = upload.view[start:start + upload.part_bytes]
             started = time.perf_counter()
             with self._slot(stop) as slot:
                 if slot is None:
                     return
-                response = self._data_call("uploading a part of", name, "upload_part", started=slot, Key=upload.key,
-                                           UploadId=upload.upload_id, PartNumber=index + 1, Body=body)
+                response = self._upload("uploading a part of", name, slot, upload.key, body,
+                                        upload_id=upload.upload_id, part_number=index + 1)
             self._moved(len(body), started)
             with upload.lock:
                 upload.etags[index] = response["ETag"]
@@ -794,10 +760,21 @@ class S3Store(Store):
 
     def upload_in_parts(self, name: str, nbytes: int) -> PartUpload | None:
         """``name`` (``nbytes`` bytes) uploaded part by part as a caller produces its bytes (see
-        :class:`PartUpload`); None when the data path is not boto3's (the caller writes whole files)."""
-        if self.options.client != "boto3":
+        :class:`PartUpload`); None when the data path is s3fs's (the caller writes whole files)."""
+        if self.options.client == "s3fs":
             return None
         return PartUpload(self, name, nbytes)
+
+    def _upload(self, action: str, name: str, slot: float | None, key: str, view: memoryview, *,
+                upload_id: str | None = None, part_number: int | None = None) -> dict[str, Any]:
+        """One PutObject (with ``upload_id``: one UploadPart) of ``view`` through the data client (boto3
+        or the CRT), in the AIMD slot taken at ``slot``; the answer (its ETag)."""
+        if self.options.client == "crt":
+            return self._other_client().put(action, name, key, view, slot, upload_id, part_number)
+        if upload_id is None:
+            return self._data_call(action, name, "put_object", started=slot, Key=key, Body=ViewStream(view))
+        return self._data_call(action, name, "upload_part", started=slot, Key=key, UploadId=upload_id,
+                               PartNumber=part_number, Body=ViewStream(view))
 
     def _moved(self, nbytes: int, started: float) -> None:
         if self.on_request is not None:
@@ -883,10 +860,9 @@ class S3Store(Store):
         """Fill each ``(name, offset, view)`` from that byte range of the object: ranged GETs of at most
         ``part_size`` in parallel, straight into the caller's buffers."""
         jobs = []
-        whole = self.options.client == "crt"  # the CRT splits a request into parts itself
         for name, offset, view in ranges:
             view = view.cast("B") if view.format != "B" else view
-            part = (len(view) or 1) if whole else self.part_bytes_for(len(view))
+            part = self.part_bytes_for(len(view))
             jobs.extend((name, view[start:start + part], offset + start) for start in range(0, len(view), part))
         if not jobs:
             return
@@ -900,7 +876,7 @@ class S3Store(Store):
             self._read_jobs(jobs, threads)
 
     def _read_jobs(self, jobs: list[tuple[str, memoryview, int]], threads: int) -> None:
-        if self.options.client != "boto3":
+        if self.options.client == "s3fs":
             self._other_client().read(jobs, self.concurrency(threads), self.on_request)
             return
         stop = threading.Event()
@@ -915,6 +891,12 @@ class S3Store(Store):
         def get_in_slot(name: str, view: memoryview, start: int, slot: float) -> None:
             end = start + len(view) - 1
             started = time.perf_counter()
+            if self.options.client == "crt":
+                filled = self._other_client().get(name, self._data_key(name), view, start, slot)
+                if filled != len(view):
+                    raise StorageIOError(f"{self._where(name)} ended at byte {start + filled}, expected {end + 1}")
+                self._moved(filled, started)
+                return
             body = self._data_call("reading", name, "get_object", started=slot, Key=self._data_key(name),
                                    Range=f"bytes={start}-{end}")["Body"]
             try:

@@ -10,23 +10,26 @@ completed and aborts its open multipart uploads; ``read`` fills the caller's buf
 - ``s3fs``: ``S3FileSystem.pipe_file`` per object (s3fs's multipart upload, ``max_concurrency``
   parts in flight per object, one object per worker) and ``cat_file`` of byte ranges in parallel.
   What teams whose pipelines already use fsspec get.
-- ``crt``: ``awscrt.s3.S3Client`` (C, its own event loop threads): each object one request that the
-  CRT splits into parts (PUT: read from the caller's memory into its part buffers; GET: ranged GETs
-  written straight into the caller's buffer), at most ``concurrency`` connections.
+- ``crt``: ``awscrt.s3.S3Client`` (C, its own event loop threads) sends each of ``S3Store``'s data
+  requests (PutObject, UploadPart read from the caller's memory, ranged GETs written into the
+  caller's buffer); the parts, the concurrency (the AIMD controller) and the retries are the store's,
+  as for boto3, so throttling paces it and is counted the same way.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from ckptbench.errors import MissingDependencyError, StorageIOError, TargetError
+from ckptbench.errors import CkptbenchError, MissingDependencyError, StorageIOError, TargetError
 from ckptbench.interrupts import Workers
 
 if TYPE_CHECKING:
@@ -49,10 +52,13 @@ def require(client: str) -> None:
     if module is None:
         return
     try:
-        __import__(module)
+        imported = importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(f"the S3 client {client!r} needs {module.split('.')[0]}, which is not "
                                      f"installed ({exc})", hint=INSTALL[client]) from None
+    if client == "crt" and not hasattr(imported, "S3RetryConfig"):  # its retries could not be turned off
+        raise MissingDependencyError("the S3 client 'crt' needs a newer awscrt (one with awscrt.s3.S3RetryConfig)",
+                                     hint="pip install -U awscrt")
 
 
 def data_path(store: S3Store) -> Any:
@@ -247,19 +253,33 @@ def _as_storage_error(store: S3Store, exc: BaseException, action: str, name: str
     return exc
 
 
-class _ViewStream(io.RawIOBase):
-    """A seekable read-only stream over a memoryview: the CRT reads each part's bytes from it."""
+#: The least a ``ViewStream.read`` returns (where that many bytes are left): botocore's HTTP connection
+#: asks for 16 KiB at a time and hands each read to one ``sendall``; views of 1 MiB take 64 times fewer
+#: Python iterations and system calls for the same bytes (a tenth of the client CPU of a save, measured).
+SEND_CHUNK_BYTES = 2**20
+
+
+class ViewStream:
+    """A seekable, read-only file over a memoryview: a request body sent without copying it, and rewound
+    to send it again on a retry. botocore reads it with ``read`` (views of the memory, which the socket
+    layer takes as they are, at least ``SEND_CHUNK_BYTES`` per read whatever size it asks for: every
+    reader of a request body takes the length it gets); the CRT with ``readinto`` (into its own buffers)."""
 
     def __init__(self, view: memoryview) -> None:
-        super().__init__()
         self._view = view
         self._pos = 0
 
-    def readable(self) -> bool:
-        return True
+    def __len__(self) -> int:
+        return len(self._view)
 
-    def seekable(self) -> bool:
-        return True
+    def read(self, size: int | None = -1) -> memoryview:
+        if size is None or size < 0:
+            end = len(self._view)
+        else:
+            end = min(len(self._view), self._pos + max(size, SEND_CHUNK_BYTES))
+        chunk = self._view[self._pos:end]
+        self._pos = end
+        return chunk
 
     def readinto(self, buffer: Any) -> int:
         n = min(len(buffer), len(self._view) - self._pos)
@@ -275,9 +295,25 @@ class _ViewStream(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+
+#: Backoff between attempts of a CRT request: full jitter, up to 2**retry seconds, at most this (as
+#: botocore's standard mode, which paces the boto3 and s3fs data paths).
+MAX_BACKOFF_S = 20.0
+
 
 class CrtData:
-    """Objects through the AWS CRT's S3 client (``awscrt.s3``): requests it splits into parts itself."""
+    """Single requests (PutObject, UploadPart, ranged GetObject) through the AWS CRT's S3 client
+    (``awscrt.s3``): its C event loop does the HTTP, signing and connection reuse; the parts, the
+    concurrency and the retries are the store's, as for boto3. The CRT client is made without
+    retries of its own (it would retry inside its event loop, unseen), so every attempt's answer
+    reaches ``CrtData.attempts``: a throttled one brings the store's AIMD controller down, and each
+    is counted."""
 
     def __init__(self, store: S3Store) -> None:
         self.store = store
@@ -288,95 +324,118 @@ class CrtData:
         self.host = url.netloc if path_style else f"{store.bucket}.{url.netloc}"
         self.root = f"/{store.bucket}/" if path_style else "/"
 
-    def _client(self, concurrency: int) -> Any:
+    def _client(self) -> Any:
         frozen = None if self.store.options.anon else self.store.credentials()
-        return _crt_client(self.store.region, self.tls, self.store.options.part_size, concurrency,
+        connections = self.store.pacing.ceiling if self.store.pacing is not None else self.store.concurrency(1)
+        return _crt_client(self.host, self.store.region, self.tls, connections,
                            None if frozen is None else (frozen.access_key, frozen.secret_key, frozen.token))
 
-    def _request(self, method: str, name: str, headers: list[tuple[str, str]], body: Any = None) -> Any:
+    def _request(self, method: str, key: str, headers: list[tuple[str, str]], query: str = "",
+                 body: Any = None) -> Any:
         from awscrt.http import HttpHeaders, HttpRequest
 
-        path = self.root + quote(self.store._data_key(name), safe="/~")
+        path = self.root + quote(key, safe="/~") + query
         return HttpRequest(method, path, HttpHeaders([("Host", self.host), *headers]), body_stream=body)
 
-    def _wait(self, requests: list[tuple[str, Any]], action: str) -> None:
-        """Wait for every request; on the first failure cancel the rest and raise it (as the Store's error)."""
-        failure: BaseException | None = None
-        for name, request in requests:
-            try:
-                request.finished_future.result()
-            except BaseException as exc:  # noqa: BLE001 - the first failure is raised once all have ended
-                if failure is None:
-                    failure = exc if not isinstance(exc, Exception) else _crt_error(self.store, exc, action, name)
-                    for _, other in requests:
-                        other.cancel()
-        if failure is not None:
-            raise failure
-
-    def write(self, files: list[tuple[str, memoryview]], concurrency: int, on_request: Callable | None) -> None:
+    def put(self, action: str, name: str, key: str, view: memoryview, slot: float | None,
+            upload_id: str | None = None, part_number: int | None = None) -> dict[str, str]:
+        """One PutObject (or, with ``upload_id``, one UploadPart) of ``view``; its ETag."""
         from awscrt.s3 import S3RequestType
 
-        client = self._client(concurrency)
-        requests: list[tuple[str, Any]] = []
-        completed: list[str] = []
-        try:
-            for name, view in files:
-                started = time.perf_counter()
-                request = self._request("PUT", name, [("Content-Length", str(len(view)))], _ViewStream(view))
+        query = "" if upload_id is None else f"?partNumber={part_number}&uploadId={quote(upload_id, safe='')}"
+        operation = "PutObject" if upload_id is None else "UploadPart"
 
-                def done(error: Any = None, _name: str = name, _n: int = len(view), _t: float = started,
-                         **_: Any) -> None:
-                    if error is None:
-                        completed.append(_name)
-                        if on_request is not None:
-                            on_request(_n, time.perf_counter() - _t)
+        def send() -> dict[str, str]:
+            answer: dict[str, str] = {}
 
-                requests.append((name, client.make_request(type=S3RequestType.PUT_OBJECT, request=request,
-                                                           on_done=done)))
-            self._wait(requests, "uploading")
-        except BaseException:
-            for _, request in requests:
-                request.cancel()
-            for _, request in requests:
-                request.finished_future.exception()
-            _discard(self.store, [name for name, _ in files], list(completed))
-            raise
+            def on_headers(headers: Any = (), **_: Any) -> None:
+                answer.update((k.lower(), v) for k, v in headers)
 
-    def read(self, jobs: list[tuple[str, memoryview, int]], concurrency: int, on_request: Callable | None) -> None:
+            request = self._request("PUT", key, [("Content-Length", str(len(view)))], query, ViewStream(view))
+            self._client().make_request(type=S3RequestType.DEFAULT, operation_name=operation, request=request,
+                                        on_headers=on_headers).finished_future.result()
+            return {"ETag": answer.get("etag", "")}
+
+        return self.attempts(action, name, slot, send)
+
+    def get(self, name: str, key: str, view: memoryview, start: int, slot: float | None) -> int:
+        """One ranged GetObject of ``len(view)`` bytes from ``start`` into ``view``; the bytes it filled."""
         from awscrt.s3 import S3RequestType
 
-        client = self._client(concurrency)
-        requests: list[tuple[str, Any]] = []
-        filled: list[int] = []
+        def send() -> int:
+            filled = [0]
+
+            def on_body(chunk: Any, **_: Any) -> None:
+                at = filled[0]
+                if at + len(chunk) > len(view):
+                    raise StorageIOError(f"{self.store._where(name)}: more bytes than the range asked for")
+                view[at:at + len(chunk)] = chunk
+                filled[0] = at + len(chunk)
+
+            request = self._request("GET", key, [("Range", f"bytes={start}-{start + len(view) - 1}")])
+            self._client().make_request(type=S3RequestType.DEFAULT, operation_name="GetObject", request=request,
+                                        on_body=on_body).finished_future.result()
+            return filled[0]
+
+        return self.attempts("reading", name, slot, send)
+
+    def attempts(self, action: str, name: str, slot: float | None, send: Callable[[], Any]) -> Any:
+        """``send()`` until it succeeds, a failure is not worth retrying, or ``max_attempts`` are spent:
+        throttled answers and 5xx and connection failures are retried after a full-jitter backoff, a
+        throttled one first reported to the AIMD controller (as of ``slot``); counted as boto3's are."""
+        store = self.store
+        attempts = throttled = errors = 0
+        first = last = time.perf_counter()
+        ok = False
         try:
-            for index, (name, view, start) in enumerate(jobs):
-                filled.append(0)
-                end = start + len(view) - 1
+            while True:
+                attempts += 1
+                last = time.perf_counter()
+                try:
+                    result = send()
+                    ok = True
+                    store._reached = True
+                    return result
+                except Exception as exc:
+                    kind = _crt_failure(exc)
+                    if kind == "throttled":
+                        throttled += 1
+                        if store.pacing is not None:
+                            store.pacing.throttled(slot)
+                    elif kind == "transient":
+                        errors += 1
+                    if kind is None or attempts >= store.options.max_attempts:
+                        raise _crt_error(store, exc, action, name) from None
+                time.sleep(random.random() * min(MAX_BACKOFF_S, 2.0 ** (attempts - 1)))
+        finally:
+            if ok and store.pacing is not None and not throttled:
+                store.pacing.succeeded()
+            spent = ((last if ok else time.perf_counter()) - first) if attempts > 1 or not ok else 0.0
+            store.stats.add(requests=1, throttled=throttled, retries=attempts - 1, errors=errors, retry_s=spent)
 
-                def on_body(chunk: Any, offset: int, _view: memoryview = view, _start: int = start,
-                            _i: int = index, **_: Any) -> None:
-                    at = offset - _start if offset >= _start else offset  # the CRT's offsets are the object's
-                    _view[at:at + len(chunk)] = chunk
-                    filled[_i] += len(chunk)
 
-                request = self._request("GET", name, [("Range", f"bytes={start}-{end}")])
-                started = time.perf_counter()
+def _crt_failure(exc: BaseException) -> str | None:
+    """What a CRT request's failure was: "throttled" (503 SlowDown, 429), "transient" (another 5xx, a
+    connection closed or timed out), or None (an answer retrying cannot change: 4xx, a cancellation).
+    The CRT names 503s and 500s itself (``AWS_ERROR_S3_SLOW_DOWN``, ``AWS_ERROR_S3_INTERNAL_ERROR``,
+    without the status); other answers come as ``S3ResponseError`` with the status and body."""
+    from ckptbench.storage.s3_pacing import is_throttle
 
-                def done(error: Any = None, _n: int = len(view), _t: float = started, **_: Any) -> None:
-                    if error is None and on_request is not None:
-                        on_request(_n, time.perf_counter() - _t)
-
-                requests.append((name, client.make_request(type=S3RequestType.GET_OBJECT, request=request,
-                                                           on_body=on_body, on_done=done)))
-            self._wait(requests, "reading")
-        except BaseException:
-            for _, request in requests:
-                request.cancel()
-            raise
-        for (name, view, start), got in zip(jobs, filled, strict=True):
-            if got != len(view):
-                raise StorageIOError(f"{self.store._where(name)} ended at byte {start + got}, expected "
-                                     f"{start + len(view)}")
+    if isinstance(exc, CkptbenchError):
+        return None
+    status = getattr(exc, "status_code", None)
+    if status:
+        body = (getattr(exc, "body", None) or b"")[:300].decode(errors="replace")
+        code = body.partition("<Code>")[2].partition("</Code>")[0] or None
+        if is_throttle(status, code):
+            return "throttled"
+        return "transient" if status >= 500 or code in ("RequestTimeout", "InternalError") else None
+    name = getattr(exc, "name", "")
+    if name == "AWS_ERROR_S3_SLOW_DOWN":  # the CRT's name for a 503 (or a SlowDown code): no status given
+        return "throttled"
+    if not type(exc).__module__.startswith("awscrt") or "CANCEL" in name:
+        return None
+    return "transient"  # AWS_ERROR_S3_INTERNAL_ERROR (a 500), a connection closed or refused, a timeout
 
 
 def _crt_error(store: S3Store, exc: BaseException, action: str, name: str) -> BaseException:
@@ -395,16 +454,20 @@ def _crt_error(store: S3Store, exc: BaseException, action: str, name: str) -> Ba
 
 
 @functools.lru_cache(maxsize=8)
-def _crt_client(region: str, tls: bool, part_size: int, connections: int,
+def _crt_client(host: str, region: str, tls: bool, connections: int,
                 credentials: tuple[str, str, str | None] | None) -> Any:
-    """One CRT S3 client per setting (each has its event loop threads and connection pools)."""
+    """One CRT S3 client per endpoint and setting (each has its event loop threads and connection
+    pools), at most ``connections`` open, and no retries of its own (``CrtData.attempts`` makes them).
+    Per endpoint (``host``, the Host header with its port): a client keeps one connection pool per host
+    name, port left out, so requests to 127.0.0.1:B would go to the 127.0.0.1:A it connected to first."""
     from awscrt import auth, s3
     from awscrt import io as crt_io
 
     loops = crt_io.EventLoopGroup(min(4, max(1, connections)))
     bootstrap = crt_io.ClientBootstrap(loops, crt_io.DefaultHostResolver(loops))
     provider = None if credentials is None else auth.AwsCredentialsProvider.new_static(*credentials)
-    log.debug("CRT S3 client: %d connections, part size %d", connections, part_size)
-    return s3.S3Client(bootstrap=bootstrap, region=region, credential_provider=provider, part_size=part_size,
-                       multipart_upload_threshold=part_size, max_active_connections_override=connections,
+    log.debug("CRT S3 client: %d connections", connections)
+    return s3.S3Client(bootstrap=bootstrap, region=region, credential_provider=provider,
+                       max_active_connections_override=connections,
+                       retry_config=s3.S3RetryConfig(retry_mode=s3.S3RetryMode.NONE),
                        tls_mode=s3.S3RequestTlsMode.ENABLED if tls else s3.S3RequestTlsMode.DISABLED)

@@ -200,10 +200,8 @@ class RequestStats:
             return Counts(**asdict(self.counts))
 
 
-def summary_text(counts: Counts, client: str | None = None) -> str:
+def summary_text(counts: Counts) -> str:
     """One line for a console: the throttled answers, retries and their seconds (or that there were none)."""
-    if client == "crt":
-        return "throttling: not counted with the CRT client (it retries inside its own event loop)"
     if not counts.throttled and not counts.retries and not counts.errors:
         return f"throttling: none ({counts.requests} data requests, no retries)"
     cost = f", {counts.retry_s:.2f} s spent in retried requests" if counts.retry_s else ""

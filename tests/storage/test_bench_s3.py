@@ -256,10 +256,8 @@ def test_checkpoint_workload_reports_throttling(cli, s3_server, s3_bucket, fault
     assert counts["load"]["throttled"] == 0 and counts["load"]["requests"] >= 1
 
 
-@pytest.mark.s3
-def test_bench_under_torchrun_on_s3_every_rank_saves_and_loads_its_part(s3_server, s3_bucket, tmp_path: Path):
-    """Restore fan-in: under torchrun (2 gloo ranks) every rank saves its share to RGW and then loads its
-    own part at once (after one barrier), reported like the filesystem case; the scratch prefix is emptied."""
+def _torchrun_bench(target: str, options: list[str], tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``ckptbench bench target`` under torchrun, 2 gloo ranks on this host."""
     import socket
 
     with socket.socket() as s:
@@ -268,11 +266,19 @@ def test_bench_under_torchrun_on_s3_every_rank_saves_and_loads_its_part(s3_serve
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                           "MASTER_PORT")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "ckptbench", "bench", f"s3://{s3_bucket}/dist", *_options(s3_server),
-           "--size", "24MiB", "--repeat", "2", "--warmup", "0", "--json"]
+           "--master-port", str(port), "-m", "ckptbench", "bench", target, *options, *extra, "--json"]
     proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.s3
+def test_bench_under_torchrun_on_s3_every_rank_saves_and_loads_its_part(s3_server, s3_bucket, tmp_path: Path):
+    """Restore fan-in: under torchrun (2 gloo ranks) every rank saves its share to RGW and then loads its
+    own part at once (after one barrier), reported like the filesystem case; the scratch prefix is emptied."""
+    proc = _torchrun_bench(f"s3://{s3_bucket}/dist", _options(s3_server), tmp_path, "--size", "24MiB",
+                           "--repeat", "2", "--warmup", "0")
     doc = json.loads(proc.stdout)  # rank 0 alone prints
     assert doc["schema"] == "ckptbench.bench.distributed/1" and doc["launch"]["world_size"] == 2
     assert doc["target"] == f"s3://{s3_bucket}/dist" and doc["environment"]["target"]["filesystem"] == "s3"
@@ -288,3 +294,36 @@ def test_bench_under_torchrun_on_s3_every_rank_saves_and_loads_its_part(s3_serve
     assert doc["data_verified"] is True
     assert _leftovers(s3_server.client(), s3_bucket) == ([], [])
     assert s3_server.secret not in proc.stdout + proc.stderr
+
+
+@pytest.mark.s3
+def test_bench_under_torchrun_on_s3_counts_every_ranks_throttling(s3_server, s3_bucket, fault_proxy, tmp_path: Path,
+                                                                  capsys):
+    """Each rank counts what its S3 data requests met (throttled answers, retries, their seconds); the
+    counts are summed per round and per operation in the JSON, and printed per operation."""
+    from ckptbench.cli.launch import print_distributed_tables
+
+    fault_proxy.fail(3, status=503, kind="UploadPart")
+    proc = _torchrun_bench(f"s3://{s3_bucket}/dist", _through(fault_proxy, s3_server), tmp_path, "--size", "24MiB",
+                           "--repeat", "1", "--warmup", "0", "--storage-option", "part_size=5MiB")
+    doc = json.loads(proc.stdout)
+    assert fault_proxy.injected("status", "UploadPart") == 3
+    summary, rounds = doc["summary"], doc["rounds"]
+    for op in ("save", "load", "async"):
+        (round_,) = rounds[op]
+        per_rank = [span["s3_requests"] for span in round_["ranks"]]
+        assert all(counts["requests"] >= 1 for counts in per_rank)  # both ranks sent their part
+        for field in ("requests", "throttled", "retries", "errors"):
+            assert round_["s3_requests"][field] == sum(counts[field] for counts in per_rank)
+            assert summary[op]["s3_requests"][field] == round_["s3_requests"][field]
+    assert summary["save"]["s3_requests"]["throttled"] + summary["async"]["s3_requests"]["throttled"] == 3
+    throttled = [op for op in ("save", "async") if summary[op]["s3_requests"]["throttled"]]
+    assert all(summary[op]["s3_requests"]["retries"] >= summary[op]["s3_requests"]["throttled"] and
+               summary[op]["s3_requests"]["retry_s"] > 0 for op in throttled)
+    assert summary["load"]["s3_requests"]["throttled"] == 0
+    print_distributed_tables(doc)
+    shown = capsys.readouterr().out
+    first = throttled[0]
+    line = {"save": "durable save", "async": "async save"}[first]
+    assert f"{line}, all ranks: throttling: {summary[first]['s3_requests']['throttled']} throttled answers" in shown
+    assert "cold load, all ranks: throttling: none" in shown

@@ -112,13 +112,18 @@ def test_a_remote_tier_that_stops_answering_is_timed_out_and_caught_up(s3_server
                                                                                               state(2)["b"])
 
 
-def test_a_drain_to_s3_streams_multipart_shards_bit_exact_and_refuses_damage(s3_server, s3_bucket, tmp_path):
+@pytest.mark.parametrize("data_client", ["boto3", "crt"])
+def test_a_drain_to_s3_streams_multipart_shards_bit_exact_and_refuses_damage(s3_server, s3_bucket, tmp_path,
+                                                                             data_client):
     # shards of several parts (part_size 5 MiB): each uploaded part by part, completed after every read
     from ckptbench.checkpoint.drain import copy_checkpoint
     from ckptbench.errors import CorruptCheckpointError
     from ckptbench.storage.store import LocalStore, open_store
 
-    options = {**s3_server.options(), "part_size": "5MiB"}
+    if data_client == "crt":
+        pytest.importorskip("awscrt")
+    options = {**s3_server.options(), "part_size": "5MiB", "client": data_client}
+    assert open_store(f"s3://{s3_bucket}/drained", options).upload_in_parts("probe", 1) is not None
     client = s3_server.client()
     generator = torch.Generator().manual_seed(5)
     saved = {"a": torch.randn(3_000_001, generator=generator), "b": torch.randn(1_234_567, generator=generator)}

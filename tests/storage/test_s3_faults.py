@@ -87,11 +87,18 @@ def attempts_per_part(proxy: Any) -> Counter[tuple[str, int]]:
 # -- faults that retries absorb -------------------------------------------------------------------
 
 
+def _client(client: str) -> str:
+    if client == "crt":
+        pytest.importorskip("awscrt")
+    return client
+
+
+@pytest.mark.parametrize("client", ["boto3", "crt"])
 @pytest.mark.parametrize("status", [503, 500])
-def test_transient_errors_on_part_uploads_are_retried(s3_server, s3_bucket, proxy, status):
+def test_transient_errors_on_part_uploads_are_retried(s3_server, s3_bucket, proxy, status, client):
     url, expected = f"s3://{s3_bucket}/ckpt", state(1)
     proxy.fail(3, status=status, kind="UploadPart")
-    save(expected, url, through(proxy, s3_server, max_attempts=5))
+    save(expected, url, through(proxy, s3_server, max_attempts=5, client=_client(client)))
     assert proxy.injected("status", "UploadPart") == 3
     assert proxy.count("UploadPart", "passed") == PARTS
     assert max(attempts_per_part(proxy).values()) >= 2  # a part was retried, not re-planned
@@ -100,10 +107,11 @@ def test_transient_errors_on_part_uploads_are_retried(s3_server, s3_bucket, prox
     assert uploads == [] and f"ckpt/{MANIFEST_NAME}" in keys and len(keys) == 3
 
 
-def test_connection_resets_mid_part_are_retried(s3_server, s3_bucket, proxy):
+@pytest.mark.parametrize("client", ["boto3", "crt"])
+def test_connection_resets_mid_part_are_retried(s3_server, s3_bucket, proxy, client):
     url, expected = f"s3://{s3_bucket}/ckpt", state(2)
     proxy.reset(2, after_bytes=2 * 2**20, kind="UploadPart")  # RST 2 MiB into a 5 MiB part, twice
-    save(expected, url, through(proxy, s3_server, max_attempts=5))
+    save(expected, url, through(proxy, s3_server, max_attempts=5, client=_client(client)))
     assert proxy.injected("reset", "UploadPart") == 2
     assert proxy.count("UploadPart", "passed") == PARTS
     assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
@@ -346,13 +354,13 @@ def test_a_save_under_20_percent_slowdown_completes_bit_exact_and_leaves_no_uplo
     assert uploads == [] and f"ckpt/{MANIFEST_NAME}" in keys
 
 
-@pytest.mark.parametrize("client", ["boto3", "s3fs"])
+@pytest.mark.parametrize("client", ["boto3", "s3fs", "crt"])
 def test_throttling_brings_the_requests_in_flight_down_and_is_counted(s3_server, s3_bucket, proxy, client):
     """SlowDown answers reach the store's AIMD controller (its limit comes down from the configured
-    concurrency) and its counts: each throttled answer, each retry, and (boto3, whose requests are
-    followed one by one) the seconds they cost."""
+    concurrency) and its counts: each throttled answer, each retry, and (boto3 and the CRT, whose
+    requests are followed one by one) the seconds they cost."""
     if client != "boto3":
-        pytest.importorskip(client)
+        pytest.importorskip({"s3fs": "s3fs", "crt": "awscrt"}[client])
     from ckptbench.storage.s3_pacing import totals
     from ckptbench.storage.store import open_store
 
@@ -365,10 +373,42 @@ def test_throttling_brings_the_requests_in_flight_down_and_is_counted(s3_server,
     counted = totals().minus(before)
     assert proxy.injected("status", "UploadPart") == 3
     assert counted.throttled == 3 and counted.retries >= 3
-    assert counted.retry_s > 0 or client != "boto3"
-    assert counted.requests >= (PARTS if client == "boto3" else 2)  # s3fs: an object per request it is given
+    assert counted.retry_s > 0 or client == "s3fs"
+    assert counted.requests >= (2 if client == "s3fs" else PARTS)  # s3fs: an object per request it is given
     assert pacing.decreases > decreases and pacing.lowest < 4
     assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
+
+
+def test_the_crt_reaches_each_endpoint_it_is_given(s3_server, s3_bucket, proxy):
+    """Two endpoints on one host (the server, the proxy in front of it), the same settings otherwise:
+    each save reaches the endpoint its options name (a CRT client pools connections per host name,
+    port left out, so each endpoint needs its own)."""
+    url, expected = f"s3://{s3_bucket}/ckpt", state(11)
+    save(expected, url, s3_server.options(part_size="5MiB", max_concurrency=2, client=_client("crt")))
+    assert proxy.count("UploadPart", "passed") == 0
+    save(expected, url, through(proxy, s3_server, client="crt"), overwrite=True)
+    assert proxy.count("UploadPart", "passed") == PARTS
+
+
+def test_throttled_ranged_reads_through_the_crt_are_paced_retried_and_counted(s3_server, s3_bucket, proxy):
+    """The CRT's ranged GETs: a SlowDown brings the controller down and is retried by ckptbench (the CRT
+    client has no retries of its own), and the load is bit-exact."""
+    from ckptbench.storage.s3_pacing import totals
+    from ckptbench.storage.store import open_store
+
+    url, expected = f"s3://{s3_bucket}/ckpt", state(10)
+    options = through(proxy, s3_server, max_concurrency=4, client=_client("crt"))
+    save(expected, url, options)
+    pacing = open_store(url, options).pacing
+    before, decreases = totals(), pacing.decreases
+    shard = next(key for key in leftovers(s3_server, s3_bucket)[1] if not key.endswith(MANIFEST_NAME))
+    proxy.fail(2, status=503, kind="GetObject", path=shard)  # ranged GETs of a shard, not the manifest's GET
+    loaded = ckptbench.load(url, storage_options=options)
+    counted = totals().minus(before)
+    assert proxy.injected("status", "GetObject") == 2
+    assert counted.throttled == 2 and counted.retries >= 2 and counted.retry_s > 0
+    assert pacing.decreases > decreases
+    assert_bit_exact(loaded, expected)
 
 
 def test_without_adaptive_concurrency_throttling_is_still_retried_and_counted(s3_server, s3_bucket, proxy):
