@@ -99,6 +99,7 @@ def _uses_ceph(item: pytest.Item) -> bool:
             or item.get_closest_marker("netfs") is not None or "ceph" in getattr(item, "fixturenames", ()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups of the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under pytest-xdist (``-n 2 --dist loadgroup``: the README's test command) the tests that use the Ceph
     # cluster go to one worker together, so one cluster is started for the run, not one per worker.
