@@ -90,3 +90,21 @@ def mount_fs(tmp_path: Path) -> Iterator:
     yield make
     for where in mounted:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10)
+
+
+def _uses_ceph(item: pytest.Item) -> bool:
+    """Whether a test needs the session's Ceph cluster (tests/storage/conftest.py), directly or through a
+    fixture: every test under tests/storage/, and any test marked s3 or netfs."""
+    return ("tests/storage/" in item.nodeid or item.get_closest_marker("s3") is not None
+            or item.get_closest_marker("netfs") is not None or "ceph" in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups of the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (``-n 2 --dist loadgroup``: the README's test command) the tests that use the Ceph
+    # cluster go to one worker together, so one cluster is started for the run, not one per worker.
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if _uses_ceph(item):
+            item.add_marker(pytest.mark.xdist_group("ceph"))

@@ -26,7 +26,10 @@ def config(tmp_path: Path):
     return write
 
 
-def test_preflight_flags_override_the_run_config(cli, tmp_path: Path, caplog):
+def test_preflight_flags_override_the_run_config(cli, tmp_path: Path, caplog, monkeypatch):
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "SAMPLE_RANKS_MAX", 1)  # one writer measures the sample: the job is the point here
     with caplog.at_level(logging.INFO, logger="ckptbench.cli"):
         result = cli("--config", str(RUN_CONFIG), "preflight", str(tmp_path), "--mtbf", "3h", "--params", "7B",
                      "--measure-size", "24MiB", "--measure-time", "0", "--repeat", "1", "--json")

@@ -84,14 +84,22 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_failing_check_exits_1_with_the_reason(cli, tmp_path: Path):
+def test_a_failing_check_exits_1_with_the_reason(cli, tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+
+    # one writer measures the sample: the verdict is the point here (a node's writers at once:
+    # test_a_node_of_several_ranks_is_measured_with_that_many_writers_at_once)
+    monkeypatch.setattr(knobs, "SAMPLE_RANKS_MAX", 1)
     result = cli("preflight", str(tmp_path), *TINY, "--params", "70B", "--ranks", "8", "--mtbf", "1d")
     assert result.exit_code == 1, result.stderr
     assert "verdict: FAIL" in result.stdout
     assert "FAIL" in result.stdout.split("checks")[1]
 
 
-def test_run_config_feeds_the_job(cli, tmp_path: Path):
+def test_run_config_feeds_the_job(cli, tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+
+    monkeypatch.setattr(knobs, "SAMPLE_RANKS_MAX", 1)  # one writer measures the sample: the job is the point here
     result = cli("--config", str(REPO / "configs/runs/llama3-70b-512gpu.toml"), "preflight", str(tmp_path), *TINY,
                  "--json")
     doc = json.loads(result.stdout)

@@ -106,6 +106,12 @@ rgw frontends = beast endpoint=$bind:$rgw_port
 rgw data = $dir/rgw
 ms mon client mode = crc secure
 pid file = $dir/run/rgw.pid
+# A deleted (or overwritten) object's data is reclaimed by RGW's garbage collector, by default no sooner
+# than 2 h later (rgw gc obj min wait 7200 s, a pass every hour): long benchmark runs would fill the 20 GiB
+# OSD with deleted data, and RGW then hangs on PUTs. Reclaim it within seconds instead.
+rgw gc obj min wait = 5
+rgw gc processor period = 10
+rgw gc processor max time = 10
 [client]
 pid file = $dir/run/fuse.pid
 CONF
