@@ -380,7 +380,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     ``knobs.SAMPLE_RANKS_MAX`` and the cores), fitted as a fixed part plus a per-byte part
     (:mod:`ckptbench.decide.scaling`) and read at the node's bytes. A third, larger size nearer the node's
     bytes (the node's own when it fits) is measured when the host's memory and ``budget_s`` allow it, in
-    two sessions (fresh processes, half the runs each) whose runs are pooled: runs made in one process agree
+    two sessions (fresh processes sharing the runs) whose runs are pooled: runs made in one process agree
     more closely than a job's saves minutes later do, and the range must cover the latter."""
     import dataclasses
     import os
@@ -434,15 +434,15 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         return _together_runs(together)
 
     def measure_in_sessions(sample: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-        """``sample`` measured in :data:`SESSIONS` fresh processes, one after the other, their runs pooled."""
-        sessions = [measure(sample, repeat=session_repeat, session=f", session {i + 1} of {SESSIONS}")
-                    for i in range(SESSIONS)]
+        """``sample`` measured in fresh processes one after the other (:func:`session_runs`), runs pooled."""
+        split = session_runs(spec.repeat)
+        sessions = [measure(sample, repeat=n, session=f", session {i + 1} of {len(split)}")
+                    for i, n in enumerate(split)]
         nbytes, runs, first_doc = sessions[0]
         pooled = {q: [t for _, r, _ in sessions for t in r[q]] for q in runs}
         session_medians.extend({q: statistics.median(r[q]) for q in r} for _, r, _ in sessions)
         return nbytes, pooled, first_doc
 
-    session_repeat = -(-spec.repeat // SESSIONS)
     session_medians: list[dict[str, float]] = []
 
     target = job.node_bytes
@@ -451,7 +451,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     if small.total_bytes < workload.total_bytes:
         measured.insert(0, measure(small))
     extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s,
-                         runs_per_size=SESSIONS * (session_repeat + spec.warmup))
+                         runs_per_size=spec.repeat + len(session_runs(spec.repeat)) * spec.warmup)
     if extended is not None:  # a target measured in this process (object storage) has no fresh sessions
         measured.append(measure_in_sessions(extended) if local else measure(extended))
     sizes = [b for b, _, _ in measured]
@@ -530,6 +530,13 @@ SAMPLE_MEMORY_SHARE = 0.6
 
 #: The processes the largest sample is measured in, one after the other (their runs pooled).
 SESSIONS = 2
+
+
+def session_runs(repeat: int) -> list[int]:
+    """The runs of each session: ``repeat`` shared out as evenly as it goes (3: 2 and 1), each session with
+    a warm-up of its own; one run is one session."""
+    sessions = min(SESSIONS, repeat)
+    return [repeat // sessions + (i < repeat % sessions) for i in range(sessions)]
 
 
 def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict[str, list[float]], writers: int,

@@ -84,6 +84,13 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_largest_samples_runs_are_shared_between_two_sessions():
+    from ckptbench.cli.preflight import session_runs
+
+    assert session_runs(3) == [2, 1] and session_runs(4) == [2, 2] and session_runs(2) == [1, 1]
+    assert session_runs(1) == [1]  # one run cannot be shared: one session
+
+
 def test_a_failing_check_exits_1_with_the_reason(cli, tmp_path: Path, monkeypatch):
     from ckptbench import knobs
 
