@@ -66,6 +66,29 @@ def cli() -> Cli:
     return Cli()
 
 
+def _kill_when_it_says(argv: list[str], env: dict[str, str], line: str) -> None:
+    """Start ``argv`` (a worker that prints ``line`` when it reaches the moment to die), SIGKILL it there,
+    and check both: the line came, and the kill ended it."""
+    worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert worker.stdout is not None
+        said = worker.stdout.readline()
+        assert said.strip() == line, said
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == -signal.SIGKILL
+
+
+@pytest.fixture
+def kill_when_it_says():
+    """:func:`_kill_when_it_says`: a worker process SIGKILLed at the moment it names."""
+    return _kill_when_it_says
+
+
 def _mount(fstype: str, where: Path, options: str | None) -> bool:
     cmd = ["mount", "-t", fstype, fstype, str(where)] + (["-o", options] if options else [])
     try:

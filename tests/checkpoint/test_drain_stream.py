@@ -10,8 +10,6 @@ This file is also the worker of the SIGKILL test: ``python test_drain_stream.py 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -218,23 +216,13 @@ def test_a_failed_upload_aborts_every_object_and_keeps_the_previous_checkpoint(t
     assert_same(ckptbench.load(tmp_path / "remote"), state(6))
 
 
-def test_a_streamed_drain_killed_midway_leaves_a_loadable_checkpoint(tmp_path: Path):
+def test_a_streamed_drain_killed_midway_leaves_a_loadable_checkpoint(tmp_path: Path, kill_when_it_says):
     source, target = tmp_path / "local", tmp_path / "remote"
     ckptbench.save(state(8), source, shard_size=512 * 1024)
     copy_checkpoint(LocalStore(source), PartsStore(target), step=8, **IO)
     ckptbench.save(state(9), source, shard_size=512 * 1024, overwrite=True)
-    worker = subprocess.Popen([sys.executable, str(HERE), str(source), str(target)], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONSAFEPATH": "1"})
-    try:
-        assert worker.stdout is not None
-        line = worker.stdout.readline()
-        assert line.strip() == "uploading", line
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(timeout=30)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-    assert worker.returncode == -signal.SIGKILL
+    kill_when_it_says([sys.executable, str(HERE), str(source), str(target)], {**os.environ, "PYTHONSAFEPATH": "1"},
+                      "uploading")
     assert list(target.glob("*.part-*"))  # killed with parts uploaded, nothing completed
     assert_same(ckptbench.load(target), state(8))
     copy_checkpoint(LocalStore(source), PartsStore(target), step=9, **IO)  # the next copy goes through

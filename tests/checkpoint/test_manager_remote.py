@@ -152,23 +152,12 @@ def test_the_local_tier_keeps_a_step_until_its_copy_is_done(tmp_path: Path, monk
     assert_state(ckptbench.load(remote / "step-00000002"), 2)
 
 
-def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path):
+def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path, kill_when_it_says):
     # SIGKILL to the saving process takes its drain process along, midway through a copy
     local, remote = tmp_path / "local", tmp_path / "remote"
     env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_DRAIN_BUFFER_BYTES": str(64 * 1024),
            "CKPTBENCH_TEST_SLOW_DRAIN": str(remote)}
-    worker = subprocess.Popen([sys.executable, str(HERE), str(local), str(remote)], stdout=subprocess.PIPE,
-                              text=True, env=env)
-    try:
-        assert worker.stdout is not None
-        line = worker.stdout.readline()
-        assert line.strip() == "draining step 2", line
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(timeout=30)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-    assert worker.returncode == -signal.SIGKILL
+    kill_when_it_says([sys.executable, str(HERE), str(local), str(remote)], env, "draining step 2")
     partial = remote / "step-00000002"
     assert list(partial.glob("shard-*.bin")) and not (partial / "manifest.json").exists()
     with ckptbench.CheckpointManager(local, remote=remote, shard_size=16 * 1024) as manager:
