@@ -187,6 +187,7 @@ class _StopOnSignals:
     def __init__(self) -> None:
         self.stopping = False  # the first signal was raised: the command is on its way out
         self.warned = False  # the notice said what the next Ctrl-C does
+        self.first: int | None = None  # the signal that stopped the command
 
     def on_sigint(self, signum: int, frame: Any) -> None:
         if self.warned:
@@ -194,11 +195,12 @@ class _StopOnSignals:
         first, self.stopping, self.warned = not self.stopping, True, True  # before printing: one may come meanwhile
         _signal_line(STOPPING_NOTICE, "yellow")
         if first:
+            self.first = signal.SIGINT
             raise KeyboardInterrupt
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         if not self.stopping:
-            self.stopping = True
+            self.stopping, self.first = True, signal.SIGTERM
             raise Terminated
 
 
@@ -245,11 +247,12 @@ def _exit_without_cleanup() -> NoReturn:
 
 
 @contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """:class:`_StopOnSignals`' handlers while the block runs (the main thread only), the previous ones
-    back after it. An ignored SIGINT stays ignored (a background job: Ctrl-C is not meant for it)."""
+def _stop_on_signals() -> Iterator[_StopOnSignals | None]:
+    """:class:`_StopOnSignals`' handlers while the block runs (the main thread only; it gets them, else
+    None), the previous ones back after it. An ignored SIGINT stays ignored (a background job: Ctrl-C is
+    not meant for it)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield None
         return
     stop = _StopOnSignals()
     ours = {signal.SIGTERM: stop.on_sigterm, signal.SIGINT: stop.on_sigint}
@@ -259,7 +262,7 @@ def _stop_on_signals() -> Iterator[None]:
     try:
         for signum in previous:
             signal.signal(signum, ours[signum])
-        yield
+        yield stop
     finally:
         # signal.signal runs the handlers of pending signals: one that raises must not leave ours behind
         raised = None
@@ -278,8 +281,9 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, Any]) -> int:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
+    stop: _StopOnSignals | None = None
     try:
-        with _stop_on_signals():
+        with _stop_on_signals() as stop:
             code = click.Group.main(group, args=args, prog_name=prog_name, standalone_mode=False, **extra)
         if isinstance(code, int):  # ctx.exit(N) from a command (e.g. preflight's verdict)
             return code
@@ -310,4 +314,18 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
             traceback.print_exc()
         _error_line(str(exc))
         return exc.exit_code
+    except Exception:
+        # After a stop signal, the error the command ends with is the signal's: its handler's exception
+        # can come out as another one (raised inside an extension module's import: that import's
+        # ImportError, "cannot load module more than once per process"). Otherwise it is a bug, and its
+        # traceback is what to report.
+        signum = stop.first if stop is not None else None
+        if signum is None:
+            raise
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        _error_line("terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (SIGINT)")
+        return 128 + signum
     return 0

@@ -240,3 +240,38 @@ def test_ctrl_c_again_during_a_hung_cleanup_exits_at_once_naming_what_is_left(tm
                                "this run may have left ")
     scratch = [str(p) for p in target.glob(f".ckptbench-scratch-{proc.pid}-*")]
     assert left in scratch, (left, _contents(target))  # the line names the very directory left behind
+
+
+# A command whose stop signal comes out as another error, as a SIGTERM raised inside an extension
+# module's import comes out as that import's ImportError; SIGNAL=0: the same error with no signal.
+CONVERTED = textwrap.dedent("""
+    import os, signal, sys, time
+    import click
+    from ckptbench import cli
+
+    @click.command()
+    def step() -> None:
+        try:
+            if os.environ["SIGNAL"] != "0":
+                os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+                time.sleep(10)
+        except KeyboardInterrupt:
+            pass
+        raise ImportError("cannot load module more than once per process")
+
+    sys.exit(cli._run(click.Group(commands={"step": step}), ["step"], "ckptbench", {}))
+""")
+
+
+@pytest.mark.parametrize(("sig", "line"), [(signal.SIGTERM, "ckptbench: error: terminated (SIGTERM)"),
+                                           (signal.SIGINT, "ckptbench: error: interrupted (SIGINT)")])
+def test_an_error_the_stop_signal_turned_into_ends_as_the_signal(sig: int, line: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", CONVERTED], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SIGNAL": str(int(sig))})
+    assert proc.returncode == 128 + sig, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [x for x in proc.stderr.splitlines() if x.startswith("ckptbench: error:")] == [line]
+    # the same error with no signal is a bug: its traceback comes out
+    proc = subprocess.run([sys.executable, "-c", CONVERTED], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SIGNAL": "0"})
+    assert proc.returncode == 1 and "ImportError: cannot load module more than once" in proc.stderr
