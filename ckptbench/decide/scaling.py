@@ -132,8 +132,9 @@ def _fit_sorted(xs: list[float], ys: list[list[float]], target_bytes: float, min
     if same or len(xs) == 1:
         i = same[0] if same else 0
         k = target_bytes / xs[i]
+        # The floor (the fastest the bytes can go) is itself measured: a run that went faster still counts.
         return _widened(statistics.median(ys[i]) * k, min(ys[i]) * k, max(ys[i]) * k,
-                        next_median_half_width(ys[i]) * k, target_bytes * min_slope)
+                        next_median_half_width(ys[i]) * k, min(target_bytes * min_slope, min(ys[i]) * k))
     above = next((i for i, x in enumerate(xs) if x > target_bytes), len(xs))
     i = min(max(above - 1, 0), len(xs) - 2)
     return fit_time(xs[i], ys[i], xs[i + 1], ys[i + 1], target_bytes, min_slope)

@@ -152,3 +152,10 @@ def test_a_line_flattened_by_noise_goes_no_faster_than_the_floor():
     assert steep == pytest.approx(line_time_s(0.032 * GB, 0.05, 0.128 * GB, 0.25, 14 * GB))
     f = fit_sizes([0.032 * GB, 0.128 * GB], [[0.24, 0.26], [0.25, 0.27]], 14 * GB, min_slope=1 / (2 * GB))
     assert 14 * GB / f.low_s <= 2 * GB * 1.001
+
+
+def test_a_run_faster_than_the_floor_still_bounds_the_range():
+    # the writer's ceiling (the floor's rate) was measured slower than one of the runs at the target:
+    # the range reaches that run all the same
+    f = fit_sizes([1000 * MiB], [[0.064, 0.070]], 1000 * MiB, min_slope=0.0716 / (1000 * MiB))
+    assert f.low_s <= 0.064 and f.high_s >= 0.070
