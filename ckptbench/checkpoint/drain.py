@@ -174,6 +174,13 @@ class DrainBuffers:
         self._buffers = []
 
 
+def _mismatch(name: str, where: str, got: int, crc: int) -> CorruptCheckpointError:
+    """The error of a shard whose bytes do not match the manifest's CRC-32C: nothing of it is copied."""
+    return CorruptCheckpointError(
+        f"checksum mismatch in {name} of {where} (crc32c {got:#010x}, manifest {crc:#010x}): the damaged "
+        "checkpoint is not copied", hint="the remote tier keeps its previous checkpoints")
+
+
 def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, threads: int, block_size: int,
                 direct: bool) -> list[tuple[str, memoryview]]:
     """Read ``batch`` into ``buffer`` and check its CRC-32Cs: the views to write."""
@@ -190,9 +197,7 @@ def _read_batch(source: Store, batch: list[_Shard], buffer: mmap.mmap, *, thread
         crcs = native.crc32c_ranges(buffer, ranges, threads) if ranges else []
         for got, (name, crc) in zip(crcs, expected, strict=True):
             if got != crc:
-                raise CorruptCheckpointError(
-                    f"checksum mismatch in {name} of {source.url} (crc32c {got:#010x}, manifest {crc:#010x}): "
-                    "the damaged checkpoint is not copied", hint="the remote tier keeps its previous checkpoints")
+                raise _mismatch(name, source.url, got, crc)
     except BaseException:
         for _, part in files:  # the buffer is reused (or closed) after a failure: no view may outlive it
             part.release()
@@ -248,10 +253,7 @@ class _Checker:
             if hi < offset + nbytes:
                 return  # the block goes on in the next part
             if self._crc != crc:
-                raise CorruptCheckpointError(
-                    f"checksum mismatch in {self._shard.name} of {self._where} (crc32c {self._crc:#010x}, "
-                    f"manifest {crc:#010x}): the damaged checkpoint is not copied",
-                    hint="the remote tier keeps its previous checkpoints")
+                raise _mismatch(self._shard.name, self._where, self._crc, crc)
             self._next, self._crc = self._next + 1, 0
 
 
