@@ -451,7 +451,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     if small.total_bytes < workload.total_bytes:
         measured.insert(0, measure(small))
     extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s,
-                         runs_per_size=spec.repeat + len(session_runs(spec.repeat)) * spec.warmup)
+                         runs_per_size=spec.repeat + (len(session_runs(spec.repeat)) if local else 1) * spec.warmup)
     if extended is not None:  # a target measured in this process (object storage) has no fresh sessions
         measured.append(measure_in_sessions(extended) if local else measure(extended))
     sizes = [b for b, _, _ in measured]
