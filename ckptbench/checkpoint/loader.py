@@ -501,63 +501,64 @@ def _fit_into(dst: Any, src: Any) -> _Fit:
     that differs (a step counter, a learning rate) put into its dict or list. Everything is checked
     here, and the copy returned to be made: an ``into=`` that does not fit is refused untouched, naming
     the first misfit."""
+    fit = _Fit(dst, [], [], [])
+    _fit_visit(fit, dst, src, "")
+    return fit
+
+
+def _where(path: str) -> str:
+    return path or "<root>"
+
+
+def _fit_visit(fit: _Fit, d: Any, s: Any, path: str, parent: Any = None, slot: Any = None) -> None:
+    """:func:`_fit_into`'s walk, a function of its own: a closure that names itself to recurse is a reference
+    cycle, and this one would hold the loaded tensors until the cyclic garbage collector runs."""
     import torch
 
-    copies: list[tuple[Any, Any, str]] = []
-    arrays: list[tuple[np.ndarray, np.ndarray]] = []  # numpy arrays copied in place
-    updates: list[tuple[Any, Any, Any]] = []  # (container, key or index, value)
-
-    def where(path: str) -> str:
-        return path or "<root>"
-
-    def visit(d: Any, s: Any, path: str, parent: Any = None, slot: Any = None) -> None:
-        if isinstance(s, torch.Tensor):
-            if not isinstance(d, torch.Tensor):
-                raise UsageError(f"{where(path)}: the checkpoint holds a tensor, into= holds {type(d).__name__}")
-            if d.shape != s.shape or d.dtype != s.dtype:
-                raise UsageError(f"{where(path)}: checkpoint tensor {tuple(s.shape)} {s.dtype} does not fit into "
-                                 f"{tuple(d.shape)} {d.dtype}")
-            problem = _unwritable(d)
-            if problem:
-                raise UsageError(f"{where(path)}: the into= tensor cannot be loaded into: {problem}")
-            copies.append((d, s, path))
-        elif isinstance(s, dict):
-            if not isinstance(d, dict):
-                raise UsageError(f"{where(path)}: the checkpoint holds a dict, into= holds {type(d).__name__}")
-            if d.keys() != s.keys():
-                missing, extra = [k for k in s if k not in d], [k for k in d if k not in s]
-                raise UsageError(f"{where(path)}: keys differ between the checkpoint and into= ("
-                                 + "; ".join(f"{label}: {', '.join(map(repr, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
-                                             for label, keys in (("missing from into=", missing),
-                                                                 ("not in the checkpoint", extra)) if keys) + ")")
-            for key in s:
-                visit(d[key], s[key], f"{path}.{key}" if path else str(key), d, key)
-        elif isinstance(s, np.ndarray):
-            if isinstance(d, np.ndarray) and d.shape == s.shape and d.dtype == s.dtype and d.flags.writeable:
-                arrays.append((d, s))  # in place, as tensors are
-            elif isinstance(parent, tuple):
-                raise UsageError(f"{where(path)}: the checkpoint holds a {s.dtype} array of shape {s.shape}, into= "
-                                 f"holds {type(d).__name__} inside a tuple, which cannot be updated")
-            else:
-                updates.append((parent, slot, s))
-        elif isinstance(s, (list, tuple)):
-            if not isinstance(d, (list, tuple)) or len(d) != len(s):
-                raise UsageError(f"{where(path)}: a sequence of {len(s)} items does not fit into= here")
-            for i, (di, si) in enumerate(zip(d, s, strict=True)):
-                visit(di, si, f"{path}[{i}]", d, i)
+    if isinstance(s, torch.Tensor):
+        if not isinstance(d, torch.Tensor):
+            raise UsageError(f"{_where(path)}: the checkpoint holds a tensor, into= holds {type(d).__name__}")
+        if d.shape != s.shape or d.dtype != s.dtype:
+            raise UsageError(f"{_where(path)}: checkpoint tensor {tuple(s.shape)} {s.dtype} does not fit into "
+                             f"{tuple(d.shape)} {d.dtype}")
+        problem = _unwritable(d)
+        if problem:
+            raise UsageError(f"{_where(path)}: the into= tensor cannot be loaded into: {problem}")
+        fit.tensors.append((d, s, path))
+    elif isinstance(s, dict):
+        if not isinstance(d, dict):
+            raise UsageError(f"{_where(path)}: the checkpoint holds a dict, into= holds {type(d).__name__}")
+        if d.keys() != s.keys():
+            missing, extra = [k for k in s if k not in d], [k for k in d if k not in s]
+            raise UsageError(f"{_where(path)}: keys differ between the checkpoint and into= ("
+                             + "; ".join(f"{label}: {', '.join(map(repr, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
+                                         for label, keys in (("missing from into=", missing),
+                                                             ("not in the checkpoint", extra)) if keys) + ")")
+        for key in s:
+            _fit_visit(fit, d[key], s[key], f"{path}.{key}" if path else str(key), d, key)
+    elif isinstance(s, np.ndarray):
+        if isinstance(d, np.ndarray) and d.shape == s.shape and d.dtype == s.dtype and d.flags.writeable:
+            fit._arrays.append((d, s))  # in place, as tensors are
+        elif isinstance(parent, tuple):
+            raise UsageError(f"{_where(path)}: the checkpoint holds a {s.dtype} array of shape {s.shape}, into= "
+                             f"holds {type(d).__name__} inside a tuple, which cannot be updated")
         else:
-            if isinstance(d, (torch.Tensor, dict, list, tuple)):
-                raise UsageError(f"{where(path)}: the checkpoint holds a {type(s).__name__}, "
-                                 f"into= holds {type(d).__name__}")
-            if type(d) is type(s) and bool(d == s or d != d and s != s):  # equal (NaN equals NaN here)
-                return
-            if isinstance(parent, tuple):
-                raise UsageError(f"{where(path)}: the checkpoint holds {s!r}, into= holds {d!r} inside a tuple, "
-                                 "which cannot be updated", hint="use a list, or pass into= without it")
-            updates.append((parent, slot, s))
-
-    visit(dst, src, "")
-    return _Fit(dst, copies, arrays, updates)
+            fit._updates.append((parent, slot, s))
+    elif isinstance(s, (list, tuple)):
+        if not isinstance(d, (list, tuple)) or len(d) != len(s):
+            raise UsageError(f"{_where(path)}: a sequence of {len(s)} items does not fit into= here")
+        for i, (di, si) in enumerate(zip(d, s, strict=True)):
+            _fit_visit(fit, di, si, f"{path}[{i}]", d, i)
+    else:
+        if isinstance(d, (torch.Tensor, dict, list, tuple)):
+            raise UsageError(f"{_where(path)}: the checkpoint holds a {type(s).__name__}, "
+                             f"into= holds {type(d).__name__}")
+        if type(d) is type(s) and bool(d == s or d != d and s != s):  # equal (NaN equals NaN here)
+            return
+        if isinstance(parent, tuple):
+            raise UsageError(f"{_where(path)}: the checkpoint holds {s!r}, into= holds {d!r} inside a tuple, "
+                             "which cannot be updated", hint="use a list, or pass into= without it")
+        fit._updates.append((parent, slot, s))
 
 
 def _unwritable(t: Any) -> str | None:
@@ -588,21 +589,21 @@ def _synchronize_all(tree: Any) -> None:
     import torch
 
     devices: set[Any] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            if node.device.type == "cuda":
-                devices.add(node.device)
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(tree)
+    _cuda_devices(tree, devices, torch.Tensor)
     for device in devices:
         torch.cuda.synchronize(device)
+
+
+def _cuda_devices(node: Any, devices: set[Any], tensor_type: type) -> None:
+    if isinstance(node, tensor_type):
+        if node.device.type == "cuda":
+            devices.add(node.device)
+    elif isinstance(node, dict):
+        for value in node.values():
+            _cuda_devices(value, devices, tensor_type)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _cuda_devices(value, devices, tensor_type)
 
 
 def _shared_manifest(world: World, store: Store) -> dict:

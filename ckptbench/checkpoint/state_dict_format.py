@@ -319,31 +319,42 @@ def rebuild(skeleton: Any, tensors: list[Any], allow_pickle: bool = False) -> An
     one object (tied parameters stay tied). Pickled entries are unpickled only with ``allow_pickle``
     (else PickleNotAllowedError naming them, see :func:`pickled_paths`).
     """
-    made: dict[tuple[int, bool, bool], Any] = {}
+    return _Rebuild(skeleton, tensors, allow_pickle).build(skeleton)
 
-    def tensor(node: dict) -> Any:
-        t = tensors[node["__tensor__"]]
+
+class _Rebuild:
+    """:func:`rebuild`'s walk. A class, not a closure that names itself to recurse: such a closure is a
+    reference cycle holding every tensor, freed only when the cyclic garbage collector runs (later, and
+    billed to whatever runs then), where this is freed by reference counting once the caller drops it."""
+
+    def __init__(self, skeleton: Any, tensors: list[Any], allow_pickle: bool) -> None:
+        self.skeleton, self.tensors, self.allow_pickle = skeleton, tensors, allow_pickle
+        self.made: dict[tuple[int, bool, bool], Any] = {}
+
+    def tensor(self, node: dict) -> Any:
+        t = self.tensors[node["__tensor__"]]
         if "__numpy__" in node:
             return _numpy_of(t, node["__numpy__"])
         if "__bytes__" in node:
             data = t.cpu().numpy().tobytes()
             return bytearray(data) if node["__bytes__"] == "bytearray" else data
         if "__pickle__" in node:
-            if not allow_pickle:
-                refuse_pickled(skeleton)
+            if not self.allow_pickle:
+                refuse_pickled(self.skeleton)
             return pickle.loads(t.cpu().numpy().tobytes())
         parameter, grad = node.get("__parameter__", False), node.get("__requires_grad__", False)
         grad = grad and (t.is_floating_point() or t.is_complex())
         if not (parameter or grad):
             return t
         key = (id(t), parameter, grad)
-        if key not in made:
-            made[key] = _torch().nn.Parameter(t, requires_grad=grad) if parameter else t.detach().requires_grad_()
-        return made[key]
+        if key not in self.made:
+            self.made[key] = _torch().nn.Parameter(t, requires_grad=grad) if parameter else t.detach().requires_grad_()
+        return self.made[key]
 
-    def build(node: dict) -> Any:
+    def build(self, node: dict) -> Any:
+        build = self.build
         if "__tensor__" in node:
-            return tensor(node)
+            return self.tensor(node)
         if "__dict__" in node:
             items = [(_decode_value(k["__key__"]) if isinstance(k, dict) else k, build(v)) for k, v in node["__dict__"]]
             if not node.get("__ordered__"):
@@ -359,8 +370,6 @@ def rebuild(skeleton: Any, tensors: list[Any], allow_pickle: bool = False) -> An
             items = tuple(build(v) for v in node["__tuple__"])
             return _as_saved_class(node["__class__"], node.get("__fields__"), items) if "__class__" in node else items
         return _decode_value(node["__value__"])
-
-    return build(skeleton)
 
 
 def _decode_value(node: Any) -> Any:
@@ -431,23 +440,23 @@ def _imported_class(name: str) -> Any:
 def pickled_paths(skeleton: Any) -> list[str]:
     """The keys (``a.b[0]``) of the pickled entries of ``skeleton``, in order."""
     found: list[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        if not isinstance(node, dict):
-            return
-        if "__tensor__" in node:
-            if node.get("__pickle__"):
-                found.append(path or "<root>")
-        elif "__dict__" in node:
-            for key, child in node["__dict__"]:
-                name = key if isinstance(key, str) else repr(_decode_value(key["__key__"]))
-                walk(child, f"{path}.{name}" if path else name)
-        else:
-            for i, child in enumerate(node.get("__list__") or node.get("__tuple__") or ()):
-                walk(child, f"{path}[{i}]")
-
-    walk(skeleton, "")
+    _walk_pickled(skeleton, "", found)
     return found
+
+
+def _walk_pickled(node: Any, path: str, found: list[str]) -> None:
+    if not isinstance(node, dict):
+        return
+    if "__tensor__" in node:
+        if node.get("__pickle__"):
+            found.append(path or "<root>")
+    elif "__dict__" in node:
+        for key, child in node["__dict__"]:
+            name = key if isinstance(key, str) else repr(_decode_value(key["__key__"]))
+            _walk_pickled(child, f"{path}.{name}" if path else name, found)
+    else:
+        for i, child in enumerate(node.get("__list__") or node.get("__tuple__") or ()):
+            _walk_pickled(child, f"{path}[{i}]", found)
 
 
 def refuse_pickled(skeleton: Any) -> None:
