@@ -29,6 +29,8 @@ DEFAULT_SHAPES = ("1rank-4GB:285.7M:1", "2ranks-5.6GB:400M:2", "1rank-2GB:142.9M
 #: (prediction key, distributed-bench operation, what is compared)
 QUANTITIES = (("sync_checkpoint_s", "save", "duration_s"), ("restore_s", "load", "duration_s"),
               ("async_stall_s", "async", "stall_s"))
+#: The sample's runs behind each prediction (preflight's ``scaling.runs_s`` keys).
+SAMPLED = {"save": "save", "load": "load", "async": "stall"}
 
 
 def _env() -> dict[str, str]:
@@ -92,6 +94,7 @@ def main() -> None:
         prediction = predict(args.dir, params, ranks, args.repeat, args.measure_time)
         p = prediction["predictions"]
         measured = measure(args.dir, p["checkpoint_per_node_bytes"], ranks, args.repeat)
+        scaling = prediction["measurements"]["checkpoint_bench"]["scaling"]
         for key, op, _ in QUANTITIES:
             values = sorted(measured[op])
             median = values[len(values) // 2]
@@ -101,7 +104,10 @@ def main() -> None:
                 "measured_median_s": median, "measured_runs_s": values, "inside": low <= median <= high,
                 "point_error": p[key] / median - 1, "range_width": high / low,
                 "writers_sampled": prediction["measurements"]["writers"],
-                "sample_sizes_bytes": prediction["measurements"]["checkpoint_bench"]["scaling"]["sizes_bytes"],
+                "sample_sizes_bytes": scaling["sizes_bytes"],
+                # every sampled run per size, so another range rule can be judged against this real shape
+                "sample_runs_s": scaling["runs_s"][SAMPLED[op]], "sample_fitted": scaling["fitted"][SAMPLED[op]],
+                "largest_sessions": scaling.get("largest_sessions"),
                 "extrapolation_factor": p["extrapolation_factor"], "verdict": prediction["verdict"],
                 "seconds": time.time() - started,
             })
