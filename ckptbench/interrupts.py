@@ -77,12 +77,13 @@ class Deferred:
     def __init__(self) -> None:
         self._interrupt: BaseException | None = None
         self._previous: dict[int, Any] = {}
-        self._owner: Deferred = self  # the instance whose handlers are installed
+        # The instance whose handlers are installed, None for this one (not self: a cycle the collector must free)
+        self._owner: Deferred | None = None
 
     @property
     def interrupt(self) -> BaseException | None:
         """The recorded signal exception (not cleared)."""
-        return self._owner._interrupt
+        return (self._owner or self)._interrupt
 
     def __enter__(self) -> Deferred:
         global _active
@@ -113,7 +114,7 @@ class Deferred:
 
     def check(self) -> None:
         """Raise the recorded signal exception, if any (and forget it)."""
-        owner = self._owner
+        owner = self._owner or self
         interrupt, owner._interrupt = owner._interrupt, None
         if interrupt is not None:
             raise interrupt
@@ -135,7 +136,7 @@ class Deferred:
         return raised
 
     def __exit__(self, *exc: object) -> None:
-        owner, self._owner = self._owner, self
+        owner, self._owner = self._owner or self, None
         raised = self._restore() if owner is self else None
         interrupt, owner._interrupt = owner._interrupt, None
         if raised is not None or interrupt is not None:

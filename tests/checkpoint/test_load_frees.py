@@ -21,7 +21,7 @@ from ckptbench.checkpoint.manager import CheckpointManager  # noqa: E402
 @pytest.fixture
 def cycles_kept() -> Iterator[Callable[[], list[Any]]]:
     """Collects once, then with the collector off runs the test; ``found()`` collects again, keeping what
-    only a collection could free, and returns the tensors among it."""
+    only a collection could free, and returns the tensors and ckptbench's own objects among it."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -31,7 +31,8 @@ def cycles_kept() -> Iterator[Callable[[], list[Any]]]:
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
             gc.collect()
-            return [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+            return [o for o in gc.garbage
+                    if isinstance(o, torch.Tensor) or type(o).__module__.startswith("ckptbench")]
         finally:
             gc.set_debug(flags)
             gc.garbage.clear()
@@ -79,3 +80,15 @@ def test_a_managers_load_needs_no_garbage_collection(tmp_path, cycles_kept):
         assert torch.equal(out["opt"]["state"][1]["m"], sd["opt"]["state"][1]["m"])
         del out
         assert cycles_kept() == []
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_save_leaves_nothing_to_the_garbage_collector(tmp_path, cycles_kept, async_):
+    sd = _state_dict()
+    with ckptbench.Checkpointer() as ck:
+        result = ck.save(sd, tmp_path / "c", async_=async_)
+        if async_:
+            result = result.result()
+        assert result.bytes > 0
+        del result
+    assert cycles_kept() == []
