@@ -26,7 +26,7 @@ from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.distributed import RankFailedError, World
 from ckptbench.checkpoint.lock import SaveLock
 from ckptbench.errors import CommitOutcomeUnknownError, OutcomeUnknownError
-from ckptbench.interrupts import QuietThread
+from ckptbench.interrupts import QuietThread, Workers
 from ckptbench.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,17 @@ def _drain(world: World, key: str, message: str) -> None:
 
 def remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
     """After a commit: remove the files (and abort the uploads) of older or crashed saves that
-    ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own)."""
-    store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
-    # Uploads an earlier, failed save could not abort (stores without multipart uploads have none).
-    store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
-                                   and (owns is None or owns(name)))
+    ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own). The two
+    sweeps run side by side: on object storage each is a listing and a request or more."""
+
+    def files() -> None:
+        store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
+
+    def uploads() -> None:  # an earlier, failed save could not abort (stores without multipart uploads have none)
+        store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
+                                       and (owns is None or owns(name)))
+
+    with Workers(2, "ckptbench-sweep") as pool:
+        pool.submit(files)
+        pool.submit(uploads)
+        pool.join()

@@ -291,7 +291,7 @@ class _Saver:
         (sync) or on a persist thread (async)."""
         if not store.is_dir_like():
             raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
-        if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
+        if not overwrite and store.size(mf.MANIFEST_NAME) is not None:  # a request less per save on S3 otherwise
             raise CheckpointExistsError.at(store.url)
         save_id = secrets.token_hex(4)
         planning = time.perf_counter()
@@ -307,7 +307,7 @@ class _Saver:
             store.abandon()  # the directories it created go again, where empty
             raise
         try:
-            if store.size(mf.MANIFEST_NAME) is not None and not overwrite:  # committed while we planned
+            if not overwrite and store.size(mf.MANIFEST_NAME) is not None:  # committed while we planned
                 raise CheckpointExistsError(f"{store.url} already holds a checkpoint (a save just committed it)",
                                             hint="pass overwrite=True to replace it")
             _require_free(store, plan.total_bytes)

@@ -318,6 +318,8 @@ class _Connection:
     region: str
     pacing: Aimd  # requests in flight on the data path, adapted to throttling
     stats: RequestStats  # what the data path's requests met
+    #: Buckets a ``prepare`` found (see there); ``S3Store._missing_bucket`` forgets one.
+    buckets_found: set[str] = field(default_factory=set)
 
 
 def _credential_source(session: Any, opts: S3Options) -> str:
@@ -484,6 +486,7 @@ class S3Store(Store):
         self._session, self.region = connection.session, connection.region
         self.pacing = connection.pacing if self.options.adaptive_concurrency else None
         self.stats = connection.stats
+        self._buckets_found = connection.buckets_found
         self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
         self._discovered = False  # whether this location was listed for them
         self._client_data: Any = None  # the data path of a client other than boto3, made on first use
@@ -595,6 +598,7 @@ class S3Store(Store):
         return exc
 
     def _missing_bucket(self) -> TargetError:
+        self._buckets_found.discard(self.bucket)  # the next prepare looks again (and creates it if asked)
         return TargetError(f"bucket {self.bucket!r} does not exist at {self.endpoint}",
                            hint="create it first, or pass storage_options create_bucket=true")
 
@@ -649,7 +653,11 @@ class S3Store(Store):
         return None
 
     def prepare(self) -> None:
-        """Check that the bucket exists and is accessible (create it only if ``create_bucket``)."""
+        """Check that the bucket exists and is accessible (create it only if ``create_bucket``). Without
+        ``create_bucket`` a bucket found once is not checked again by the stores of this connection (a
+        request less per save): one removed since fails the save's first request, as a missing bucket."""
+        if self.bucket in self._buckets_found and not self.options.create_bucket:
+            return
         try:
             self._call(self._control, "checking bucket", None, "head_bucket")
         except FileNotFoundError:
@@ -657,6 +665,7 @@ class S3Store(Store):
                 raise self._missing_bucket() from None
             log.info("creating bucket %r at %s (create_bucket=true)", self.bucket, self.endpoint)
             self._call(self._control, "creating bucket", None, "create_bucket")
+        self._buckets_found.add(self.bucket)
 
     def concurrency(self, threads: int) -> int:
         """Requests in flight: ``max_concurrency``, else max(threads, DEFAULT_MIN_CONCURRENCY)."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +259,29 @@ def test_secrets_never_appear_in_results_messages_or_logs(s3_server, s3_bucket, 
     texts.append(str(info.value))
     for text in texts:
         assert s3_server.secret not in text
+
+
+@pytest.mark.s3
+def test_a_bucket_is_checked_once_and_its_removal_still_named(s3_server, fault_proxy):
+    """A second save to a bucket found by the first sends no HeadBucket; once the bucket is removed,
+    the next save names it missing (its first request meets NoSuchBucket), and the one after that
+    checks it again."""
+    from s3_buckets import remove_bucket
+
+    client = s3_server.client()
+    name = f"ckptbench-once-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    options = s3_server.options(endpoint_url=fault_proxy.endpoint)
+    try:
+        ckptbench.save({"x": torch.ones(4)}, f"s3://{name}/a", storage_options=options)
+        checks = fault_proxy.count("HeadBucket")
+        assert checks >= 1
+        ckptbench.save({"x": torch.ones(4)}, f"s3://{name}/b", storage_options=options)
+        assert fault_proxy.count("HeadBucket") == checks
+    finally:
+        remove_bucket(client, name)
+    for _ in range(2):
+        with pytest.raises(TargetError) as info:
+            ckptbench.save({"x": torch.ones(4)}, f"s3://{name}/c", storage_options=options, overwrite=True)
+        assert f"bucket {name!r} does not exist" in one_line_usage_error(info.value)
+    assert fault_proxy.count("HeadBucket") == checks + 1
