@@ -134,11 +134,13 @@ def write_gathered(
     record_latency: bool = True,
     schedule: str | Schedule = "shared",
     control: Control | None = None,
+    fds: Sequence[int] = (),
 ) -> tuple[IoResult, list[int]]:
     """Write each (path, segments, size) file from the memory its bytes are in, buffered, with the CRC-32C
-    of each of ``ranges`` computed on the way (see ``_native.write_gathered``)."""
+    of each of ``ranges`` computed on the way (see ``_native.write_gathered``). ``fds``: one descriptor per
+    file, opened (and closed) by the caller, written through instead of opening the paths again."""
     return _native.write_gathered(files, ranges, threads, block_size, _member("sync", sync, SyncMode), sync_dir,
-                                  record_latency, _member("schedule", schedule, Schedule), control)
+                                  record_latency, _member("schedule", schedule, Schedule), control, list(fds))
 
 
 def read(

@@ -329,13 +329,17 @@ NB_MODULE(_native, m) {
     m.def(
         "write_gathered",
         [](const GatherJobs &files, const CopyTable &ranges, int threads, std::size_t block_size, ckpt::SyncMode sync,
-           bool sync_dir, bool record_latency, ckpt::Schedule schedule, ckpt::Control *control) {
+           bool sync_dir, bool record_latency, ckpt::Schedule schedule, ckpt::Control *control,
+           const std::vector<int> &fds) {
+            if (!fds.empty() && fds.size() != nb::len(files))
+                throw nb::value_error("fds must hold one descriptor per file, or none");
             std::vector<ckpt::GatherFile> gathered;
             gathered.reserve(nb::len(files));
             for (nb::handle item : files) {
                 auto [path, table, size] = nb::cast<std::tuple<std::string, CopyTable, std::uint64_t>>(item);
                 if (table.shape(1) != 3) throw nb::value_error(kSegmentsShape);
-                ckpt::GatherFile file{path, {}, size};
+                ckpt::GatherFile file{path, {}, size, fds.empty() ? -1 : fds[gathered.size()]};
+                if (!fds.empty() && file.fd < 0) throw nb::value_error("a descriptor in fds is negative");
                 file.segments.reserve(table.shape(0));
                 const std::int64_t *row = table.data();
                 for (std::size_t i = 0; i < table.shape(0); ++i, row += 3) {
@@ -366,7 +370,7 @@ NB_MODULE(_native, m) {
         },
         "files"_a, "ranges"_a.noconvert(), "threads"_a = 1, "block_size"_a = 4u << 20,
         "sync"_a = ckpt::SyncMode::Fdatasync, "sync_dir"_a = true, "record_latency"_a = true,
-        "schedule"_a = ckpt::Schedule::Shared, "control"_a = nb::none(),
+        "schedule"_a = ckpt::Schedule::Shared, "control"_a = nb::none(), "fds"_a = std::vector<int>(),
         "Write each (path, segments, size) file from memory where its bytes already are, buffered (never "
         "O_DIRECT): `segments` is a C-contiguous int64 table of (source address, file offset, nbytes) rows, "
         "sorted by offset, not overlapping, inside `size`; the bytes between them are written as zeros. Each "
@@ -374,7 +378,9 @@ NB_MODULE(_native, m) {
         "rows, each inside one segment; their CRC-32C, computed by the thread writing those bytes just before "
         "it does, are returned with the IoResult. Durable per `sync` when it returns. The caller guarantees "
         "every source address stays valid and readable for nbytes during the call (e.g. a contiguous CPU "
-        "tensor's data_ptr()).");
+        "tensor's data_ptr()). `fds`: none, or one descriptor per file (open for writing, without O_APPEND "
+        "or O_DIRECT) written through instead of opening its path; the caller closes them, and the paths "
+        "then name the files in errors and their directories for `sync_dir`.");
 
     m.def(
         "read",

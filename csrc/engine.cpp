@@ -225,10 +225,21 @@ struct FileState {
     std::string path;
     UniqueFd fd_direct;
     UniqueFd fd_buffered;
+    bool borrowed = false;  // fd_buffered is the caller's: never closed here
     bool wants_direct = false;
     bool wants_buffered = false;
     std::size_t chunks = 0;
     std::atomic<std::size_t> remaining{0};
+
+    FileState() = default;
+    FileState(const FileState &) = delete;
+    FileState &operator=(const FileState &) = delete;
+    ~FileState() { close(); }
+    void close() noexcept {
+        if (borrowed) fd_buffered.release();
+        fd_direct.reset();
+        fd_buffered.reset();
+    }
 };
 
 struct Chunk {
@@ -295,10 +306,7 @@ void finish_writes(IoResult &result, std::vector<std::unique_ptr<FileState>> &fi
         }
     }
     if (result.cancelled) return;
-    for (auto &f : files) {
-        f->fd_direct.reset();
-        f->fd_buffered.reset();
-    }
+    for (auto &f : files) f->close();
     if (sync_dir)
         for (const auto &dir : dirs) sync_directory(dir);
 }
@@ -414,10 +422,7 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     if (kind == Kind::Write) {
         finish_writes(result, files, dirs, sync, opts.sync_dir);
     } else if (!result.cancelled) {
-        for (auto &f : files) {  // closing is part of the timed region
-            f->fd_direct.reset();
-            f->fd_buffered.reset();
-        }
+        for (auto &f : files) f->close();  // closing is part of the timed region
     }
     result.end_ns = now_ns();
     return result;
@@ -520,6 +525,13 @@ IoResult write_gathered(const std::vector<GatherFile> &gathered, const std::vect
             if (seg.nbytes && seg.src == nullptr) throw std::invalid_argument("a segment's source address is null");
             end = seg.offset + seg.nbytes;
         }
+        if (g.fd >= 0) {
+            int flags = ::fcntl(g.fd, F_GETFL);
+            if (flags < 0) throw IoError(errno, "fcntl", g.path);
+            if ((flags & O_ACCMODE) == O_RDONLY || (flags & (O_APPEND | O_DIRECT)))
+                throw std::invalid_argument("the descriptor given for " + g.path +
+                                            " must be open for writing, without O_APPEND or O_DIRECT");
+        }
         files.push_back(std::make_unique<FileState>());
         files.back()->path = g.path;
         std::string dir = parent_dir(g.path);
@@ -585,7 +597,15 @@ IoResult write_gathered(const std::vector<GatherFile> &gathered, const std::vect
 
     // Timed region: open, write, per-file sync, close, directory sync (as write_jobs).
     result.start_ns = now_ns();
-    for (auto &f : files) f->fd_buffered = open_file(f->path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        FileState &f = *files[i];
+        if (gathered[i].fd >= 0) {
+            f.fd_buffered = UniqueFd(gathered[i].fd);
+            f.borrowed = true;
+        } else {
+            f.fd_buffered = open_file(f.path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        }
+    }
     auto do_piece = [&](std::size_t i, WorkerLog &log) -> std::uint64_t {
         const Piece &piece = pieces[i];
         FileState &f = *files[piece.file];

@@ -147,10 +147,13 @@ struct Segment {
 };
 
 // One file of a gathered write: `size` bytes, its segments sorted by offset, not overlapping, inside it.
+// `fd` >= 0: the file is written through that descriptor (writable, not O_APPEND), which the caller
+// opened and closes; `path` then only names it in errors and names its directory for `sync_dir`.
 struct GatherFile {
     std::string path;
     std::vector<Segment> segments;
     std::uint64_t size = 0;
+    int fd = -1;
 };
 
 // The CRC-32C of `nbytes` bytes at `offset` of the gathered write's file number `file`; the range

@@ -377,14 +377,15 @@ class LocalStore(Store):
 
     def write_gathered(self, files: list[tuple[str, Any, int]], ranges: Any, *, threads: int, block_size: int,
                        per_file: bool | None = None) -> tuple[WriteReport, list[int]]:
-        """``per_file`` as for :meth:`write_files`. Each file is created here first (regular, not through
-        a symlink), then written by the engine through the directory's descriptor."""
+        """``per_file`` as for :meth:`write_files`. Each file is created here (regular, not through a
+        symlink) and the engine writes through that very descriptor: one open per file."""
         if not files:
             return WriteReport(direct=False, sync="fdatasync"), []
-        with self._new_files([name for name, _, _ in files]) as (directory, _):
+        with self._new_files([name for name, _, _ in files]) as (directory, fds):
             jobs = [(directory.path_of(name), segments, size) for name, segments, size in files]
             result, crcs = native.write_gathered(jobs, ranges, threads=threads, block_size=block_size,
-                                                 sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file))
+                                                 sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file),
+                                                 fds=fds)
             _engine_result(result)
         return WriteReport(False, result.sync), crcs
 

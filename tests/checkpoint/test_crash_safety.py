@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
 import re
 import shutil
@@ -258,6 +259,12 @@ def test_power_loss_order_data_fsync_then_manifest_fsync_then_rename_then_direct
     assert tmp_writes and tmp_syncs, "the manifest temp file was not written and fsynced"
     assert max(data_synced) < min(tmp_writes) <= max(tmp_writes) < tmp_syncs[0] < commit
     assert any(i > commit for i in directory_syncs), "the directory was not fsynced after the rename"
+    if how == "zero-copy":  # the engine writes through the descriptor the safe open holds
+        for shard in shards:
+            name = os.path.basename(shard)
+            opens = [args for call, args, rc in calls
+                     if call == "openat" and rc >= 0 and (f'"{name}"' in args or f'/{name}"' in args)]
+            assert len(opens) == 1, f"{name} opened {len(opens)} times: {opens}"
 
 
 # -- signals during an async save ---------------------------------------------------------------

@@ -213,7 +213,8 @@ def test_a_write_error_commits_nothing_and_leaves_no_shard(tmp_path: Path, path_
         real = native.write_gathered
 
         def failing(files, ranges, **kwargs):
-            real(files[:2], np.zeros((0, 3), np.int64), **kwargs)  # two shards written, then the error
+            fds = list(kwargs.pop("fds", ()))[:2]
+            real(files[:2], np.zeros((0, 3), np.int64), fds=fds, **kwargs)  # two shards written, then the error
             raise OSError(errno.EIO, "Input/output error", files[2][0])
 
         monkeypatch.setattr(native, "write_gathered", failing)

@@ -4,6 +4,7 @@ between them, CRC-32C of ranges on the way; and ``crc32c`` pieces combined (what
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,46 @@ def test_bad_tables_and_a_null_source_are_refused(tmp_path: Path):
                               np.zeros((0, 3), np.int64))
     with pytest.raises(ValueError, match="twice"):
         native.write_gathered([(str(tmp_path / "x"), np.zeros((0, 3), np.int64), 0)] * 2, np.zeros((0, 3), np.int64))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_files_are_written_through_the_descriptors_given_which_stay_open(tmp_path: Path, threads):
+    # The paths name files that are never opened: the bytes land in the descriptors' files only.
+    pool = _data(500_000, seed=9)
+    table, expected = _layout(pool, PIECES[:3])
+    other, other_expected = _layout(pool, [(7, 100, 9000)])
+    held = [tmp_path / "held-a", tmp_path / "held-b"]
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT, 0o644) for p in held]
+    try:
+        _, crcs = native.write_gathered([(str(tmp_path / "named-a"), table, len(expected)),
+                                         (str(tmp_path / "named-b"), other, len(other_expected))],
+                                        np.array([[0, 8192, 1000], [1, 100, 9000]], np.int64), threads=threads,
+                                        block_size=64 << 10, fds=fds)
+        for fd in fds:
+            os.fstat(fd)  # still open: the caller closes them
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert held[0].read_bytes() == expected and held[1].read_bytes() == other_expected
+    assert not (tmp_path / "named-a").exists() and not (tmp_path / "named-b").exists()
+    assert crcs == [native.crc32c(expected[8192:9192]), native.crc32c(other_expected[100:9100])]
+
+
+@pytest.mark.parametrize("flags", [os.O_RDONLY, os.O_WRONLY | os.O_APPEND])
+def test_a_descriptor_that_cannot_take_the_writes_is_refused(tmp_path: Path, flags):
+    pool = _data(10, seed=10)
+    (tmp_path / "x").write_bytes(b"")
+    fd = os.open(tmp_path / "x", flags)
+    try:
+        with pytest.raises(ValueError, match="must be open for writing"):
+            native.write_gathered([(str(tmp_path / "x"), np.array([[pool.ctypes.data, 0, 10]], np.int64), 10)],
+                                  np.zeros((0, 3), np.int64), fds=[fd])
+        os.fstat(fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="one descriptor per file"):
+        native.write_gathered([(str(tmp_path / "x"), np.zeros((0, 3), np.int64), 0)], np.zeros((0, 3), np.int64),
+                              fds=[1, 2])
 
 
 def test_a_missing_directory_is_file_not_found(tmp_path: Path):
