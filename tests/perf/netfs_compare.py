@@ -10,9 +10,12 @@ removed afterwards:
   ``FileSystemWriter(thread_count=4, sync_files=True)``. Before each load the page cache of the files is
   dropped (fdatasync + POSIX_FADV_DONTNEED per file: the machine is shared, so not the global
   drop_caches; ceph-fuse's own client cache stays, for every reader alike).
-- raw durable writes: ``ckptbench bench`` with its defaults for the write mode and repeats (no read) vs
-  fio ``--direct=1 --end_fsync=1`` and fio buffered ``--end_fsync=1``, same shape (jobs = threads = files,
-  4 MiB blocks).
+- raw durable writes: ``ckptbench bench`` with its default write mode (no read, no warm-up) vs fio
+  ``--direct=1 --end_fsync=1`` and fio buffered ``--end_fsync=1``, same shape (jobs = threads = files,
+  4 MiB blocks, the same bytes) and the same sample: on a network mount bench measures both durable
+  modes, ``REPEAT`` runs each, run by run interleaved, each into new files removed after it; fio runs
+  the same sequence (O_DIRECT, buffered, O_DIRECT, ...). Per mode the median of the round (every run
+  kept); bench's default reports the faster mode's.
 
 Goals (issue: the writer tunes itself per target): on CephFS save >= 1.0x torch.save+fsync and >= 1.0x
 DCP, cold load >= 1.0x torch.load, bench's default durable write >= 0.9x the faster fio mode; on the local
@@ -50,6 +53,7 @@ from dcp_compare import drop_cache  # noqa: E402 - fdatasync + POSIX_FADV_DONTNE
 
 JOBS = 2
 BLOCK = 4 << 20
+REPEAT = 3  # runs per mode and round, for bench and fio alike
 GOALS = {"cephfs": {"save_vs_torch": 1.0, "save_vs_dcp": 1.0, "load_vs_torch": 1.0, "bench_vs_best_fio": 0.9},
          "local": {"save_vs_dcp": 1.1}}
 
@@ -93,10 +97,10 @@ def ckptbench_round(ckpt: ckptbench.Checkpointer, state: dict, where: Path) -> t
 
 
 def torch_round(state: dict, where: Path) -> tuple[float, float, dict]:
-    where.mkdir()
     path = where / "model.pt"
 
-    def save() -> None:
+    def save() -> None:  # makes its directory, as ckptbench.save and dcp.save do inside their timed region
+        where.mkdir()
         with open(path, "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -116,7 +120,8 @@ def dcp_round(state: dict, where: Path) -> tuple[float, float, dict]:
     return timed(lambda: dcp.save(state, storage_writer=writer)), float("nan"), {}
 
 
-def fio(directory: Path, size: int, direct: bool) -> float:
+def fio_run(directory: Path, size: int, direct: bool) -> float:
+    """One fio write in one durable mode into new files, removed after it: GB/s."""
     cmd = ["fio", "--output-format=json", "--group_reporting", f"--directory={directory}", "--ioengine=psync",
            f"--direct={int(direct)}", f"--bs={BLOCK}", f"--numjobs={JOBS}", f"--size={size // JOBS}",
            "--fallocate=none", "--name=netfs", "--rw=write", "--end_fsync=1"]
@@ -127,13 +132,24 @@ def fio(directory: Path, size: int, direct: bool) -> float:
     return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9
 
 
+def fio(directory: Path, size: int) -> dict[str, tuple[float, dict]]:
+    """fio in both durable modes, sampled as ``bench`` samples them on a network mount: ``REPEAT`` runs of
+    each, run by run interleaved (O_DIRECT, buffered, O_DIRECT, ...); per mode the median and every run."""
+    runs: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(REPEAT):
+        for direct in (True, False):
+            runs[direct].append(fio_run(directory, size, direct))
+    return {f"fio_{'direct' if direct else 'buffered'}": (statistics.median(r), {"runs_gbps": r})
+            for direct, r in runs.items()}
+
+
 def bench(directory: Path, size: int) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "ckptbench", "bench", str(directory), "--size", str(size), "--files", str(JOBS),
-           "--threads", str(JOBS), "--block-size", str(BLOCK), "--warmup", "0", "--no-read",
+           "--threads", str(JOBS), "--block-size", str(BLOCK), "--warmup", "0", "--repeat", str(REPEAT), "--no-read",
            "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     record = json.loads(proc.stdout)["results"][0]
-    return record["write"]["gbps"], {"direct": record["config"]["direct"],
+    return record["write"]["gbps"], {"direct": record["config"]["direct"], "runs_gbps": record["write"]["runs_gbps"],
                                      "durable_modes": record.get("durable_modes")}
 
 
@@ -158,8 +174,7 @@ def measure_target(name: str, root: Path, size: int, rounds: int) -> dict:
             shutil.rmtree(d)
         savers = {"ckptbench": lambda w: ckptbench_round(ckpt, state, w), "torch": lambda w: torch_round(state, w),
                   "dcp": lambda w: dcp_round(state, w)}
-        raw = {"bench": lambda d: bench(d, size), "fio_direct": lambda d: (fio(d, size, True), {}),
-               "fio_buffered": lambda d: (fio(d, size, False), {})}
+        raw = {"bench": lambda d: {"bench": bench(d, size)}, "fio": lambda d: fio(d, size)}
         for r in range(rounds):
             names = list(savers)
             for tool in names[r % len(names):] + names[:r % len(names)]:
@@ -177,11 +192,11 @@ def measure_target(name: str, root: Path, size: int, rounds: int) -> dict:
             for tool in names[r % len(names):] + names[:r % len(names)]:
                 d = work / f"{tool}-{r}"
                 d.mkdir()
-                gbps, info = raw[tool](d)
+                for key, (gbps, info) in raw[tool](d).items():
+                    samples.setdefault(key, {"write_gbps": []})["write_gbps"].append(gbps)
+                    details.setdefault(key, []).append(info)
+                    print(f"{name} round {r + 1}: {key} write {gbps:.3f} GB/s", file=sys.stderr)
                 shutil.rmtree(d)
-                samples.setdefault(tool, {"write_gbps": []})["write_gbps"].append(gbps)
-                details.setdefault(tool, []).append(info)
-                print(f"{name} round {r + 1}: {tool} write {gbps:.3f} GB/s", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"path": str(root), "bytes": total, "samples": samples, "details": details, "warmup": warmup,
