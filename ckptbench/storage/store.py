@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import knobs, native, safeio
+from ckptbench.interrupts import QuietThread
 from ckptbench.storage.local_target import is_network, mount_of
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,37 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_parents(created: list[Path]) -> None:
+    """fsync the parent of each directory in ``created``, so that its new entry survives a power cut."""
+    for path in created:
+        try:
+            fsync_directory(path.parent)
+        except PermissionError:  # a parent one may write into but not read (mode 0333): nothing to open
+            log.info("cannot open %s to fsync it: the new directory's entry may not survive a power cut",
+                     path.parent)
+
+
+class _Background:
+    """``call(*args)`` on a thread that takes no signals; :meth:`result` waits for it and raises its error."""
+
+    def __init__(self, call: Callable[..., None], *args: Any) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                call(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to result()
+                self._error = exc
+
+        self._thread = QuietThread(target=run, name="ckptbench-fsync-dirs", daemon=True)
+        self._thread.start()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class PieceWriter:
     """Files of a :class:`LocalStore` open for writing, written piece by piece by the engine (no sync per
     piece); :meth:`finish` makes them durable. From ``LocalStore.pieces``."""
@@ -285,6 +317,7 @@ class LocalStore(Store):
         self.local_path = self.path
         self._dir: safeio.Directory | None = None
         self._created: list[Path] = []  # directories prepare() made, deepest last
+        self._entries_synced: _Background | None = None  # prepare()'s fsyncs of their parents
         self._network: bool | None = None
 
     def _schedule(self, per_file: bool | None) -> str:
@@ -320,8 +353,11 @@ class LocalStore(Store):
 
     def prepare(self) -> None:
         """Create the directory (and missing parents); each new entry's parent is fsynced, or a
-        power cut could take the new directory, and the checkpoint in it, with it. The directories
-        it made are removed again by :meth:`abandon` when the save fails before its commit."""
+        power cut could take the new directory, and the checkpoint in it, with it. Those fsyncs run on
+        a thread of their own while the shards are written (on a network filesystem each is a round
+        trip to its metadata server); the writes of shards wait for them before they return durable, and
+        so does :meth:`put_atomic` (the commit). The
+        directories it made are removed again by :meth:`abandon` when the save fails before its commit."""
         created = []
         path = self.path
         while not path.exists() and path.parent != path:
@@ -329,17 +365,21 @@ class LocalStore(Store):
             path = path.parent
         self.path.mkdir(parents=True, exist_ok=True)
         self._created = list(reversed(created))
-        for path in self._created:
-            try:
-                fsync_directory(path.parent)
-            except PermissionError:  # a parent one may write into but not read (mode 0333): nothing to open
-                log.info("cannot open %s to fsync it: the new directory's entry may not survive a power cut",
-                         path.parent)
+        if self._created:
+            self._entries_synced = _Background(_fsync_parents, list(self._created))
         self.directory()
+
+    def _await_entries(self) -> None:
+        """The new directories' entries durable (:meth:`prepare`'s fsyncs finished); their error, if any."""
+        pending, self._entries_synced = self._entries_synced, None
+        if pending is not None:
+            pending.result()
 
     def abandon(self) -> None:
         """After a failed save: remove the directories :meth:`prepare` made, deepest first, where they
         are empty (a directory something else wrote into stays)."""
+        with contextlib.suppress(OSError):
+            self._await_entries()
         for path in reversed(self._created):
             try:
                 path.rmdir()
@@ -365,6 +405,7 @@ class LocalStore(Store):
                 result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
                                                      sync="fdatasync", sync_dir=True, after=after,
                                                      schedule=self._schedule(per_file)))
+                self._await_entries()
         except OSError as exc:
             self.remove([name for name, _ in files])
             raise self._named(exc) from None
@@ -387,6 +428,7 @@ class LocalStore(Store):
                                                  sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file),
                                                  fds=fds)
             _engine_result(result)
+            self._await_entries()
         return WriteReport(False, result.sync), crcs
 
     @property
@@ -418,6 +460,7 @@ class LocalStore(Store):
             writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
             yield writer
             writer.finish()
+            self._await_entries()
 
     def read_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                    direct: bool, per_file: bool | None = None) -> None:
@@ -494,6 +537,7 @@ class LocalStore(Store):
         return type(exc)(exc.errno, exc.strerror, str(self.path / name))
 
     def put_atomic(self, name: str, data: bytes) -> None:
+        self._await_entries()
         self.directory().write_atomic(name, lambda out: out.write(data), durable=True)
 
     def get(self, name: str, max_bytes: int = safeio.MAX_MANIFEST_BYTES) -> bytes:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ from ckptbench.checkpoint import Checkpointer
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.lock import LOCK_NAME
 from ckptbench.checkpoint.manifest import NotACheckpointError
+from ckptbench.errors import StorageIOError
 
 STATE = textwrap.dedent("""
     def make_state(version):
@@ -259,12 +261,27 @@ def test_power_loss_order_data_fsync_then_manifest_fsync_then_rename_then_direct
     assert tmp_writes and tmp_syncs, "the manifest temp file was not written and fsynced"
     assert max(data_synced) < min(tmp_writes) <= max(tmp_writes) < tmp_syncs[0] < commit
     assert any(i > commit for i in directory_syncs), "the directory was not fsynced after the rename"
+    parent_syncs = finished(("fsync",), str(tmp_path))  # the new directory's entry, fsynced on a thread
+    assert any(i < commit for i in parent_syncs), "the new checkpoint directory's entry was not durable before the commit"
     if how == "zero-copy":  # the engine writes through the descriptor the safe open holds
         for shard in shards:
             name = os.path.basename(shard)
             opens = [args for call, args, rc in calls
                      if call == "openat" and rc >= 0 and (f'"{name}"' in args or f'/{name}"' in args)]
             assert len(opens) == 1, f"{name} opened {len(opens)} times: {opens}"
+
+
+def test_a_failed_fsync_of_a_new_directorys_parent_fails_the_save_and_leaves_nothing(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch):
+    from ckptbench.storage import store as store_module
+
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(store_module, "fsync_directory", failing)
+    with pytest.raises(StorageIOError, match="Input/output error"):
+        ckptbench.save({"w": torch.ones(1000)}, tmp_path / "a" / "c")
+    assert list(tmp_path.iterdir()) == []  # no shard, no lock, not the directories it made
 
 
 # -- signals during an async save ---------------------------------------------------------------
