@@ -22,8 +22,9 @@ FUSE mount and ``ZERO_COPY_LOCAL`` on local storage (:func:`zero_copy_choice`). 
 they need the aligned arena.
 
 A measured choice leaves a default only for a candidate that beats it beyond the noise
-(:func:`ckptbench.bench.stats.beats`: every sample faster than every sample of the default); a tie keeps
-the default. The same rule names the faster durable mode in ``bench`` (:func:`faster_mode`).
+(:func:`ckptbench.bench.stats.beats`: every sample faster than every sample of the default) and by at least
+:data:`MATERIAL_GAIN` (median to median); anything less keeps the default. The same rule names the faster
+durable mode in ``bench`` (:func:`faster_mode`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ THREAD_CANDIDATES = (2, 4, 8)
 BLOCK_CANDIDATES = (1 << 20, 4 << 20, 16 << 20)
 #: Samples per candidate: two or more say something about the noise (``stats.beats``).
 REPEATS = 3
+#: A measured setting replaces the default only when, beyond the noise, its median is also this much faster:
+#: two or three samples a side (all a short sweep affords) part by chance often enough on a busy host that
+#: a switch for less would follow the noise, run to run.
+MATERIAL_GAIN = 1.10
 #: The smallest request of a buffered read on a network or FUSE mount (``read_settings``).
 NETWORK_READ_BLOCK_BYTES = 16 << 20
 #: The fewest sequential streams a buffered read on a network or FUSE mount uses: such a client reads
@@ -159,10 +164,22 @@ def faster_mode(direct_gbps: Sequence[float], buffered_gbps: Sequence[float], *,
 
     both = f"O_DIRECT {med(runs[True])}, {buffered} {med(runs[False])}"
     if beats(runs[other], runs[default]):
-        return other, f"{shown[other]} faster beyond the noise ({both})"
+        if _material(runs[other], runs[default]):
+            return other, f"{shown[other]} faster beyond the noise ({both})"
+        return default, (f"{shown[other]} faster by less than {MATERIAL_GAIN - 1:.0%} ({both}): {shown[default]}, "
+                         "the default here")
     if beats(runs[default], runs[other]):
         return default, f"{shown[default]} faster beyond the noise ({both})"
     return default, f"tied within the noise ({both}): {shown[default]}, the default here"
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(sorted(values)[len(values) // 2])
+
+
+def _material(faster: Sequence[float], default: Sequence[float]) -> bool:
+    """Whether ``faster``'s median gains at least :data:`MATERIAL_GAIN` over ``default``'s."""
+    return _median(faster) >= MATERIAL_GAIN * _median(default)
 
 
 def pick(candidates: dict[Any, Sequence[float]], default: Any) -> tuple[Any, str]:
@@ -175,6 +192,8 @@ def pick(candidates: dict[Any, Sequence[float]], default: Any) -> tuple[Any, str
         return default, f"the default ties with the best ({shown} GB/s)"
     if default not in candidates:
         return top[0], f"best median ({shown} GB/s)"
+    if not _material(candidates[top[0]], candidates[default]):
+        return default, f"the best gains less than {MATERIAL_GAIN - 1:.0%} over the default ({shown} GB/s)"
     return top[0], f"faster than the default {default} beyond the noise ({shown} GB/s)"
 
 
