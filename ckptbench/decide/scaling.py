@@ -103,6 +103,19 @@ def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: flo
     return _widened(point, min([point, *ends]), max([point, *ends]), half, target_bytes * min_slope)
 
 
+def widen_end(point: float, end: float, factor: float, *, up: bool) -> float:
+    """One end of a measured range around ``point`` moved further out (above it with ``up``, else below) by
+    ``factor``, the allowance for a measurement of another shape than the one predicted (a sample's size,
+    fewer writers). The two are independent errors, so they add in quadrature on a log scale: an end the
+    runs already put 40 % out moves to ``exp(hypot(ln 1.4, ln factor))``, and an end at the point moves the
+    whole factor (an end on the other side of the point counts as at it). ``factor <= 1`` leaves ``end`` as
+    it is, and so does a point or end of zero (nothing to scale)."""
+    if factor <= 1 or point <= 0 or end <= 0:
+        return end
+    gap = max(math.log(end / point) if up else math.log(point / end), 0.0)
+    return point * math.exp((1 if up else -1) * math.hypot(gap, math.log(factor)))
+
+
 #: A size within this fraction of the target is the target's own measurement (a workload of a model's
 #: layout lands within one block of the size asked for), read in proportion to the target's bytes.
 SAME_SIZE = 0.05

@@ -5,8 +5,8 @@ The job is sized and its busiest node's bytes found as for one tier (:class:`~ck
 the measurement is ``compare``'s two-level one (:mod:`ckptbench.bench.two_levels`): both tiers and the
 drain, by one process, read at the node's bytes (``node_bytes / rate``; the remote tier's and the
 drain's rates capped by ``--aggregate-bandwidth`` shared by the job's nodes and by ``--node-network``).
-Every figure is the model at the point and at the two ends of the runs, widened by
-``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a sample smaller than the node's bytes or
+Every figure is the model at the point and at the two ends of the runs, widened (in quadrature:
+:func:`~ckptbench.decide.scaling.widen_end`) by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a sample smaller than the node's bytes or
 the node runs several ranks (:func:`~ckptbench.decide.verdict.extrapolation_factor`'s rule). The schedule
 checked is the one the job would run: ``--interval`` (else the recommended local interval) and
 ``--remote-every`` (else the optimum's). A check is PASS or FAIL only when all three agree, else
@@ -33,6 +33,7 @@ from typing import Any
 from ckptbench import knobs
 from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
 from ckptbench.decide.advice import Advice
+from ckptbench.decide.scaling import widen_end
 from ckptbench.decide.twolevel_choice import decide, scenarios
 from ckptbench.decide.verdict import (
     FAIL,
@@ -126,12 +127,16 @@ def _capped(measured: Measured, cap_gbps: float | None) -> Measured:
 def _ends(measured: Measured, widen: float) -> tuple[Measured, Measured]:
     best, worst = measured.ends()
 
-    def scaled(m: Measured, rate: float, time: float) -> Measured:
-        return replace(m, save_gbps=m.save_gbps * rate, load_gbps=m.load_gbps * rate,
-                       stall_s=None if m.stall_s is None else m.stall_s * time,
-                       persist_s=None if m.persist_s is None else m.persist_s * time)
+    def scaled(m: Measured, faster: bool) -> Measured:
+        def out(name: str, up: bool) -> float | None:
+            value, point = getattr(m, name), getattr(measured, name)
+            return None if value is None or point is None else widen_end(point, value, widen, up=up)
 
-    return scaled(best, widen, 1 / widen), scaled(worst, 1 / widen, widen)
+        # the best end: higher rates, shorter times; the worst the other way round
+        return replace(m, save_gbps=out("save_gbps", faster), load_gbps=out("load_gbps", faster),
+                       stall_s=out("stall_s", not faster), persist_s=out("persist_s", not faster))
+
+    return scaled(best, True), scaled(worst, False)
 
 
 def node_tier(job: NodeJobSpec, tier: TierResult, *, widen: float, cap_gbps: float | None = None) -> TierResult:
@@ -298,8 +303,8 @@ def _assumptions(job: Any, widen: float, cap: float | None, local_loss_source: s
            f"share of failures that lose the node's local copy: {local_loss_source}",
            "failures are exponential at the job's MTBF"]
     if widen > 1:
-        out.append(f"ranges widen the runs' spread by x{widen:.2g} either way: the node's shape differs from the "
-                   "sample's (CKPTBENCH_SAMPLE_EXTRAPOLATION)")
+        out.append(f"ranges widen the runs' spread by up to x{widen:.2g} either way (in quadrature): the node's "
+                   "shape differs from the sample's (CKPTBENCH_SAMPLE_EXTRAPOLATION)")
     if cap is not None:
         out.append(f"the remote tier and the drain move at most {format_rate(cap * 1e9)} per node "
                    "(--aggregate-bandwidth shared by the job's nodes, --node-network)")

@@ -16,7 +16,7 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
 
 Every prediction has a range: the model evaluated at the optimistic and the pessimistic ends of what was
 measured (the repeats' min and max, widened by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a
-sample of a different shape than the node's) and of the interference's range. A check is PASS or FAIL only
+sample of a different shape than the node's, in quadrature: :func:`~ckptbench.decide.scaling.widen_end`) and of the interference's range. A check is PASS or FAIL only
 when both ends agree; otherwise it is BORDERLINE and says what measurement would settle it.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptbench import knobs
 from ckptbench.decide.advice import Advice
-from ckptbench.decide.scaling import fit_sizes
+from ckptbench.decide.scaling import fit_sizes, widen_end
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
@@ -221,7 +221,8 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
     # Async saves measured on a part of each share (a host without memory for two copies) and scaled:
     # their range widened as a sample's is.
     k = max(1.0, knobs.SAMPLE_EXTRAPOLATION) if bench.get("async_part") else 1.0
-    stall_range, persist_range = ((fit.low_s / k, fit.high_s * k) for fit in (stall, persist))
+    stall_range, persist_range = ((widen_end(fit.point_s, fit.low_s, k, up=False),
+                                   widen_end(fit.point_s, fit.high_s, k, up=True)) for fit in (stall, persist))
     return Measurements(
         measured_bytes=round(node_bytes), write_bps=node_bytes / save.point_s, read_bps=node_bytes / load.point_s,
         stall_s=stall.point_s, persist_s=persist.point_s, interference=None, memcpy_bps=memcpy_bps,
@@ -271,7 +272,7 @@ def _scenarios(job: Job, m: Measurements, f: Interference) -> tuple[_Scenario, _
 
     def span(point: float, measured: tuple[float, float] | None) -> tuple[float, float]:
         low, high = measured if measured is not None else (point, point)
-        return min(low, point) / k, max(high, point) * k
+        return widen_end(point, min(low, point), k, up=False), widen_end(point, max(high, point), k, up=True)
 
     write, read = span(m.write_bps, m.write_bps_range), span(m.read_bps, m.read_bps_range)
     stall, persist = span(m.stall_s, m.stall_s_range), span(m.persist_s, m.persist_s_range)
@@ -601,8 +602,8 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
                   "bytes" if m.sampled_bytes else "")
         out.append(f"sample: {who} saved {format_size(m.sampled_bytes or m.measured_bytes)}{fitted}; the node writes "
                    f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"
-                   + (f"; ranges widen the runs' spread by x{k:.2g} either way for that difference of shape "
-                      "(CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
+                   + (f"; ranges widen the runs' spread by up to x{k:.2g} either way (in quadrature) for that difference "
+                      "of shape (CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
     if m.shared_storage and job.aggregate_bps is None and job.nodes > 1:
         out.append(f"shared storage is assumed to scale to {job.nodes} nodes x the measured rate; give "
                    "--aggregate-bandwidth to cap it")

@@ -14,6 +14,7 @@ from ckptbench.decide.scaling import (
     line_time_s,
     next_median_half_width,
     robust_scale,
+    widen_end,
 )
 
 MiB = 2**20
@@ -159,3 +160,21 @@ def test_a_run_faster_than_the_floor_still_bounds_the_range():
     # the range reaches that run all the same
     f = fit_sizes([1000 * MiB], [[0.064, 0.070]], 1000 * MiB, min_slope=0.0716 / (1000 * MiB))
     assert f.low_s <= 0.064 and f.high_s >= 0.070
+
+
+def test_the_allowance_for_another_shape_adds_to_the_runs_spread_in_quadrature():
+    import math
+
+    # an end at the point moves the whole factor, either way
+    assert widen_end(2.0, 2.0, 1.3, up=True) == pytest.approx(2.6)
+    assert widen_end(2.0, 2.0, 1.3, up=False) == pytest.approx(2.0 / 1.3)
+    # an end the runs put 40 % out: exp(hypot(ln 1.4, ln 1.3)), less than 1.4 x 1.3 and more than either
+    high = widen_end(2.0, 2.8, 1.3, up=True)
+    assert high == pytest.approx(2.0 * math.exp(math.hypot(math.log(1.4), math.log(1.3))))
+    assert 2.8 < high < 2.8 * 1.3 and high / 2.0 > 1.3
+    low = widen_end(2.0, 2.0 / 1.4, 1.3, up=False)
+    assert low == pytest.approx(2.0 / math.exp(math.hypot(math.log(1.4), math.log(1.3))))
+    # no allowance, or nothing to scale: as given; an end on the other side counts as at the point
+    assert widen_end(2.0, 2.8, 1.0, up=True) == 2.8
+    assert widen_end(0.0, 0.0, 1.3, up=True) == 0.0
+    assert widen_end(2.0, 1.5, 1.3, up=True) == pytest.approx(2.6)

@@ -196,6 +196,11 @@ def test_a_sample_of_another_shape_widens_the_range_and_says_how_to_settle_it():
     # a one-rank node measured at its own size needs no extrapolation
     one = job(size=checkpoint_size(1e8), ranks=1, ranks_per_node=1)
     assert evaluate(one, measured(shape="sample")).predictions["extrapolation_factor"] == 1.0
+    # runs that already spread the range: the allowance adds in quadrature (log scale), not on top of it
+    spread = evaluate(job(), measured(shape="sample", write_bps_range=(1.25 * GB, 2.5 * GB)))
+    low, high = spread.predictions["sync_checkpoint_s_range"]
+    runs_low, runs_high = 14e9 / 2.5e9, 14e9 / 1.25e9  # the node's 14 GB at the runs' fastest and slowest
+    assert runs_high < high < runs_high * k and runs_low / k < low < runs_low
 
 
 def test_interference_is_assumed_not_probed_unless_given_or_measured_on_the_device():
