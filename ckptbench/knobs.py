@@ -132,6 +132,8 @@ DRAIN_IDLE_IO = _env_int("DRAIN_IDLE_IO", 1)
 #: Parts a drain to S3 uploads at once; 0: as many as a save to the same store sends. Fewer leave less data
 #: in flight for the remote tier's servers to take in while the drain is stopped for a local save's staging.
 DRAIN_UPLOADS = _env_int("DRAIN_UPLOADS", 0)
+#: Part size (bytes) of a drain's uploads to S3; 0: the store's ``part_size``, as a save's.
+DRAIN_PART_BYTES = _env_int("DRAIN_PART_BYTES", 0)
 #: The DCP Writer's staging memory, shared by every Writer of a process (``integrations.dcp``): idle
 #: arenas kept for the next save, at most this many, each freed after this many seconds unused.
 DCP_IDLE_ARENAS = _env_int("DCP_IDLE_ARENAS", 2)

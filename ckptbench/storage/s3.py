@@ -267,9 +267,9 @@ class PartUpload:
     is in, ``abort()`` removes what was uploaded. An object of a single part is put whole by ``put(0)``.
     Nothing is visible under its name before ``complete()`` (the single part: before its ``put``)."""
 
-    def __init__(self, store: S3Store, name: str, nbytes: int) -> None:
+    def __init__(self, store: S3Store, name: str, nbytes: int, part_bytes: int | None = None) -> None:
         self._store, self.name, self._key = store, name, store._data_key(name)
-        self.part_bytes = store.part_bytes_for(nbytes)
+        self.part_bytes = store.part_bytes_for(nbytes, part_bytes)
         self.parts = max(1, math.ceil(nbytes / self.part_bytes))
         self._etags: list[str | None] = [None] * self.parts
         self._upload_id: str | None = None
@@ -677,8 +677,13 @@ class S3Store(Store):
                      "throughput; set storage_options max_concurrency to change)", chosen, threads)
         return chosen
 
-    def part_bytes_for(self, nbytes: int) -> int:
-        part = self.options.part_size
+    def part_bytes_for(self, nbytes: int, part_bytes: int | None = None) -> int:
+        """The part size of a ``nbytes`` object: ``part_bytes`` (default ``part_size``), raised where the
+        object would need more than ``MAX_PARTS`` parts."""
+        part = self.options.part_size if part_bytes is None else part_bytes
+        if not MIN_PART_BYTES <= part <= MAX_PART_BYTES:
+            raise ValueError(f"part size {format_size(part)} is outside S3's limits "
+                             f"({format_size(MIN_PART_BYTES)} to {format_size(MAX_PART_BYTES)})")
         if nbytes > part * MAX_PARTS:
             part = -(-nbytes // MAX_PARTS // 2**20) * 2**20 + 2**20
             log.info("S3: part size raised to %s for a %s object (at most %d parts)", format_size(part),
@@ -767,12 +772,13 @@ class S3Store(Store):
             raise
         return report
 
-    def upload_in_parts(self, name: str, nbytes: int) -> PartUpload | None:
+    def upload_in_parts(self, name: str, nbytes: int, part_bytes: int | None = None) -> PartUpload | None:
         """``name`` (``nbytes`` bytes) uploaded part by part as a caller produces its bytes (see
-        :class:`PartUpload`); None when the data path is s3fs's (the caller writes whole files)."""
+        :class:`PartUpload`), in parts of ``part_bytes`` (default: ``part_size``); None when the data path
+        is s3fs's (the caller writes whole files)."""
         if self.options.client == "s3fs":
             return None
-        return PartUpload(self, name, nbytes)
+        return PartUpload(self, name, nbytes, part_bytes)
 
     def _upload(self, action: str, name: str, slot: float | None, key: str, view: memoryview, *,
                 upload_id: str | None = None, part_number: int | None = None) -> dict[str, Any]:

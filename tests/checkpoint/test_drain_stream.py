@@ -31,9 +31,9 @@ IO = {"threads": 2, "block_size": 1 << 20, "direct": False}
 class _Parts:
     """One file of a PartsStore: each part a file ``NAME.part-INDEX`` until ``complete()`` joins them."""
 
-    def __init__(self, store: PartsStore, name: str, nbytes: int) -> None:
+    def __init__(self, store: PartsStore, name: str, nbytes: int, part_bytes: int | None = None) -> None:
         self.store, self.name = store, name
-        self.part_bytes = store.part_bytes
+        self.part_bytes = part_bytes or store.part_bytes
         self.parts = max(1, -(-nbytes // self.part_bytes))
         self.completed = False
 
@@ -86,13 +86,15 @@ class PartsStore(LocalStore):
         self.in_flight = self.most_in_flight = self.puts = 0
         self.completed: list[str] = []
         self.aborted: list[str] = []
+        self.part_sizes: set[int] = set()  # of the uploads opened
         self.on_put = None
 
     def concurrency(self, threads: int) -> int:
         return self.workers
 
-    def upload_in_parts(self, name: str, nbytes: int) -> _Parts:
-        return _Parts(self, name, nbytes)
+    def upload_in_parts(self, name: str, nbytes: int, part_bytes: int | None = None) -> _Parts:
+        self.part_sizes.add(part_bytes or self.part_bytes)
+        return _Parts(self, name, nbytes, part_bytes)
 
 
 class WatchedSource(LocalStore):
@@ -180,6 +182,20 @@ def test_the_drain_uploads_as_many_parts_at_once_as_it_is_told(tmp_path: Path, m
     copy_checkpoint(LocalStore(tmp_path / "local"), target, step=3, buffers=buffers, buffer_bytes=1 << 30, **IO)
     assert target.most_in_flight == 1 and buffers.slots == 2
     assert_same(ckptbench.load(tmp_path / "remote"), state(3))
+
+
+def test_the_drain_uploads_parts_of_the_size_it_is_told(tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+
+    ckptbench.save(state(4), tmp_path / "local", shard_size=512 * 1024)
+    shards = _shards(tmp_path / "local")
+    monkeypatch.setattr(knobs, "DRAIN_PART_BYTES", 3 * PART)
+    target = PartsStore(tmp_path / "remote", put_s=0.001)
+    copy_checkpoint(LocalStore(tmp_path / "local"), target, step=4, **IO)
+    assert target.part_sizes == {3 * PART}
+    assert target.puts == sum(-(-len(data) // (3 * PART)) for data in shards.values())
+    assert _shards(tmp_path / "remote") == shards
+    assert_same(ckptbench.load(tmp_path / "remote"), state(4))
 
 
 def test_a_damaged_source_completes_nothing(tmp_path: Path):
