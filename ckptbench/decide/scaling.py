@@ -92,9 +92,20 @@ def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: flo
              target_bytes: float, min_slope: float = 0.0) -> Fitted:
     """The point through both sizes' medians; the range over the lines through every pair of extreme runs,
     and at least the 90 % interval of the runs made again (:func:`next_median_half_width` of each size,
-    carried along the line). ``min_slope``: see :func:`line_time_s`."""
-    point = line_time_s(small_bytes, statistics.median(small_runs_s), large_bytes, statistics.median(large_runs_s),
-                        target_bytes, min_slope)
+    carried along the line). ``min_slope``: see :func:`line_time_s`.
+
+    Where the medians' line falls or runs flatter than ``min_slope``, the point is the nearer size's time
+    (plus ``min_slope`` per byte beyond the larger size), and so is the range: that size's runs and the
+    interval of its median made again, carried one to one. A line through one size's fast run and the
+    other's slow one would rise where the medians say it does not, and read far out (a stall, whose cost
+    follows the tensors' layout more than their bytes, can be smaller at a larger size)."""
+    small_median, large_median = statistics.median(small_runs_s), statistics.median(large_runs_s)
+    point = line_time_s(small_bytes, small_median, large_bytes, large_median, target_bytes, min_slope)
+    if (large_median - small_median) / (large_bytes - small_bytes) <= min_slope:
+        near = small_runs_s if abs(target_bytes - small_bytes) < abs(target_bytes - large_bytes) else large_runs_s
+        beyond = max(target_bytes - large_bytes, 0.0) * min_slope
+        return _widened(point, min(min(near) + beyond, point), max(max(near) + beyond, point),
+                        next_median_half_width(near), target_bytes * min_slope)
     ends = [line_time_s(small_bytes, a, large_bytes, b, target_bytes, min_slope)
             for a in (min(small_runs_s), max(small_runs_s)) for b in (min(large_runs_s), max(large_runs_s))]
     weight_large = (target_bytes - small_bytes) / (large_bytes - small_bytes)

@@ -178,3 +178,17 @@ def test_the_allowance_for_another_shape_adds_to_the_runs_spread_in_quadrature()
     assert widen_end(2.0, 2.8, 1.0, up=True) == 2.8
     assert widen_end(0.0, 0.0, 1.3, up=True) == 0.0
     assert widen_end(2.0, 1.5, 1.3, up=True) == pytest.approx(2.6)
+
+
+def test_a_falling_line_takes_its_range_from_the_nearer_size_as_its_point():
+    # stalls of 2 writers at 0.53 and 1.85 GB (a preflight sample): the larger size's layout stalls less, so
+    # the medians' line falls and the point is the larger size's median. Lines through one size's fast run
+    # and the other's slow one rose 3.4x out to the node's 5.6 GB and read 0.64 s; the node stalled 0.09 s.
+    small, large = [0.121, 0.132, 0.133], [0.075, 0.219, 0.107]
+    f = fit_time(0.534e9, small, 1.85e9, large, 5.6e9)
+    assert f.point_s == pytest.approx(0.107)
+    assert f.high_s == pytest.approx(max(max(large), 0.107 + next_median_half_width(large)))
+    assert f.high_s < 0.3 and f.low_s <= 0.075
+    # with a floor on the slope, the bytes beyond the larger size move the whole range alike
+    g = fit_time(0.534e9, small, 1.85e9, large, 5.6e9, min_slope=1e-11)
+    assert g.point_s == pytest.approx(f.point_s + 3.75e9 * 1e-11) and g.high_s == pytest.approx(f.high_s + 0.0375)
