@@ -291,7 +291,9 @@ class _Saver:
         (sync) or on a persist thread (async)."""
         if not store.is_dir_like():
             raise UsageError(f"{os.fspath(path)!r} is a file; a checkpoint is a directory")
-        if not overwrite and store.size(mf.MANIFEST_NAME) is not None:  # a request less per save on S3 otherwise
+        # Looked up with overwrite=True too: a manifest name that is a symlink, directory or special file is
+        # refused here (UnsafeFileError), before a shard is written, not at the commit's rename.
+        if store.size(mf.MANIFEST_NAME) is not None and not overwrite:
             raise CheckpointExistsError.at(store.url)
         save_id = secrets.token_hex(4)
         planning = time.perf_counter()
