@@ -306,8 +306,7 @@ def _stream_shards(source: Store, target: Store, shards: list[_Shard], buffers: 
             futures: list[Future] = []
             try:
                 for shard in shards:
-                    part = (opener(shard.name, shard.nbytes, part_bytes=knobs.DRAIN_PART_BYTES)
-                            if knobs.DRAIN_PART_BYTES > 0 else opener(shard.name, shard.nbytes))
+                    part = opener(shard.name, shard.nbytes, part_bytes=knobs.DRAIN_PART_BYTES or None)
                     if part is None:
                         if uploads:
                             raise RuntimeError(f"{target.url} declined a part upload after accepting one")

@@ -302,11 +302,8 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
         _error_line(exc.format_message())
         return exc.exit_code
     except (click.Abort, KeyboardInterrupt) as exc:  # click turns a KeyboardInterrupt into Abort (from it)
-        if isinstance(exc.__cause__ if isinstance(exc, click.Abort) else exc, Terminated):
-            _error_line("terminated (SIGTERM)")
-            return 128 + signal.SIGTERM
-        _error_line("interrupted (SIGINT)")
-        return 128 + signal.SIGINT
+        terminated = isinstance(exc.__cause__ if isinstance(exc, click.Abort) else exc, Terminated)
+        return _stopped_by(signal.SIGTERM if terminated else signal.SIGINT)
     except CkptbenchError as exc:
         if verbose:
             import traceback
@@ -326,6 +323,11 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
             import traceback
 
             traceback.print_exc()
-        _error_line("terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (SIGINT)")
-        return 128 + signum
+        return _stopped_by(signum)
     return 0
+
+
+def _stopped_by(signum: int) -> int:
+    """The line a command stopped by ``signum`` (SIGTERM or SIGINT) ends with; its exit status, 128 + it."""
+    _error_line("terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (SIGINT)")
+    return 128 + signum

@@ -33,14 +33,23 @@ def line_time_s(small_bytes: float, small_s: float, large_bytes: float, large_s:
     larger."""
     if large_bytes <= small_bytes:
         raise ValueError(f"sizes {small_bytes} and {large_bytes} must grow")
-    slope = (large_s - small_s) / (large_bytes - small_bytes)
-    if slope <= min_slope:
-        nearer = small_s if abs(target_bytes - small_bytes) < abs(target_bytes - large_bytes) else large_s
+    if _flat(small_bytes, small_s, large_bytes, large_s, min_slope):
+        nearer = small_s if _small_is_nearer(small_bytes, large_bytes, target_bytes) else large_s
         return nearer + max(target_bytes - large_bytes, 0.0) * min_slope
+    slope = (large_s - small_s) / (large_bytes - small_bytes)
     fixed = small_s - slope * small_bytes
     if fixed < 0:
         return large_s * target_bytes / large_bytes
     return fixed + slope * target_bytes
+
+
+def _flat(small_bytes: float, small_s: float, large_bytes: float, large_s: float, min_slope: float) -> bool:
+    """Whether the line through the two times falls or runs flatter than ``min_slope``."""
+    return (large_s - small_s) / (large_bytes - small_bytes) <= min_slope
+
+
+def _small_is_nearer(small_bytes: float, large_bytes: float, target_bytes: float) -> bool:
+    return abs(target_bytes - small_bytes) < abs(target_bytes - large_bytes)
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,8 @@ def fit_time(small_bytes: float, small_runs_s: Sequence[float], large_bytes: flo
     follows the tensors' layout more than their bytes, can be smaller at a larger size)."""
     small_median, large_median = statistics.median(small_runs_s), statistics.median(large_runs_s)
     point = line_time_s(small_bytes, small_median, large_bytes, large_median, target_bytes, min_slope)
-    if (large_median - small_median) / (large_bytes - small_bytes) <= min_slope:
-        near = small_runs_s if abs(target_bytes - small_bytes) < abs(target_bytes - large_bytes) else large_runs_s
+    if _flat(small_bytes, small_median, large_bytes, large_median, min_slope):
+        near = small_runs_s if _small_is_nearer(small_bytes, large_bytes, target_bytes) else large_runs_s
         beyond = max(target_bytes - large_bytes, 0.0) * min_slope
         return _widened(point, min(min(near) + beyond, point), max(max(near) + beyond, point),
                         next_median_half_width(near), target_bytes * min_slope)

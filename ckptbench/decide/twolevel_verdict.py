@@ -6,8 +6,8 @@ the measurement is ``compare``'s two-level one (:mod:`ckptbench.bench.two_levels
 drain, by one process, read at the node's bytes (``node_bytes / rate``; the remote tier's and the
 drain's rates capped by ``--aggregate-bandwidth`` shared by the job's nodes and by ``--node-network``).
 Every figure is the model at the point and at the two ends of the runs, widened (in quadrature:
-:func:`~ckptbench.decide.scaling.widen_end`) by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a sample smaller than the node's bytes or
-the node runs several ranks (:func:`~ckptbench.decide.verdict.extrapolation_factor`'s rule). The schedule
+:func:`~ckptbench.decide.scaling.widen_end`) by ``knobs.SAMPLE_EXTRAPOLATION`` when one process
+measured a sample smaller than the node's bytes or the node runs several ranks (:func:`~ckptbench.decide.verdict.extrapolation_factor`'s rule). The schedule
 checked is the one the job would run: ``--interval`` (else the recommended local interval) and
 ``--remote-every`` (else the optimum's). A check is PASS or FAIL only when all three agree, else
 BORDERLINE (the rule of :func:`~ckptbench.decide.verdict.evaluate`):

@@ -16,8 +16,9 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
 
 Every prediction has a range: the model evaluated at the optimistic and the pessimistic ends of what was
 measured (the repeats' min and max, widened by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a
-sample of a different shape than the node's, in quadrature: :func:`~ckptbench.decide.scaling.widen_end`) and of the interference's range. A check is PASS or FAIL only
-when both ends agree; otherwise it is BORDERLINE and says what measurement would settle it.
+sample of a different shape than the node's, in quadrature: :func:`~ckptbench.decide.scaling.widen_end`)
+and of the interference's range. A check is PASS or FAIL only when both ends agree; otherwise it is
+BORDERLINE and says what measurement would settle it.
 """
 
 from __future__ import annotations

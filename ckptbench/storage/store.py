@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import knobs, native, safeio
-from ckptbench.interrupts import QuietThread
+from ckptbench.interrupts import QuietThread, join
 from ckptbench.storage.local_target import is_network, mount_of
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class _Background:
         self._thread.start()
 
     def result(self) -> None:
-        self._thread.join()
+        join(self._thread)  # not Thread.join: a Ctrl-C inside it can abort the process (see interrupts.join)
         if self._error is not None:
             raise self._error
 

@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 
 DEFAULT_SHAPES = ("1rank-4GB:285.7M:1", "2ranks-5.6GB:400M:2", "1rank-2GB:142.9M:1")
-#: (prediction key, distributed-bench operation, what is compared)
-QUANTITIES = (("sync_checkpoint_s", "save", "duration_s"), ("restore_s", "load", "duration_s"),
-              ("async_stall_s", "async", "stall_s"))
-#: The sample's runs behind each prediction (preflight's ``scaling.runs_s`` keys).
-SAMPLED = {"save": "save", "load": "load", "async": "stall"}
+#: (prediction key, distributed-bench operation, what is compared, preflight's ``scaling.runs_s`` key: the
+#: sample's runs behind the prediction)
+QUANTITIES = (("sync_checkpoint_s", "save", "duration_s", "save"), ("restore_s", "load", "duration_s", "load"),
+              ("async_stall_s", "async", "stall_s", "stall"))
 
 
 def _env() -> dict[str, str]:
@@ -70,7 +69,7 @@ def measure(directory: str, node_bytes: int, ranks: int, repeat: int) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
                "127.0.0.1", "--master-port", str(_free_port()), *cmd[1:]]
         doc = _run(cmd)
-        return {key: [r[field] for r in doc["rounds"][op]] for _, op, field in QUANTITIES for key in [op]}
+        return {key: [r[field] for r in doc["rounds"][op]] for _, op, field, _ in QUANTITIES for key in [op]}
     doc = _run([*cmd, "--writers", "ckptbench"])
     ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
     async_ = next(a for a in doc["async"] if a["writer"] == "ckptbench")
@@ -95,7 +94,7 @@ def main() -> None:
         p = prediction["predictions"]
         measured = measure(args.dir, p["checkpoint_per_node_bytes"], ranks, args.repeat)
         scaling = prediction["measurements"]["checkpoint_bench"]["scaling"]
-        for key, op, _ in QUANTITIES:
+        for key, op, _, sampled in QUANTITIES:
             values = sorted(measured[op])
             median = values[len(values) // 2]
             low, high = p[f"{key}_range"]
@@ -106,7 +105,7 @@ def main() -> None:
                 "writers_sampled": prediction["measurements"]["writers"],
                 "sample_sizes_bytes": scaling["sizes_bytes"],
                 # every sampled run per size, so another range rule can be judged against this real shape
-                "sample_runs_s": scaling["runs_s"][SAMPLED[op]], "sample_fitted": scaling["fitted"][SAMPLED[op]],
+                "sample_runs_s": scaling["runs_s"][sampled], "sample_fitted": scaling["fitted"][sampled],
                 "largest_sessions": scaling.get("largest_sessions"),
                 "extrapolation_factor": p["extrapolation_factor"], "verdict": prediction["verdict"],
                 "seconds": time.time() - started,
