@@ -93,8 +93,9 @@ BENCH_MEMORY_BYTES = _env_int("BENCH_MEMORY_BYTES", 0)
 #: (``plan.PlanCache``); 0 plans every save afresh.
 PLAN_REUSE = _env_int("PLAN_REUSE", 1)
 #: preflight in one process: how far a node's rates may lie from the sample's beyond the repeats' spread,
-#: as a factor either way, when the node writes a different shape (more bytes, more ranks) than was measured;
-#: it adds to the runs' own spread in quadrature on a log scale (``decide/scaling.widen_end``).
+#: as a factor either way: the job's ranks are other processes, later, often of another shape (more bytes,
+#: more ranks) than was measured; it adds to the runs' own spread in quadrature on a log scale
+#: (``decide/scaling.sample_allowance``, ``widen_end``).
 SAMPLE_EXTRAPOLATION = _env_float("SAMPLE_EXTRAPOLATION", 1.3)
 #: preflight in one process: the most writer processes it starts at once to measure a node's ranks writing
 #: together (a node with more ranks is extrapolated from this many); 1 measures one process only.

@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ckptbench import knobs
+
 
 def line_time_s(small_bytes: float, small_s: float, large_bytes: float, large_s: float, target_bytes: float,
                 min_slope: float = 0.0) -> float:
@@ -134,6 +136,15 @@ def widen_end(point: float, end: float, factor: float, *, up: bool) -> float:
         return end
     gap = max(math.log(end / point) if up else math.log(point / end), 0.0)
     return point * math.exp((1 if up else -1) * math.hypot(gap, math.log(factor)))
+
+
+def sample_allowance(sampled: bool) -> float:
+    """How far a job's times may lie beyond the runs' spread (a factor either way, for :func:`widen_end`):
+    ``knobs.SAMPLE_EXTRAPOLATION`` for a measurement made without the job's launcher (one host's processes
+    measuring a sample, minutes before the job starts), 1 for the job's own ranks (``shape`` job or nodes).
+    A sample differs from the job even at the node's own bytes and ranks: another process, later, under a
+    launcher; the host's rate itself drifts between processes by more than the runs in one process spread."""
+    return max(1.0, knobs.SAMPLE_EXTRAPOLATION) if sampled else 1.0
 
 
 #: A size within this fraction of the target is the target's own measurement (a workload of a model's

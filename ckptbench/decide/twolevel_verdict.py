@@ -6,8 +6,8 @@ the measurement is ``compare``'s two-level one (:mod:`ckptbench.bench.two_levels
 drain, by one process, read at the node's bytes (``node_bytes / rate``; the remote tier's and the
 drain's rates capped by ``--aggregate-bandwidth`` shared by the job's nodes and by ``--node-network``).
 Every figure is the model at the point and at the two ends of the runs, widened (in quadrature:
-:func:`~ckptbench.decide.scaling.widen_end`) by ``knobs.SAMPLE_EXTRAPOLATION`` when one process
-measured a sample smaller than the node's bytes or the node runs several ranks (:func:`~ckptbench.decide.verdict.extrapolation_factor`'s rule). The schedule
+:func:`~ckptbench.decide.scaling.widen_end`) by ``knobs.SAMPLE_EXTRAPOLATION``: one process measured a
+sample, not the job's ranks (:func:`~ckptbench.decide.scaling.sample_allowance`). The schedule
 checked is the one the job would run: ``--interval`` (else the recommended local interval) and
 ``--remote-every`` (else the optimum's). A check is PASS or FAIL only when all three agree, else
 BORDERLINE (the rule of :func:`~ckptbench.decide.verdict.evaluate`):
@@ -30,10 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ckptbench import knobs
 from ckptbench.bench.tier_comparison import JobSpec, Measured, TierResult, model_tier
 from ckptbench.decide.advice import Advice
-from ckptbench.decide.scaling import widen_end
+from ckptbench.decide.scaling import sample_allowance, widen_end
 from ckptbench.decide.twolevel_choice import decide, scenarios
 from ckptbench.decide.verdict import (
     FAIL,
@@ -93,12 +92,6 @@ def node_job(job: Any) -> NodeJobSpec:
                        node_bytes=job.node_bytes)
 
 
-def widening(job: Any, sampled_bytes: int) -> float:
-    """How far the node's figures may lie beyond the runs: 1 when one process measured the node's own shape."""
-    same_shape = min(job.ranks, job.ranks_per_node) == 1 and job.node_bytes <= 2 * sampled_bytes
-    return 1.0 if same_shape else max(1.0, knobs.SAMPLE_EXTRAPOLATION)
-
-
 def remote_cap_gbps(job: Any) -> float | None:
     """The most one node moves to or from the remote tier: its share of ``--aggregate-bandwidth`` and
     ``--node-network`` (None: neither given)."""
@@ -155,7 +148,7 @@ def evaluate_two_levels(job: Any, local: TierResult, remote: TierResult, drain: 
     """Checks, predictions with ranges and the recommendation for preflight's ``job`` on two levels (see
     the module). ``local``/``remote``: the tiers as ``compare`` measured them; ``drain``: the DrainBench."""
     spec = node_job(job)
-    widen = widening(job, sampled_bytes)
+    widen = sample_allowance(True)
     cap = remote_cap_gbps(job)
     local_t = node_tier(spec, local, widen=widen)
     remote_t = node_tier(spec, remote, widen=widen, cap_gbps=cap)
@@ -177,7 +170,7 @@ def evaluate_two_levels(job: Any, local: TierResult, remote: TierResult, drain: 
           "checkpoint_total_bytes": job.size.total_bytes, "mtbf_s": mtbf_s, "local_loss": local_loss,
           "extrapolation_factor": widen, "remote_cap_bps": None if cap is None else cap * 1e9}
     per_end = [_checks(job, facts, e, local_loss) for e in predicted]
-    checks = _combine(per_end[0], per_end[1], per_end[2], settle=_settle(job, widen))
+    checks = _combine(per_end[0], per_end[1], per_end[2], settle=_settle(job, sampled_bytes))
     return TwoLevelVerdict(tuple(checks), tuple(_advice(job, decision, p)), p, decision,
                            _assumptions(job, widen, cap, local_loss_source))
 
@@ -267,9 +260,9 @@ def _space_check(name: str, tier: str, free_bytes: int, needed_bytes: int, what:
                  None if status == PASS else remedy)
 
 
-def _settle(job: Any, widen: float) -> str:
+def _settle(job: Any, sampled_bytes: int) -> str:
     ways = ["more --repeat on a quiet machine"]
-    if widen > 1:
+    if job.node_bytes > sampled_bytes:
         ways.insert(0, "a larger --measure-size, nearer the node's bytes")
     if job.interference is None:
         ways.append("--interference measured on the training nodes")
@@ -303,8 +296,9 @@ def _assumptions(job: Any, widen: float, cap: float | None, local_loss_source: s
            f"share of failures that lose the node's local copy: {local_loss_source}",
            "failures are exponential at the job's MTBF"]
     if widen > 1:
-        out.append(f"ranges widen the runs' spread by up to x{widen:.2g} either way (in quadrature): the node's "
-                   "shape differs from the sample's (CKPTBENCH_SAMPLE_EXTRAPOLATION)")
+        out.append(f"ranges widen the runs' spread by up to x{widen:.2g} either way (in quadrature): a sample "
+                   "measured without the job's launcher, before it starts, is not the job's ranks "
+                   "(CKPTBENCH_SAMPLE_EXTRAPOLATION)")
     if cap is not None:
         out.append(f"the remote tier and the drain move at most {format_rate(cap * 1e9)} per node "
                    "(--aggregate-bandwidth shared by the job's nodes, --node-network)")

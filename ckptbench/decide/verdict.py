@@ -15,8 +15,8 @@ How one node's numbers scale to the job (stated in every result's ``assumptions`
   interference is given, measured on the training device, or :data:`interference.ASSUMED`.
 
 Every prediction has a range: the model evaluated at the optimistic and the pessimistic ends of what was
-measured (the repeats' min and max, widened by ``knobs.SAMPLE_EXTRAPOLATION`` when one process measured a
-sample of a different shape than the node's, in quadrature: :func:`~ckptbench.decide.scaling.widen_end`)
+measured (the repeats' min and max, widened by ``knobs.SAMPLE_EXTRAPOLATION`` when a sample stood in for the
+job's ranks, in quadrature: :func:`~ckptbench.decide.scaling.sample_allowance`, ``widen_end``)
 and of the interference's range. A check is PASS or FAIL only when both ends agree; otherwise it is
 BORDERLINE and says what measurement would settle it.
 """
@@ -27,9 +27,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ckptbench import knobs
 from ckptbench.decide.advice import Advice
-from ckptbench.decide.scaling import fit_sizes, widen_end
+from ckptbench.decide.scaling import fit_sizes, sample_allowance, widen_end
 from ckptbench.errors import UsageError
 from ckptbench.model import interval as model
 from ckptbench.model.failures import FailureModel
@@ -221,7 +220,7 @@ def measurements_from_launch(bench: dict[str, Any], *, shape: str, memcpy_bps: f
                                                                                              persists))
     # Async saves measured on a part of each share (a host without memory for two copies) and scaled:
     # their range widened as a sample's is.
-    k = max(1.0, knobs.SAMPLE_EXTRAPOLATION) if bench.get("async_part") else 1.0
+    k = sample_allowance(bool(bench.get("async_part")))
     stall_range, persist_range = ((widen_end(fit.point_s, fit.low_s, k, up=False),
                                    widen_end(fit.point_s, fit.high_s, k, up=True)) for fit in (stall, persist))
     return Measurements(
@@ -258,18 +257,15 @@ class _Scenario:
     interference: float
 
 
-def extrapolation_factor(job: Job, m: Measurements) -> float:
-    """How far the node's rates may lie beyond the repeats' spread: 1 when the measurement had the node's shape."""
-    if m.shape != "sample":
-        return 1.0
-    sampled = m.sampled_bytes or m.measured_bytes
-    same_shape = min(job.ranks, job.ranks_per_node) == m.writers and job.node_bytes <= 2 * sampled
-    return 1.0 if same_shape else max(1.0, knobs.SAMPLE_EXTRAPOLATION)
+def extrapolation_factor(m: Measurements) -> float:
+    """How far the node's rates may lie beyond the repeats' spread (:func:`~ckptbench.decide.scaling.sample_allowance`):
+    1 when the job's own ranks measured it."""
+    return sample_allowance(m.shape == "sample")
 
 
 def _scenarios(job: Job, m: Measurements, f: Interference) -> tuple[_Scenario, _Scenario, _Scenario]:
     """(point, optimistic, pessimistic)."""
-    k = extrapolation_factor(job, m)
+    k = extrapolation_factor(m)
 
     def span(point: float, measured: tuple[float, float] | None) -> tuple[float, float]:
         low, high = measured if measured is not None else (point, point)
@@ -298,7 +294,7 @@ def evaluate(job: Job, m: Measurements) -> Verdict:
         p[f"{key}_range"] = [min(values), max(values)] if all(e is not None for e in ends) else (
             [min(values), None] if key != "goodput" else [None, max(values)])
     p["interference_source"] = f.source
-    p["extrapolation_factor"] = extrapolation_factor(job, m)
+    p["extrapolation_factor"] = extrapolation_factor(m)
     cost = _cost(p["mode"], point, job, m)
     low, high = model.optimum_plateau(cost, job.failures.mtbf_s, p["restart_s"])
     p["optimal_interval_plateau_s"] = [low, high]
@@ -589,7 +585,7 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
            "the busiest rank (data-parallel rank 0, holding replicated state) sets the node's bytes",
            "failures are exponential at the job's MTBF; a restart also reloads the latest checkpoint",
            f"interference (training throughput lost while persisting): {f.source}"]
-    k = extrapolation_factor(job, m)
+    k = extrapolation_factor(m)
     if m.shape in ("job", "nodes"):
         out.append(f"measured at the job's shape: {m.launched_ranks} ranks each wrote and read their share "
                    f"({format_size(m.per_rank_bytes or 0)} for the busiest) at once; a node's time is its slowest "
@@ -603,8 +599,9 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
                   "bytes" if m.sampled_bytes else "")
         out.append(f"sample: {who} saved {format_size(m.sampled_bytes or m.measured_bytes)}{fitted}; the node writes "
                    f"{format_size(job.node_bytes)} from {min(job.ranks, job.ranks_per_node)} rank(s)"
-                   + (f"; ranges widen the runs' spread by up to x{k:.2g} either way (in quadrature) for that difference "
-                      "of shape (CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
+                   + (f"; ranges widen the runs' spread by up to x{k:.2g} either way (in quadrature): a sample "
+                      "measured without the job's launcher, before it starts, is not the job's ranks "
+                      "(CKPTBENCH_SAMPLE_EXTRAPOLATION)" if k > 1 else ""))
     if m.shared_storage and job.aggregate_bps is None and job.nodes > 1:
         out.append(f"shared storage is assumed to scale to {job.nodes} nodes x the measured rate; give "
                    "--aggregate-bandwidth to cap it")

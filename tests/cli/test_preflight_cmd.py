@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.decide.scaling import fit_sizes
+from ckptbench.decide.scaling import fit_sizes, widen_end
 from ckptbench.decide.verdict import EXIT_CODES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
     scaling = m["checkpoint_bench"]["scaling"]
     sizes, target = scaling["sizes_bytes"], scaling["target_bytes"]
     assert len(sizes) == 3 and sizes[0] < sizes[1] < sizes[2] and abs(sizes[2] / target - 1) <= 0.05
-    assert m["sampled_bytes"] == sizes[2] and p["extrapolation_factor"] == 1.0
+    assert m["sampled_bytes"] == sizes[2] and p["extrapolation_factor"] > 1  # a sample, not the job's rank
     saves = scaling["runs_s"]["save"][2]
     # the largest size in two fresh processes, one run each (half of --repeat 2), their runs pooled
     assert len(saves) == 2 and [s["save"] for s in scaling["largest_sessions"]] == saves
@@ -80,7 +80,9 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
     low, high = p["sync_checkpoint_s_range"]
     assert low <= min(saves) * k and high >= max(saves) * k  # the runs' own spread, at least
     fitted = fit_sizes(sizes, scaling["runs_s"]["save"], target, min_slope=1 / scaling["fastest_bps"]["save"])
-    assert [low, high] == pytest.approx([fitted.low_s, fitted.high_s])
+    k = p["extrapolation_factor"]
+    assert [low, high] == pytest.approx([widen_end(fitted.point_s, fitted.low_s, k, up=False),
+                                         widen_end(fitted.point_s, fitted.high_s, k, up=True)])
     assert list(tmp_path.iterdir()) == []
 
 
