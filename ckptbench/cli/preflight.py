@@ -34,7 +34,9 @@ DEFAULT_RANKS = 64
 DEFAULT_SHARDING = "fsdp"
 DEFAULT_FAILURES = "llama3"
 DEFAULT_MEASURE_SIZE = "512MiB"
-DEFAULT_MEASURE_TIME = "30s"
+#: The third sample's runs: a fitted line read at k times its largest size carries that size's spread about
+#: k times over, so the nearer the node's bytes, the narrower the range; 60 s reaches about 4 GB at 1 GB/s.
+DEFAULT_MEASURE_TIME = "60s"
 UNITS = {"_s": "seconds", "_bytes": "bytes", "_bps": "bytes per second", "_fraction, goodput, interference":
          "fraction (0..1)", "_usd_per_day": "US dollars per day", "_gpu_hours_per_day": "GPU hours per day"}
 #: Filesystem types (``/proc/mounts``) whose storage other nodes share.
@@ -97,9 +99,11 @@ def _interval(value: str) -> float | None:
               help="Bytes the writer saves and loads per measured run (a model-shaped state_dict).")
 @click.option("--measure-time", type=params.BOUNDED_DURATION_OR_ZERO, default=DEFAULT_MEASURE_TIME,
               show_default=True,
-              help="Time a third, larger sample may take when the node's checkpoint is larger than --measure-size: "
-                   "it is measured as near the node's bytes as this time and the host's memory allow (the node's "
-                   "own bytes when they fit: no extrapolation); 0 measures only --measure-size and a quarter of it.")
+              help="Time the runs of a third, larger sample may take when the node's checkpoint is larger than "
+                   "--measure-size (building it and verifying its loads come on top): it is measured as near the "
+                   "node's bytes as this time and the host's memory allow (the node's own bytes when they fit: no "
+                   "extrapolation; the nearer, the narrower the ranges); 0 measures only --measure-size and a "
+                   "quarter of it.")
 @click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs.")
 @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
               help="Where the measured state_dict lives, as in training: cuda saves it with device-to-host staging, "
