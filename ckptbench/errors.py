@@ -4,6 +4,7 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     CkptbenchError
     ├── UsageError                      bad input; nothing was done (exit 2)
     │   ├── ConfigError
+    │   │   └── SettingError            a CKPTBENCH_* environment setting that is not a valid value (a ValueError too)
     │   ├── TargetError
     │   ├── InsufficientSpaceError
     │   ├── InsufficientMemoryError
@@ -57,6 +58,10 @@ class UsageError(CkptbenchError):
 
 class ConfigError(UsageError):
     """A TOML config or preset that is missing, malformed or holds a bad value."""
+
+
+class SettingError(ConfigError, ValueError):
+    """A ``CKPTBENCH_*`` environment setting (``ckptbench.knobs``) that is not a number in its range."""
 
 
 class TargetError(UsageError):

@@ -28,8 +28,15 @@ from typing import Any, NoReturn
 import click
 
 from ckptbench import __version__, safeio
-from ckptbench.cli import params
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import CkptbenchError, ConfigError, SettingError
+
+try:  # the CKPTBENCH_* settings are read once, here, before anything runs: a bad one is the run's one line
+    from ckptbench import knobs  # noqa: F401
+except SettingError as _bad:
+    click.secho(f"ckptbench: error: {_bad}", fg="red", err=True)
+    sys.exit(2)
+
+from ckptbench.cli import params  # noqa: E402
 
 #: command name -> "module:attribute"; a command's module is imported only when it runs.
 COMMANDS: dict[str, str] = {
