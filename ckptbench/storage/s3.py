@@ -360,7 +360,11 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         session = boto3.session.Session(profile_name=opts.profile, aws_access_key_id=opts.key,
                                         aws_secret_access_key=opts.secret, aws_session_token=opts.token)
     except ProfileNotFound:
-        raise UsageError(f"AWS profile {opts.profile!r} not found", hint="check ~/.aws/config") from None
+        named = opts.profile or env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
+        where = "storage_options profile" if opts.profile else "AWS_PROFILE" if env.get("AWS_PROFILE") else \
+            "AWS_DEFAULT_PROFILE"
+        raise UsageError(f"AWS profile {named!r} (from {where}) not found",
+                         hint="check ~/.aws/config and AWS_CONFIG_FILE") from None
     credential_source = _credential_source(session, opts)
     style = opts.addressing_style or ("path" if endpoint else "auto")
     common: dict[str, Any] = {"s3": {"addressing_style": style}, "read_timeout": opts.read_timeout_s}

@@ -121,6 +121,20 @@ def test_no_credentials(no_aws_environment: None):
     assert "no AWS credentials" in one_line_usage_error(info.value)
 
 
+@pytest.mark.parametrize("via", ["storage_options", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"])
+def test_a_missing_profile_is_named_with_where_it_came_from(via: str, no_aws_environment: None,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    options = {"endpoint_url": "http://127.0.0.1:1"}
+    if via == "storage_options":
+        options["profile"] = "no-such-profile"
+    else:
+        monkeypatch.setenv(via, "no-such-profile")
+    with pytest.raises(UsageError) as info:
+        open_store("s3://bucket/ckpt", options)
+    assert f"AWS profile 'no-such-profile' (from {via if via.startswith('AWS') else 'storage_options profile'}) " \
+           "not found" in one_line_usage_error(info.value)
+
+
 @pytest.mark.parametrize("via", ["storage_options", "AWS_ENDPOINT_URL"])
 def test_unreachable_endpoint_fails_fast_and_names_it(via: str, no_aws_environment: None,
                                                       monkeypatch: pytest.MonkeyPatch):
