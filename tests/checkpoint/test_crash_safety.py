@@ -146,6 +146,12 @@ def test_sigkill_at_25_random_moments_of_sync_and_async_saves(tmp_path: Path, fo
                 assert_is_version(loaded, loaded["version"])
             continue
         newest = max(committed, default=started)
+        if newest == 0 and not (path / mf.MANIFEST_NAME).exists():
+            # killed inside the first save into ``path`` (a slow start on a busy host): nothing committed
+            # there yet, which the next trial resumes from
+            with pytest.raises(NotACheckpointError, match="no committed checkpoint"):
+                ckptbench.load(path)
+            continue
         loaded = ckptbench.load(path)
         # never older than what the child saw committed; at most the one it committed but did not report
         assert newest <= loaded["version"] <= newest + 1, (trial, mode, committed, loaded["version"])
