@@ -115,13 +115,18 @@ def write(
     after: CowCopy | None = None,
     sample_interval_ns: int = 1_000_000_000,
     deadline_ns: int = 0,
+    preallocate: bool = False,
 ) -> IoResult:
     """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``).
 
     ``deadline_ns`` is a ``time.monotonic_ns()`` time (the engine's clock) after which no block starts.
+    ``preallocate``: on ext4, reserve each file's O_DIRECT range first (fallocate), so threads and side-by-side
+    calls writing one file do not take turns on its inode lock; off for ``bench``, which measures the
+    device as fio ``--fallocate=none`` does.
     """
     return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
-                         _member("schedule", schedule, Schedule), control, after, sample_interval_ns, deadline_ns)
+                         _member("schedule", schedule, Schedule), control, after, sample_interval_ns, deadline_ns,
+                         preallocate)
 
 
 def write_gathered(

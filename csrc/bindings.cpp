@@ -306,11 +306,12 @@ NB_MODULE(_native, m) {
         "write",
         [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
            bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PyCowCopy *after,
-           std::int64_t sample_interval_ns, std::int64_t deadline_ns) {
+           std::int64_t sample_interval_ns, std::int64_t deadline_ns, bool preallocate) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
             auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule,
                                      sample_interval_ns, deadline_ns);
+            opts.preallocate = preallocate;
             if (after) {
                 ckpt::CowCopy *cow_copy = after->cow_copy.get();
                 opts.before_write = [cow_copy](const char *end) { cow_copy->wait_copied(end); };
@@ -321,10 +322,14 @@ NB_MODULE(_native, m) {
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = ckpt::SyncMode::Fdatasync,
         "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared,
         "control"_a = nb::none(), "after"_a = nb::none(), "sample_interval_ns"_a = 1000000000, "deadline_ns"_a = 0,
+        "preallocate"_a = false,
         "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a CowCopy still "
         "copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, "
         "they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. "
-        "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced.");
+        "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced. "
+        "`preallocate`: on ext4, each file's range of O_DIRECT blocks is reserved with fallocate first (sizing "
+        "the file to its end), so blocks written side by side into one file do not take turns on its inode "
+        "lock (ignored with a deadline).");
 
     m.def(
         "write_gathered",

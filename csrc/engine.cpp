@@ -4,7 +4,9 @@
 #include "threads.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,6 +232,9 @@ struct FileState {
     bool wants_buffered = false;
     std::size_t chunks = 0;
     std::atomic<std::size_t> remaining{0};
+    // The file's range written O_DIRECT by this call (reserved first where IoOptions::preallocate says).
+    std::uint64_t direct_begin = UINT64_MAX;
+    std::uint64_t direct_end = 0;
 
     FileState() = default;
     FileState(const FileState &) = delete;
@@ -241,6 +246,23 @@ struct FileState {
         fd_buffered.reset();
     }
 };
+
+// Reserves the bytes [begin, end) of an ext4 file open at `fd` (IoOptions::preallocate), from the
+// file's end where the range starts beyond it: a hole left below would make the piece written there
+// an allocating write, again under the exclusive lock. Nothing to do where the range is inside the
+// file already or the filesystem is not ext4; a refusal that only says fallocate is unsupported
+// leaves the file as it is (the write allocates its blocks as it goes).
+void reserve_range(int fd, std::uint64_t begin, std::uint64_t end, const std::string &path) {
+    struct statfs fs {};
+    if (::fstatfs(fd, &fs) != 0 || fs.f_type != EXT4_SUPER_MAGIC) return;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw IoError(errno, "fstat", path);
+    auto size = static_cast<std::uint64_t>(st.st_size);
+    if (end <= size) return;
+    std::uint64_t from = std::min(begin, size);
+    int rc = retry_eintr([&] { return ::fallocate(fd, 0, static_cast<off_t>(from), static_cast<off_t>(end - from)); });
+    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) throw IoError(errno, "fallocate", path);
+}
 
 struct Chunk {
     FileState *file;
@@ -377,6 +399,10 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     }
     for (auto &c : chunks) {
         (c.direct ? c.file->wants_direct : c.file->wants_buffered) = true;
+        if (c.direct) {
+            c.file->direct_begin = std::min(c.file->direct_begin, c.offset);
+            c.file->direct_end = std::max(c.file->direct_end, c.offset + c.len);
+        }
         c.file->remaining.fetch_add(1);
         ++c.file->chunks;
     }
@@ -398,6 +424,9 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         if (f->wants_direct) f->fd_direct = open_file(f->path, base_flags | O_DIRECT, 0644);
         if (f->wants_buffered || !f->wants_direct) f->fd_buffered = open_file(f->path, base_flags, 0644);
     }
+    if (kind == Kind::Write && opts.preallocate && opts.deadline_ns == 0)
+        for (auto &f : files)
+            if (f->fd_direct) reserve_range(f->fd_direct.get(), f->direct_begin, f->direct_end, f->path);
 
     SyncMode sync = result.sync;
     // One chunk: transfer it; the thread that finishes a file's last chunk syncs that file.

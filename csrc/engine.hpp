@@ -84,6 +84,13 @@ struct IoOptions {
     // syncs the files it wrote to (a run by time rather than by size).
     std::int64_t deadline_ns = 0;
     Schedule schedule = Schedule::Shared;
+    // Writes on ext4: before the first block, reserve each file's range of the call's O_DIRECT blocks
+    // with fallocate(2) (sizing the file to its end). ext4 runs an O_DIRECT write that extends a file
+    // under the inode's exclusive lock until it completes, so threads writing one file (or calls
+    // writing pieces of it side by side) take turns; into reserved blocks inside the file's size they
+    // run at once. A filesystem that refuses fallocate is written as without it. Not with a deadline:
+    // a write stopped early would leave reserved blocks that read as zeros without touching the device.
+    bool preallocate = false;
     // Writes: called before each block is written with the end of its bytes in memory; returns once
     // they may be written (a copy-on-write staging still filling the buffer, see cow_copy.hpp).
     std::function<void(const char *end)> before_write;

@@ -284,10 +284,12 @@ class PieceWriter:
     def write(self, pieces: list[tuple[str, int, memoryview]], *, threads: int, block_size: int,
               direct: bool) -> native.IoResult:
         """Write each (file name, offset, buffer) piece; aligned pieces (address, offset, length) go
-        O_DIRECT where ``direct`` and the filesystem allow, the rest buffered; nothing is synced yet."""
+        O_DIRECT where ``direct`` and the filesystem allow, the rest buffered; nothing is synced yet. On
+        ext4 each piece's range is reserved first (``native.write``'s ``preallocate``): pieces of one file
+        written side by side then do not take turns on its inode lock."""
         jobs = [(view, self._directory.path_of(name), offset) for name, offset, view in pieces]
         result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
-                                             sync="none", sync_dir=False))
+                                             sync="none", sync_dir=False, preallocate=True))
         self._direct = result.direct_used if self._direct is None else self._direct and result.direct_used
         self._fallback = self._fallback or result.fallback_reason or None
         return result
@@ -395,7 +397,9 @@ class LocalStore(Store):
         mount, ``_schedule``), else the threads share every file's blocks.
 
         Each file is created here first (regular, not through a symlink), then written by the engine
-        through the directory's descriptor; the engine does not follow a symlink either."""
+        through the directory's descriptor; the engine does not follow a symlink either. On ext4 the
+        engine reserves each file's O_DIRECT blocks first (``preallocate``), so threads sharing a file's
+        blocks write them at once."""
         if not files:
             return WriteReport(direct=direct, sync="fdatasync")
         directory = self.directory()
@@ -404,7 +408,7 @@ class LocalStore(Store):
                 jobs = [(view, directory.path_of(name), 0) for name, view in files]
                 result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
                                                      sync="fdatasync", sync_dir=True, after=after,
-                                                     schedule=self._schedule(per_file)))
+                                                     schedule=self._schedule(per_file), preallocate=True))
                 self._await_entries()
         except OSError as exc:
             self.remove([name for name, _ in files])

@@ -99,6 +99,78 @@ def test_unaligned_tail_and_offsets_with_direct(tmp_path: Path):
     assert bytes(dst) == bytes(src)
 
 
+def _ext4(path: Path) -> Path:
+    from ckptbench.storage.local_target import mount_of
+
+    mount = mount_of(path)
+    if mount is None or mount.fstype != "ext4":
+        pytest.skip(f"{path} is not on ext4 ({mount.fstype if mount else 'no mount found'})")
+    return path
+
+
+def test_preallocate_reserves_the_range_below_a_piece_on_ext4(tmp_path: Path):
+    """A piece written beyond the file's end with ``preallocate``: the file is reserved from its old end
+    to the piece's end (no hole below it for a neighbouring piece to allocate); without, only the piece."""
+    where = _ext4(tmp_path)
+    src = filled(2 * MiB)
+    late = memoryview(src)[MiB:]
+    for preallocate, allocated in ((True, 2 * MiB), (False, MiB)):
+        path = where / f"piece-{preallocate}"
+        w = native.write([(late, str(path), MiB)], threads=2, block_size=256 * 1024, direct=True, sync="none",
+                         sync_dir=False, preallocate=preallocate)
+        assert w.direct_used
+        assert path.stat().st_size == 2 * MiB
+        assert path.stat().st_blocks * 512 == allocated
+    # The piece below is written into the reserved blocks; the file holds both pieces.
+    path = where / "piece-True"
+    native.write([(memoryview(src)[:MiB], str(path), 0)], threads=2, block_size=256 * 1024, direct=True,
+                 preallocate=True)
+    assert path.read_bytes() == bytes(src)
+
+
+def test_preallocated_pieces_written_side_by_side_land_whole(tmp_path: Path):
+    """Two calls writing pieces of one file at once (the staging ring's two writers), reserved first."""
+    where = _ext4(tmp_path)
+    src = filled(8 * MiB, seed=11)
+    path = str(where / "shard")
+    halves = [(memoryview(src)[:4 * MiB], 0), (memoryview(src)[4 * MiB:], 4 * MiB)]
+    failures: list[BaseException] = []
+
+    def write(view: memoryview, offset: int) -> None:
+        try:
+            native.write([(view, path, offset)], threads=2, block_size=MiB, direct=True, sync="none",
+                         sync_dir=False, preallocate=True)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=write, args=half) for half in reversed(halves)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not failures
+    assert Path(path).read_bytes() == bytes(src)
+
+
+def test_preallocate_is_skipped_with_a_deadline_and_off_ext4(tmp_path: Path, mount_fs):
+    """A write stopped by its deadline leaves no reserved blocks past what it wrote; off ext4 nothing is
+    reserved either."""
+    where = _ext4(tmp_path)
+    src = filled(2 * MiB)
+    path = where / "stopped"
+    w = native.write([(src, str(path), 0)], block_size=256 * 1024, direct=True, preallocate=True,
+                     deadline_ns=time.monotonic_ns() - 1)
+    assert w.deadline_reached and w.bytes == 0
+    assert path.stat().st_size == 0 and path.stat().st_blocks == 0
+    tmpfs = mount_fs("tmpfs", "size=8m")
+    late = memoryview(src)[MiB:]
+    w = native.write([(late, str(tmpfs / "piece"), MiB)], direct=True, sync="none", sync_dir=False,
+                     preallocate=True)
+    if not w.direct_used:
+        pytest.skip(f"tmpfs has no O_DIRECT on this kernel ({w.fallback_reason})")
+    assert (tmpfs / "piece").stat().st_blocks * 512 == MiB
+
+
 def test_sync_none_and_fsync_are_recorded(tmp_path: Path):
     src = filled(MiB)
     assert native.write([(src, str(tmp_path / "x"), 0)], direct=False, sync="none").sync == "none"
