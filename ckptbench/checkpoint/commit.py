@@ -158,8 +158,9 @@ def _drain(world: World, key: str, message: str) -> None:
 
 def remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
     """After a commit: remove the files (and abort the uploads) of older or crashed saves that
-    ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own). The two
-    sweeps run side by side: on object storage each is a listing and a request or more."""
+    ``keep`` does not name; ``owns`` narrows them further (a rank removes only its own). On object
+    storage the two sweeps run side by side (each is a listing and a request or more); on a mounted
+    filesystem one after the other on this thread (a directory listing, and no uploads to abort)."""
 
     def files() -> None:
         store.remove([name for name in mf.stale_files(store, keep) if owns is None or owns(name)])
@@ -168,6 +169,10 @@ def remove_stale(store: Store, keep: set[str], owns: Any = None) -> None:
         store.abort_incomplete_uploads(lambda name: bool(mf.OWNED_FILE.match(name)) and name not in keep
                                        and (owns is None or owns(name)))
 
+    if store.local_path is not None:
+        files()
+        uploads()
+        return
     with Workers(2, "ckptbench-sweep") as pool:
         pool.submit(files)
         pool.submit(uploads)

@@ -10,7 +10,9 @@ size inside its file, so O_DIRECT offsets stay aligned), and pipelines them:
 2. write   - the engine writes the slot at the chunk's offset in its shard file, no sync
              (``Store.pieces``); meanwhile the next chunk is staged into the next slot. Two chunks
              are written at once, each by half the threads (an even count), so the device is not
-             left idle while one chunk's last blocks finish
+             left idle while one chunk's last blocks finish. The first chunk and the last two
+             are staged and written in pieces of a block per writing thread: the first write starts
+             once its piece is staged, and the last chunks' pieces go to whichever writer is free
 3. check   - the CRC-32C of every checksum range's piece in the slot, beside the write; a range cut by
              a chunk boundary continues from its partial CRC (:class:`RunningCrcs`)
 
@@ -209,6 +211,13 @@ def write_through_ring(plan: Any, sources: Any, store: Any, ring: Ring, *, threa
     writers = 2 if threads % 2 == 0 else 1
     staging_s = 0.0
 
+    # The first chunk and the last ones (one per writer: a save's last chunk can be a few bytes) go in
+    # pieces of one block per writing thread: the device starts once the first piece is staged, not
+    # the whole slot, and both writers share the last blocks instead of one writing a chunk alone
+    # while the other has nothing left.
+    align = knobs.ALIGNMENT_BYTES
+    piece_bytes = -(-max(1, threads // writers) * block_size // align) * align  # O_DIRECT offsets stay aligned
+
     def write(writer: Any, name: str, offset: int, view: memoryview) -> None:
         writer.write([(name, offset, view)], threads=threads // writers, block_size=block_size, direct=direct)
 
@@ -218,14 +227,17 @@ def write_through_ring(plan: Any, sources: Any, store: Any, ring: Ring, *, threa
         with store.pieces([s.name for s in shards]) as writer, \
                 Pipeline(slots, ("write", "crc"), {"write": writers}) as pipe:
             for k, (shard, start, length) in enumerate(cut):
-                slot = pipe.slot(k)
+                slot = memoryview(pipe.slot(k))
                 begin = shards[shard].arena_offset + start
-                staged = time.perf_counter()
-                native.copy_from_addresses(slot, staging_rows(offsets, nbytes, zeros, addresses, begin,
-                                                              begin + length), threads)
-                staging_s += time.perf_counter() - staged
-                pipe.submit(k, "write", write, writer, shards[shard].name, start, memoryview(slot)[:length])
-                if ranges:
-                    pipe.submit(k, "crc", crcs.add, slot, begin, begin + length, crc_threads)
+                step = piece_bytes if k == 0 or k >= len(cut) - writers else length
+                for low in range(0, length, step):
+                    high = min(low + step, length)
+                    staged = time.perf_counter()
+                    native.copy_from_addresses(slot[low:high], staging_rows(offsets, nbytes, zeros, addresses,
+                                                                            begin + low, begin + high), threads)
+                    staging_s += time.perf_counter() - staged
+                    pipe.submit(k, "write", write, writer, shards[shard].name, start + low, slot[low:high])
+                    if ranges:
+                        pipe.submit(k, "crc", crcs.add, slot[low:high], begin + low, begin + high, crc_threads)
             pipe.join()
     return writer.report, crcs.crcs if ranges else [], staging_s

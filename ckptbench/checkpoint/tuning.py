@@ -21,6 +21,7 @@ A buffered save also settles whether it writes from the tensors' own memory (zer
 FUSE mount and ``ZERO_COPY_LOCAL`` on local storage (:func:`zero_copy_choice`). O_DIRECT saves are staged:
 they need the aligned arena.
 
+Once O_DIRECT is chosen, the thread sweep's default is at least :data:`DIRECT_MIN_THREADS`.
 A measured choice leaves a default only for a candidate that beats it beyond the noise
 (:func:`ckptbench.bench.stats.beats`: every sample faster than every sample of the default) and by at least
 :data:`MATERIAL_GAIN` (median to median); anything less keeps the default. The same rule names the faster
@@ -51,6 +52,12 @@ log = logging.getLogger(__name__)
 
 #: Thread counts and block sizes the sweep tries beside the defaults.
 THREAD_CANDIDATES = (2, 4, 8)
+#: The fewest threads the sweep starts from (and keeps on a tie) once O_DIRECT is chosen: a direct
+#: writer's threads wait on the device, not on a core, and each is one request in flight, so the
+#: core count (``knobs.SAVE_THREADS``'s default) says little about how many the device wants; a short
+#: probe on a busy host ties more often than not, and the fewer threads would then stay. DCP's
+#: ``FileSystemWriter`` writes with 4 by default.
+DIRECT_MIN_THREADS = 4
 BLOCK_CANDIDATES = (1 << 20, 4 << 20, 16 << 20)
 #: Samples per candidate: two or more say something about the noise (``stats.beats``).
 REPEATS = 3
@@ -383,6 +390,8 @@ def measure(store: Any, mount: MountInfo, total_bytes: int, shard_size: int, *,
         read_direct = Choice(value, "measured", f"{where}: cold reads: {why}")
 
     nbytes = size[direct.value]
+    if direct.value:
+        default_threads = max(default_threads, DIRECT_MIN_THREADS)
     threads = _sweep(probe, "threads", THREAD_CANDIDATES, default_threads, deadline, measured,
                      lambda n: probe.write(direct=direct.value, threads=n, block_size=default_block, nbytes=nbytes)[0],
                      where)

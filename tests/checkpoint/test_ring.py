@@ -94,6 +94,32 @@ def test_a_sync_save_through_the_ring_writes_what_the_arena_writes(tmp_path: Pat
     assert _crcs(tmp_path / "ring") == _crcs(tmp_path / "arena")
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_first_and_last_chunks_are_written_in_pieces_of_a_block_per_writing_thread(
+        tmp_path: Path, direct: bool, monkeypatch: pytest.MonkeyPatch):
+    """4 threads = two writers of 2: pieces of 2 blocks. The first write waits for one piece, not a slot; the
+    last chunks' pieces are shared by both writers; the shards are the arena's, byte for byte."""
+    from ckptbench.storage.store import engine_calls
+
+    state, block = _state(), 4096
+    with Checkpointer(direct=direct, shard_size=100_000, threads=4, block_size=block) as ckpt, \
+            engine_calls() as calls:
+        result = ckpt.save(state, tmp_path / "ring")
+    assert result.staging == "ring"
+    written = sorted((c for c in calls if c.bytes), key=lambda c: c.start_ns)
+    assert written[0].bytes == 2 * block < SLOT
+    manifest = json.loads((tmp_path / "ring" / mf.MANIFEST_NAME).read_text())
+    cut = chunks([(0, s["nbytes"]) for s in manifest["shards"]], SLOT)
+    # the first chunk and the last two in pieces, every other chunk in one call
+    pieces = sum(-(-n // (2 * block)) for n in (cut[0][2], cut[-2][2], cut[-1][2]))
+    assert len(written) == pieces + len(cut) - 3
+    monkeypatch.setattr(knobs, "STAGE_RING", 0)
+    with Checkpointer(direct=direct, shard_size=100_000, threads=4, block_size=block) as ckpt:
+        assert ckpt.save(state, tmp_path / "arena").staging != "ring"
+    assert _shard_bytes(tmp_path / "ring") == _shard_bytes(tmp_path / "arena")
+    assert _crcs(tmp_path / "ring") == _crcs(tmp_path / "arena")
+
+
 @pytest.mark.parametrize("threads", [1, 3, 4])
 def test_the_ring_round_trips_with_any_thread_count_and_reused_plans(tmp_path: Path, threads: int):
     with Checkpointer(threads=threads, shard_size=64 * 1024) as ckpt:

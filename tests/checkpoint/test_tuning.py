@@ -159,14 +159,16 @@ def test_measure_picks_buffered_threads_and_block_from_synthetic_rates(clock):
     assert len(store.removed) == len(store.writes)  # every probe file removed
 
 
-@pytest.mark.parametrize(("mount", "default"), [(MOUNT, False), (LOCAL, True)])
-def test_measure_ties_keep_the_defaults(clock, mount, default):
-    """A tie keeps O_DIRECT on local block storage, buffered + fdatasync on a network or FUSE filesystem."""
+@pytest.mark.parametrize(("mount", "default", "threads"), [(MOUNT, False, 2), (LOCAL, True, tuning.DIRECT_MIN_THREADS)])
+def test_measure_ties_keep_the_defaults(clock, mount, default, threads):
+    """A tie keeps O_DIRECT on local block storage, buffered + fdatasync on a network or FUSE filesystem; the
+    threads stay the default, which for O_DIRECT is at least DIRECT_MIN_THREADS (each one a request in flight)."""
     rates = iter([0.5, 0.6, 0.55, 0.52, 0.58, 0.51] + [0.5, 0.6, 0.55, 0.65, 0.5, 0.6] * 10)  # every range overlaps
     store = _FakeStore(clock, lambda *a: next(rates))
     chosen = _measure(store, mount)
     assert chosen.direct.value is default and "tied" in chosen.direct.reason
-    assert chosen.threads.value == 2 and chosen.block_size.value == 4 << 20
+    assert chosen.threads.value == threads and chosen.block_size.value == 4 << 20
+    assert str(threads) in chosen.measured["threads_gbps"]  # the sweep measured the default it kept
 
 
 @pytest.mark.parametrize(("mount", "direct_gbps", "buffered_gbps", "chosen"), [
