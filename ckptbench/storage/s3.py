@@ -70,6 +70,8 @@ CONTROL_CONNECT_TIMEOUT_S = 2.0
 READ_CHUNK_BYTES = 2**20
 #: HTTP connections a data client may keep (created on demand): the ceiling on requests in flight.
 MAX_POOL_CONNECTIONS = 64
+#: ``write_files``: objects whose CompleteMultipartUpload may be in flight beside the part uploads.
+COMPLETING_AT_ONCE = 4
 #: The most hashed sub-prefixes ``prefix_spread`` accepts; their names: ``_spread_dir``.
 MAX_PREFIX_SPREAD = 4096
 _SPREAD_DIR = re.compile(r"^[0-9a-f]{1,3}-spread$")
@@ -374,7 +376,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     try:
         data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
             retries={"total_max_attempts": opts.max_attempts, "mode": "standard"}, connect_timeout=opts.connect_timeout_s,
-            max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS),
+            max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS) + COMPLETING_AT_ONCE,
             **_checksum_setting(Config, opts),
             **{**common, "s3": {**common["s3"], "payload_signing_enabled": opts.sign_payload}}))
         control = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
@@ -696,22 +698,29 @@ class S3Store(Store):
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,
                     direct: bool) -> WriteReport:
-        """Upload every file, all parts of all files through one pool of ``concurrency(threads)``
-        workers; complete every object, or abort and delete everything this call wrote.
-        ``block_size`` and ``direct`` do not apply (the unit is ``part_size``)."""
+        """Upload every file, all parts of all files through one pool, ``concurrency(threads)`` uploads
+        in flight; complete every object, or abort and delete everything this call wrote.
+        ``block_size`` and ``direct`` do not apply (the unit is ``part_size``).
+
+        Parts go in the order of the files; an object whose last part is in is completed by a pool of
+        its own (``COMPLETING_AT_ONCE`` workers), so the next part starts while the completion waits for
+        its answer (which takes longer the more parts the object has), not after it."""
         report = WriteReport(direct=False, sync="s3-complete")
         if not files:
             return report
+        in_flight = self.concurrency(threads)
         if self.pacing is not None:
-            self.pacing.set_ceiling(self.concurrency(threads))
+            self.pacing.set_ceiling(in_flight)
+        objects = [(name, view.cast("B") if view.format != "B" else view) for name, view in files]
         if self.options.client == "s3fs":
-            views = [(name, view.cast("B") if view.format != "B" else view) for name, view in files]
-            self._other_client().write(views, self.concurrency(threads), self.on_request)
+            self._other_client().write(objects, in_flight, self.on_request)
             return report
         stop = threading.Event()  # set on the first failure (or Ctrl-C): queued parts do nothing
         uploads: list[_Upload] = []
         done_keys: list[str] = []
         done_lock = threading.Lock()
+        objects_parts = [(name, view, self.part_bytes_for(len(view))) for name, view in objects]
+        multipart = sum(1 for _, view, part in objects_parts if len(view) > part)
 
         def put_whole(key: str, name: str, view: memoryview) -> None:
             if stop.is_set():
@@ -741,12 +750,17 @@ class S3Store(Store):
                 upload.etags[index] = response["ETag"]
                 last = all(upload.etags)
             if last and not stop.is_set():
-                parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(upload.etags)]
-                self._data_call("completing", name, "complete_multipart_upload", Key=upload.key,
-                                UploadId=upload.upload_id, MultipartUpload={"Parts": parts})
-                upload.completed = True
-                with done_lock:
-                    done_keys.append(upload.key)
+                completing.submit(guarded, complete, upload, name)
+
+        def complete(upload: _Upload, name: str) -> None:
+            if stop.is_set():
+                return
+            parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(upload.etags)]
+            self._data_call("completing", name, "complete_multipart_upload", Key=upload.key,
+                            UploadId=upload.upload_id, MultipartUpload={"Parts": parts})
+            upload.completed = True
+            with done_lock:
+                done_keys.append(upload.key)
 
         def guarded(fn: Callable[..., None], *args: Any) -> None:
             try:
@@ -756,10 +770,11 @@ class S3Store(Store):
                 raise
 
         try:
-            with Workers(self.concurrency(threads), "ckptbench-s3", on_failure=stop.set) as pool:
-                for name, view in files:
-                    view = view.cast("B") if view.format != "B" else view
-                    key, part = self._data_key(name), self.part_bytes_for(len(view))
+            with Workers(in_flight, "ckptbench-s3", on_failure=stop.set) as pool, \
+                    Workers(min(multipart, COMPLETING_AT_ONCE), "ckptbench-s3-complete",
+                            on_failure=stop.set) as completing:
+                for name, view, part in objects_parts:
+                    key = self._data_key(name)
                     if len(view) <= part:
                         pool.submit(guarded, put_whole, key, name, view)
                         continue
@@ -770,7 +785,8 @@ class S3Store(Store):
                         pool.submit(guarded, put_part, upload, name, i)
                     if stop.is_set():
                         break  # fail fast: no new uploads once one failed
-                pool.join()
+                pool.join()  # every part in: every completion submitted
+                completing.join()
         except BaseException:
             self._discard(uploads, done_keys)
             raise

@@ -130,6 +130,23 @@ def test_stalled_part_hits_the_read_timeout_and_is_retried(s3_server, s3_bucket,
     assert leftovers(s3_server, s3_bucket)[0] == []
 
 
+def test_a_completion_awaiting_its_answer_holds_no_part_upload_back(s3_server, s3_bucket, proxy):
+    """One upload in flight: while the first object's CompleteMultipartUpload goes unanswered (until the
+    read timeout, then it is retried), the second object's parts are uploaded, not after it."""
+    url, expected = f"s3://{s3_bucket}/ckpt", state(5)
+    proxy.stall(1, kind="CompleteMultipartUpload")
+    save(expected, url, through(proxy, s3_server, max_concurrency=1, read_timeout_s=2))
+    seen = [(r.kind, r.path, r.outcome) for r in proxy.requests
+            if r.kind in ("UploadPart", "CompleteMultipartUpload")]
+    stalled = next(i for i, (_, _, outcome) in enumerate(seen) if outcome == "stall")
+    retried = next(i for i, (kind, path, _) in enumerate(seen)
+                   if i > stalled and kind == "CompleteMultipartUpload" and path == seen[stalled][1])
+    other = [path for kind, path, _ in seen[:retried] if kind == "UploadPart" and path != seen[stalled][1]]
+    assert len(other) == 2, seen  # the other object's parts, all before the retried completion
+    assert_bit_exact(ckptbench.load(url, storage_options=s3_server.options()), expected)
+    assert leftovers(s3_server, s3_bucket)[0] == []
+
+
 def test_slowdown_on_manifest_and_completion_is_retried(s3_server, s3_bucket, proxy):
     url, expected = f"s3://{s3_bucket}/ckpt", state(4)
     proxy.fail(1, status=503, kind="CompleteMultipartUpload")
