@@ -142,7 +142,8 @@ class S3Options:
     part_size: int = 16 * 2**20
     #: Parts in flight across all objects (uploads and ranged reads). Default: max(threads, 8).
     max_concurrency: int | None = None
-    #: botocore attempts per data request (first try included), standard retry mode.
+    #: botocore attempts per data request (first try included), standard retry mode. Default:
+    #: ``AWS_MAX_ATTEMPTS`` where set (as the AWS SDKs read it), else 8.
     max_attempts: int = 8
     #: Adapt the data requests in flight to throttling (AIMD, ``s3_pacing``); off: always ``max_concurrency``.
     adaptive_concurrency: bool = True
@@ -216,6 +217,12 @@ class S3Options:
                                    ("connect_timeout_s", float, 0.1), ("read_timeout_s", float, 0.1)):
             if key in values:
                 values[key] = _as_number(key, values[key], kind, minimum)
+        if "max_attempts" not in values and os.environ.get("AWS_MAX_ATTEMPTS", "").strip():
+            raw = os.environ["AWS_MAX_ATTEMPTS"]
+            try:
+                values["max_attempts"] = _as_number("max_attempts", raw.strip(), int, 1)
+            except UsageError:
+                raise UsageError(f"AWS_MAX_ATTEMPTS={raw!r} must be a whole number >= 1") from None
         return cls(**values)
 
 

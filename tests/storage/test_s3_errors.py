@@ -115,6 +115,20 @@ def test_storage_options_accept_strings_as_from_the_command_line():
     assert "'s'" not in repr(opts) and "secret" not in repr(opts)
 
 
+def test_aws_max_attempts_is_the_default_attempts_and_a_storage_option_wins(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    assert S3Options.from_mapping({}).max_attempts == 8
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", " 5 ")
+    assert S3Options.from_mapping({}).max_attempts == 5
+    assert S3Options.from_mapping({"max_attempts": "3"}).max_attempts == 3
+    for bad in ("many", "0", "2.5"):
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", bad)
+        with pytest.raises(UsageError) as info:
+            S3Options.from_mapping({})
+        assert one_line_usage_error(info.value).startswith(f"AWS_MAX_ATTEMPTS={bad!r} must be a whole number >= 1")
+    assert S3Options.from_mapping({"max_attempts": 4}).max_attempts == 4  # given: the environment is not read
+
+
 def test_no_credentials(no_aws_environment: None):
     with pytest.raises(TargetError) as info:
         open_store("s3://bucket/ckpt", {"endpoint_url": "http://127.0.0.1:1"})
