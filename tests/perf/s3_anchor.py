@@ -315,12 +315,18 @@ def run(args: argparse.Namespace) -> dict:
             "ratios": {f"{a} / {b}": ratios(a, b) for a, b in pairs}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def s3_parser(description: str | None) -> argparse.ArgumentParser:
+    """The options every S3 comparison script here takes: the endpoint, the state_dict's size, rounds, client."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint", default=os.environ.get("CKPTBENCH_TEST_S3_ENDPOINT"))
     parser.add_argument("--size", default="384MiB")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client", default=None, help="ckptbench's S3 client (boto3, s3fs, crt)")
+    return parser
+
+
+def main() -> None:
+    parser = s3_parser(__doc__)
     parser.add_argument("--slowdown", type=float, default=0.0, help="also time a save with this fraction throttled")
     parser.add_argument("--fill-etag", action="store_true",
                         help="every side through a relay that fills the empty ETag RGW 16 answers a multipart "

@@ -44,7 +44,7 @@ from ckptbench.units import parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # s3_buckets, faultproxy (not packages)
-from s3_anchor import make_state  # noqa: E402
+from s3_anchor import make_state, s3_parser  # noqa: E402
 from s3_buckets import remove_bucket  # noqa: E402
 
 DATA_BYTES = 2**20  # requests with a larger body count as data requests
@@ -409,11 +409,7 @@ def summary(result: dict[str, Any], verbose: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--endpoint", default=os.environ.get("CKPTBENCH_TEST_S3_ENDPOINT"))
-    parser.add_argument("--size", default="384MiB")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--client", default=None, help="ckptbench's S3 client (boto3, s3fs, crt)")
+    parser = s3_parser(__doc__)
     parser.add_argument("--direct", action="store_true",
                         help="ckptbench's requests straight to the server (timed by botocore), not through the relay")
     parser.add_argument("--ceph-dir", default=None,
