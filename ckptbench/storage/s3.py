@@ -217,10 +217,10 @@ class S3Options:
                                    ("connect_timeout_s", float, 0.1), ("read_timeout_s", float, 0.1)):
             if key in values:
                 values[key] = _as_number(key, values[key], kind, minimum)
-        if "max_attempts" not in values and os.environ.get("AWS_MAX_ATTEMPTS", "").strip():
-            raw = os.environ["AWS_MAX_ATTEMPTS"]
+        raw = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+        if "max_attempts" not in values and raw:
             try:
-                values["max_attempts"] = _as_number("max_attempts", raw.strip(), int, 1)
+                values["max_attempts"] = _as_number("max_attempts", raw, int, 1)
             except UsageError:
                 raise UsageError(f"AWS_MAX_ATTEMPTS={raw!r} must be a whole number >= 1") from None
         return cls(**values)
