@@ -40,7 +40,7 @@ from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint import tuning
 from ckptbench.checkpoint.commit import current_manifest
 from ckptbench.checkpoint.distributed import RankFailedError, World
-from ckptbench.checkpoint.host_memory import available_memory_bytes
+from ckptbench.checkpoint.host_memory import MADV_POPULATE_WRITE, available_memory_bytes
 from ckptbench.checkpoint.ring import Pipeline, Ring, RunningCrcs, chunks, ring_bytes
 from ckptbench.checkpoint.stage import Arena, as_bytes, copy_values, dtype_of, typed_view
 from ckptbench.checkpoint.state_dict_format import rebuild, refuse_pickled
@@ -410,8 +410,6 @@ def _checksum_ranges(entries: list[dict], offsets: list[int], block: int, where:
     return by_shard
 
 
-#: madvise(2) advice that faults a range in, writable, in one call (Linux 5.14+; Python has no name for it).
-_MADV_POPULATE_WRITE = 23
 #: Bytes faulted in per madvise call ahead of the readers (the call holds the GIL: keep it short).
 _FAULT_AHEAD_BYTES = 8 * 2**20
 
@@ -441,7 +439,7 @@ def _faulting_ahead(buffer: mmap.mmap) -> Iterator[None]:
             if stop.is_set():
                 return
             try:
-                buffer.madvise(_MADV_POPULATE_WRITE, start, min(_FAULT_AHEAD_BYTES, len(buffer) - start))
+                buffer.madvise(MADV_POPULATE_WRITE, start, min(_FAULT_AHEAD_BYTES, len(buffer) - start))
             except OSError:
                 return
 

@@ -269,6 +269,8 @@ class PreflightReport:
                 "host_memory_bytes": v.measurements.host_memory_bytes, "threads": v.measurements.threads,
                 "direct": v.measurements.direct, "shared_storage": v.measurements.shared_storage,
                 "sustained": self.bench.get("sustained"),
+                "fresh_memory": self.bench.get("fresh_memory"),
+                "hypervisor_reclaims": v.measurements.hypervisor_reclaims,
                 "checkpoint_bench": self.bench,
             },
             "assumptions": list(v.assumptions),
@@ -484,6 +486,8 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
             slower = write_slowdown(steady, target, target / save.point_s)
         doc["sustained"] = {**sustained.to_dict(), "used": slower > 1, "slowdown": slower,
                             "fitted_write_bps": target / save.point_s}
+    fresh = _fresh_memory(target, largest_bytes, budget_s, progress)
+    doc["fresh_memory"] = fresh.to_dict() if fresh is not None else None
     measurements = Measurements(
         measured_bytes=target, write_bps=target / save.point_s / slower, read_bps=target / load.point_s,
         stall_s=stall.point_s, persist_s=persist.point_s * slower,
@@ -497,10 +501,25 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         block_size_bytes=ours.details.get("block_size_bytes"), shape="sample",
         bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=largest_bytes,
         per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes, device=spec.device,
+        fresh_memory_bps=fresh.bps if fresh is not None else None,
+        hypervisor_reclaims=fresh is not None and fresh.hypervisor_reclaims,
     )
     if writers > 1:
         doc["together"] = largest_doc
     return PreflightReport(target=str(storage), verdict=evaluate(job, measurements), bench=doc)
+
+
+def _fresh_memory(node_bytes: int, sampled_bytes: int, budget_s: float, progress: Any) -> Any:
+    """The host's rate of faulting the node's restore bytes of fresh memory in (bench.fresh_memory), after the
+    sample's runs, as a restarted job's restore finds the host; None where it cannot be measured. Without a
+    time budget for a larger sample (``budget_s``), at most the sample's bytes are faulted in."""
+    from ckptbench.bench.fresh_memory import measure_fresh_memory
+
+    limit = node_bytes if budget_s > 0 else min(node_bytes, sampled_bytes)
+    progress.phase(f"faulting in {format_size(limit)} of fresh memory, as a restore's tensors")
+    fresh = measure_fresh_memory(node_bytes, limit_bytes=limit, budget_s=min(FRESH_MEMORY_S, budget_s / 3 or 1.0))
+    progress.end_step(fresh.faulted_bytes if fresh is not None else 0)
+    return fresh
 
 
 def _gpus(device: str) -> int:
@@ -530,6 +549,10 @@ def _interference(device: str, async_: Any) -> dict[str, Any]:
 
 #: The share of the available memory a larger sample may take (with the copies the bench keeps of it).
 SAMPLE_MEMORY_SHARE = 0.6
+
+
+#: The most seconds the fresh-memory probe runs (the rest of the node's bytes are extrapolated).
+FRESH_MEMORY_S = 20.0
 
 
 #: The processes the largest sample is measured in, one after the other (their runs pooled).
@@ -681,6 +704,14 @@ def _print(doc: dict[str, Any]) -> None:
     elif limit.get("limit") == "storage":
         console.print(f"storage-bound: one process saved at {limit['fraction_of_ceiling']:.0%} of the writer's own "
                       f"rate into memory here ({format_rate(limit['writer_ceiling_bps'])})")
+    fresh = m.get("fresh_memory")
+    if fresh:
+        slow = fresh["bps"] < m["read_bps"]
+        console.print(
+            f"{'[yellow]memory-bound restore:[/] ' if slow else ''}fresh memory faulted in at {format_rate(fresh['bps'])} "
+            f"(chunks {format_rate(fresh['slowest_chunk_bps'])}–{format_rate(fresh['fastest_chunk_bps'])})"
+            + (": slower than the cold reads; a restore's new tensors wait for it" if slow else "")
+            + ("; a VM handing free memory back to its hypervisor" if fresh["hypervisor_reclaims"] else ""))
     console.print(f"interference used: {p['interference']:.0%} ({p['interference_source']})")
     console.print(
         f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "

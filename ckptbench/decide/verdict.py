@@ -143,6 +143,10 @@ class Measurements:
     writers: int = 1  # processes that wrote at once in the measurement (a node's ranks are processes)
     sampled_bytes: int | None = None  # the largest size measured, when the times were fitted to measured_bytes
     bottleneck: dict[str, Any] | None = None  # bench.ceiling.bottleneck: writer- or storage-bound
+    # the node's bytes over the time this host took to fault that much fresh memory in (bench.fresh_memory):
+    # a restore allocates its tensors new, so it is no faster than this; None: not measured
+    fresh_memory_bps: float | None = None
+    hypervisor_reclaims: bool = False  # a VM that hands free memory back to its hypervisor
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -268,15 +272,27 @@ def _scenarios(job: Job, m: Measurements, f: Interference) -> tuple[_Scenario, _
     k = extrapolation_factor(m)
 
     def span(point: float, measured: tuple[float, float] | None) -> tuple[float, float]:
-        low, high = measured if measured is not None else (point, point)
-        return widen_end(point, min(low, point), k, up=False), widen_end(point, max(high, point), k, up=True)
+        return _span(point, measured, k)
 
-    write, read = span(m.write_bps, m.write_bps_range), span(m.read_bps, m.read_bps_range)
+    write, read = span(m.write_bps, m.write_bps_range), _read_span(m)
     stall, persist = span(m.stall_s, m.stall_s_range), span(m.persist_s, m.persist_s_range)
     point = _Scenario(m.write_bps, m.read_bps, m.stall_s, m.persist_s, f.point)
     best = _Scenario(write[1], read[1], stall[0], persist[0], f.low)
     worst = _Scenario(write[0], read[0], stall[1], persist[1], f.high)
     return point, best, worst
+
+
+def _span(point: float, measured: tuple[float, float] | None, k: float) -> tuple[float, float]:
+    """(low, high) of a measured quantity: the runs' extremes widened by the allowance ``k``."""
+    low, high = measured if measured is not None else (point, point)
+    return widen_end(point, min(low, point), k, up=False), widen_end(point, max(high, point), k, up=True)
+
+
+def _read_span(m: Measurements) -> tuple[float, float]:
+    """The cold reads' (low, high) rates; the low end no faster than this host faulted the restore's fresh
+    memory in (its tensors are new)."""
+    low, high = _span(m.read_bps, m.read_bps_range, extrapolation_factor(m))
+    return (min(low, m.fresh_memory_bps) if m.fresh_memory_bps is not None else low), high
 
 
 def evaluate(job: Job, m: Measurements) -> Verdict:
@@ -611,7 +627,23 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
         out.append(f"writer-bound: one process saved at {m.bottleneck['fraction_of_ceiling']:.0%} of the writer's own "
                    f"rate into memory on this host ({format_rate(m.bottleneck['writer_ceiling_bps'])}): the rates "
                    "measured here are this host's CPU and memory limit; the storage may be faster")
+    out.extend(_fresh_memory_assumptions(job, m))
     if m.probe_interference is not None:
         out.append(f"the CPU probe beside the persist on this host lost {m.probe_interference:.0%} of its throughput "
                    "(information only: a GPU training step does not run on these cores)")
     return tuple(out)
+
+
+def _fresh_memory_assumptions(job: Job, m: Measurements) -> list[str]:
+    """What faulting the restore's fresh memory in on this host says about the restore's range."""
+    out = []
+    if m.fresh_memory_bps is not None and m.fresh_memory_bps == _read_span(m)[0]:
+        out.append(f"restore: faulting the node's {format_size(job.node_bytes)} of fresh memory in took "
+                   f"{format_duration(job.node_bytes / m.fresh_memory_bps)} on this host "
+                   f"({format_rate(m.fresh_memory_bps)}), slower than the slowest cold reads: a restore allocates "
+                   "its tensors new, so the restore's range reaches that far, whatever the storage")
+    if m.hypervisor_reclaims:
+        out.append("this host is a VM that hands its free memory back to the hypervisor (virtio balloon, free page "
+                   "reporting): faulting memory in again costs what the hypervisor's state makes it, so loads and "
+                   "large saves here vary more than the storage does; measure on the training nodes to settle it")
+    return out

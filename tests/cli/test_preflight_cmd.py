@@ -50,6 +50,11 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     for key in ("sync_checkpoint_s", "async_stall_s", "restore_s", "overhead_fraction", "goodput"):
         low, high = p[f"{key}_range"]
         assert low <= p[key] <= high, key
+    # the restore's fresh memory faulted in: the restore's slow end no faster than it
+    fresh = m["fresh_memory"]
+    assert fresh["target_bytes"] == p["checkpoint_per_node_bytes"] and fresh["faulted_bytes"] > 0
+    assert p["restore_s_range"][1] >= p["checkpoint_per_node_bytes"] / fresh["bps"] * (1 - 1e-9)
+    assert m["hypervisor_reclaims"] == fresh["hypervisor_reclaims"]
     low, high = p["optimal_interval_plateau_s"]
     interval = next(a["value"] for a in doc["recommendation"] if a["setting"] == "interval_s")
     assert low <= interval <= high

@@ -162,6 +162,20 @@ def test_every_prediction_has_a_range_around_its_point():
     assert p["restore_s_range"] == pytest.approx([14e9 / 4e9, 14e9 / 2e9])
 
 
+def test_fresh_memory_slower_than_the_reads_reaches_the_restore_range_and_says_so():
+    reads = dict(read_bps_range=(2 * GB, 4 * GB))
+    slow = evaluate(job(), measured(fresh_memory_bps=0.5 * GB, hypervisor_reclaims=True, **reads))
+    assert slow.predictions["restore_s_range"] == pytest.approx([14e9 / 4e9, 14e9 / 0.5e9])
+    assert slow.predictions["restore_s"] == pytest.approx(14e9 / 3e9)  # the point stays the measured reads'
+    said = " ".join(slow.assumptions)
+    assert "fresh memory" in said and "28s" in said.replace(" ", "") and "hypervisor" in said
+    # faster than the slowest reads: the range and the assumptions stay as without it
+    fast = evaluate(job(), measured(fresh_memory_bps=2.5 * GB, **reads))
+    plain = evaluate(job(), measured(**reads))
+    assert fast.predictions["restore_s_range"] == pytest.approx(plain.predictions["restore_s_range"])
+    assert fast.assumptions == plain.assumptions
+
+
 def test_a_range_across_a_threshold_is_borderline_with_exit_3():
     # 14 GB per node at 2 GB/s (1.5-2.5 GB/s over the runs): a sync save of 7 s (5.6-9.3 s) against 8 s
     m = measured(write_bps_range=(1.5 * GB, 2.5 * GB))
