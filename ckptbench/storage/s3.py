@@ -369,9 +369,9 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         session = boto3.session.Session(profile_name=opts.profile, aws_access_key_id=opts.key,
                                         aws_secret_access_key=opts.secret, aws_session_token=opts.token)
     except ProfileNotFound:
-        named = opts.profile or env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
-        where = "storage_options profile" if opts.profile else "AWS_PROFILE" if env.get("AWS_PROFILE") else \
-            "AWS_DEFAULT_PROFILE"
+        named, where = next(((name, source) for name, source in (
+            (opts.profile, "storage_options profile"), (env.get("AWS_PROFILE"), "AWS_PROFILE"),
+            (env.get("AWS_DEFAULT_PROFILE"), "AWS_DEFAULT_PROFILE")) if name), (None, "AWS_DEFAULT_PROFILE"))
         raise UsageError(f"AWS profile {named!r} (from {where}) not found",
                          hint="check ~/.aws/config and AWS_CONFIG_FILE") from None
     credential_source = _credential_source(session, opts)
