@@ -107,6 +107,9 @@ def main() -> None:
                 # every sampled run per size, so another range rule can be judged against this real shape
                 "sample_runs_s": scaling["runs_s"][sampled], "sample_fitted": scaling["fitted"][sampled],
                 "largest_sessions": scaling.get("largest_sessions"),
+                # what faulting the node's fresh memory in cost, and whether a hypervisor takes memory back
+                "fresh_memory": prediction["measurements"].get("fresh_memory"),
+                "hypervisor_reclaims": prediction["measurements"].get("hypervisor_reclaims"),
                 "extrapolation_factor": p["extrapolation_factor"], "verdict": prediction["verdict"],
                 "seconds": time.time() - started,
             })
