@@ -328,17 +328,78 @@ class Directory:
         shutil.rmtree(name, dir_fd=self.fd)
 
     def clear(self) -> None:
-        """Remove everything in this directory (it stays)."""
-        import shutil
-
-        for name in self.listdir():
+        """Remove everything in this directory (it stays), through :meth:`tree`: a symlink is removed,
+        never what it points to, and a directory on another filesystem (a mount point inside) is left
+        alone with what holds it. Tries every entry, then raises the first OSError met, if any."""
+        first: OSError | None = None
+        device = os.fstat(self.fd).st_dev
+        for parent, name, st in self.tree():
             try:
-                if stat.S_ISDIR(self.lstat(name).st_mode):
-                    shutil.rmtree(name, dir_fd=self.fd)
+                if st.st_dev != device:
+                    raise OSError(errno.EXDEV, "on another filesystem (a mount point): left alone",
+                                  parent.shown_path(name))
+                if stat.S_ISDIR(st.st_mode):
+                    parent.rmdir(name)
                 else:
-                    self.unlink(name)
+                    parent.unlink(name)
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def usage_bytes(self) -> int:
+        """The bytes allocated to this directory and everything in it on its filesystem (as ``du``)."""
+        device = os.fstat(self.fd).st_dev
+        return os.fstat(self.fd).st_blocks * 512 + sum(
+            st.st_blocks * 512 for _, _, st in self.tree() if st.st_dev == device)
+
+    def tree(self) -> Iterator[tuple[Directory, str, os.stat_result]]:
+        """Everything under this directory as (the directory holding it, its name, its ``lstat``), each
+        directory after its contents. Follows no symlink and does not descend into a directory on
+        another filesystem (its ``st_dev`` differs: a mount point) or one it cannot open (yielded all
+        the same). Iterative, one descriptor per level."""
+        device = os.fstat(self.fd).st_dev
+        stack: list[tuple[Directory, Iterator[str], tuple[Directory, str, os.stat_result] | None]] = [
+            (self, iter(self.listdir()), None)]
+        try:
+            while stack:
+                directory, names, entry = stack[-1]
+                name = next(names, None)
+                if name is None:
+                    stack.pop()
+                    if directory is not self:
+                        directory.close()
+                    if entry is not None:
+                        yield entry
+                    continue
+                try:
+                    st = directory.lstat(name)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode) or st.st_dev != device:
+                    yield directory, name, st
+                    continue
+                try:
+                    child = directory.subdir(name)
+                except (OSError, UnsafeFileError):  # gone, swapped for a symlink, out of descriptors
+                    yield directory, name, st
+                    continue
+                try:
+                    same = os.path.samestat(os.fstat(child.fd), st)  # not swapped for another one since
+                    children = iter(child.listdir()) if same else None
+                except OSError:
+                    children = None
+                if children is None:
+                    child.close()
+                    yield directory, name, st
+                    continue
+                stack.append((child, children, (directory, name, st)))
+        finally:
+            for directory, _, _ in stack:
+                if directory is not self:
+                    directory.close()
 
     def fsync(self) -> None:
         try:

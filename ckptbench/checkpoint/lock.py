@@ -68,12 +68,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 from ckptbench import knobs, safeio
 from ckptbench.checkpoint import at_exit
 from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOError
 from ckptbench.interrupts import QuietThread
+from ckptbench.storage.owner import boot_id as _boot_id
+from ckptbench.storage.owner import pid_namespace as _pid_namespace
+from ckptbench.storage.owner import process_start as _process_start
 from ckptbench.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -138,28 +140,6 @@ class Holder:
             return self.token not in _live_tokens
         start = _process_start(self.pid)
         return start is None or (bool(self.process_start) and start != self.process_start)
-
-
-def _boot_id() -> str:
-    with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return ""
-
-
-def _pid_namespace() -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink("/proc/self/ns/pid")
-    return ""
-
-
-def _process_start(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot); None when there is no live process ``pid``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 class SaveLock:

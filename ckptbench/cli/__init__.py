@@ -41,6 +41,7 @@ from ckptbench.cli import params  # noqa: E402
 #: command name -> "module:attribute"; a command's module is imported only when it runs.
 COMMANDS: dict[str, str] = {
     "bench": "ckptbench.cli.bench:bench",
+    "clean": "ckptbench.cli.clean:clean",
     "interval": "ckptbench.cli.interval_cmd:interval",
     "goodput": "ckptbench.cli.goodput_cmd:goodput",
     "preflight": "ckptbench.cli.preflight:preflight",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import io
@@ -9,15 +10,17 @@ import logging
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptbench import safeio
 from ckptbench.errors import InsufficientSpaceError, TargetError, UnsafeFileError
+from ckptbench.storage import owner as owners
 from ckptbench.units import format_size
 
 log = logging.getLogger(__name__)
@@ -198,11 +201,39 @@ class LocalDirectory:
             log.info("%s reports no size; free-space check skipped", self.path)
             return
         free = usage.free
+        leftovers = self.warn_leftovers()
         if free < needed_bytes:
+            dead = [f for f in leftovers if f.removable]
+            unknown = [f for f in leftovers if f.state == UNKNOWN_OWNER]
+            held = "".join(
+                f"; {len(found)} {what} scratch director{'y' if len(found) == 1 else 'ies'} there hold "
+                f"{format_size(sum(f.size_bytes or 0 for f in found))}" for found, what in
+                ((dead, "killed runs'"), (unknown, "unknown runs'")) if found)
             raise InsufficientSpaceError(
-                f"{self.path} has {format_size(free)} free but the run needs {format_size(needed_bytes)}",
-                hint="free space, or lower --size",
+                f"{self.path} has {format_size(free)} free but the run needs {format_size(needed_bytes)}{held}",
+                hint=("`ckptbench clean " + shlex.quote(str(self.path)) + "` removes the killed runs' ones; "
+                      if dead else "") + "free space, or lower --size",
             )
+
+    def leftovers(self) -> list[Leftover]:
+        """The entries directly in this directory named like a scratch directory, except this process's
+        own ones in use, each with its owner's :attr:`Leftover.state`; sized when not live or elsewhere."""
+        return find_leftovers(self.path)
+
+    def warn_leftovers(self) -> list[Leftover]:
+        """:meth:`leftovers`, with a warning for each one a killed run left here (once per process)."""
+        try:
+            found = self.leftovers()
+        except OSError as exc:
+            log.info("cannot look for leftover scratch directories in %s: %s", self.path, exc.strerror or exc)
+            return []
+        for leftover in found:
+            if leftover.removable and leftover.path not in _WARNED:
+                _WARNED.add(leftover.path)
+                log.warning("%s (%s) is a scratch directory a killed run left behind (pid %d, gone); remove it "
+                            "with `ckptbench clean %s`", leftover.path, format_size(leftover.size_bytes or 0),
+                            leftover.owner.pid if leftover.owner else 0, shlex.quote(str(self.path)))
+        return found
 
     @contextmanager
     def scratch(self, shared_name: str | None = None) -> Iterator[Path]:
@@ -219,6 +250,7 @@ class LocalDirectory:
         """
         name = shared_name or scratch_name()
         scratch = self.path / name
+        self.warn_leftovers()
         try:
             target = safeio.Directory.open(self.path)
         except (OSError, UnsafeFileError) as exc:
@@ -249,6 +281,8 @@ class LocalDirectory:
                 directory.close()
                 raise TargetError(f"the scratch directory {scratch} was replaced as it was created",
                                   hint="another user can write to the target; use a directory only you can write to")
+            if not directory.exists(SCRATCH_OWNER):
+                _record_owner(directory)
             log.info("scratch directory %s", scratch)
             with scratch_in_use(str(scratch)), directory:
                 anchored = directory.path_of()
@@ -288,6 +322,126 @@ class LocalDirectory:
                 f"{self.path} ran out of space during the run ({reason}): {needs}{format_size(free_at_start)} "
                 f"was free when it started",
                 hint=f"free space (something else may be filling it) or {size_hint}") from exc
+
+
+#: The file in a scratch directory that names the process that made it (:class:`owners.ProcessOwner`).
+SCRATCH_OWNER = ".ckptbench-owner.json"
+#: :attr:`Leftover.state` besides :meth:`owners.ProcessOwner.state`'s: no readable record (made before
+#: scratch directories recorded their owner, or the record is not one), not a directory, a mount point
+UNKNOWN_OWNER, NOT_A_DIRECTORY, OTHER_FILESYSTEM = "unknown owner", "not a directory", "other filesystem"
+#: A killed run's leftover that :func:`remove_leftovers` could not remove (the warning logged says why).
+NOT_REMOVED = "not removed"
+_WHY_KEPT = {
+    owners.LIVE: "its process still runs",
+    owners.OTHER_HOST: "made on another host (or pid namespace): whether its process runs cannot be told here",
+    owners.OTHER_BOOT: "made on a host of this name before its last restart, or on another machine of this name",
+    UNKNOWN_OWNER: "it records no owner (an older ckptbench made it, or its record is unreadable): remove it by "
+                   "hand once no run uses it",
+    NOT_A_DIRECTORY: "not a directory (a symbolic link or a file): ckptbench never makes one",
+    OTHER_FILESYSTEM: "another filesystem is mounted there",
+    NOT_REMOVED: "a killed run's, but it could not be removed (see the warning)",
+}
+#: Leftovers already warned about by this process.
+_WARNED: set[Path] = set()
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An entry named like a scratch directory, and whether a killed run of this host left it."""
+
+    path: Path
+    state: str
+    owner: owners.ProcessOwner | None
+    size_bytes: int | None
+
+    @property
+    def removable(self) -> bool:
+        return self.state == owners.DEAD
+
+    @property
+    def why_kept(self) -> str | None:
+        return None if self.removable else _WHY_KEPT.get(self.state, self.state)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": str(self.path), "state": self.state, "size_bytes": self.size_bytes,
+                "owner": None if self.owner is None else {"host": self.owner.host, "pid": self.owner.pid},
+                "why_kept": self.why_kept}
+
+
+def _record_owner(directory: safeio.Directory) -> None:
+    try:
+        directory.write_atomic(SCRATCH_OWNER, lambda out: out.write(owners.ProcessOwner.me().encode()), mode=0o600)
+    except OSError as exc:  # the run goes on: a later run sees an unknown owner and keeps the directory
+        log.info("could not record the owner of scratch directory %s: %s", directory.shown, exc)
+
+
+def _inspect(target: safeio.Directory, name: str) -> tuple[str, owners.ProcessOwner | None, safeio.Directory | None]:
+    """(state, owner, the directory held open unless it is not one) of the entry ``name``."""
+    try:
+        directory = target.subdir(name)
+    except (UnsafeFileError, NotADirectoryError):
+        return NOT_A_DIRECTORY, None, None
+    except PermissionError:  # another user's (scratch directories are 0700)
+        return UNKNOWN_OWNER, None, None
+    if os.fstat(directory.fd).st_dev != os.fstat(target.fd).st_dev:
+        return OTHER_FILESYSTEM, None, directory
+    try:
+        owner = owners.ProcessOwner.decode(directory.read(SCRATCH_OWNER, 4096, what="owner record"))
+    except (OSError, UnsafeFileError):
+        owner = None
+    return (UNKNOWN_OWNER if owner is None else owner.state()), owner, directory
+
+
+@contextmanager
+def _leftovers_open(path: Path) -> Iterator[list[tuple[Leftover, safeio.Directory | None]]]:
+    """The leftovers in ``path``, each with its directory held open while the block runs."""
+    in_use = {Path(p).name for p in SCRATCH_IN_USE}
+    held: list[tuple[Leftover, safeio.Directory | None]] = []
+    with safeio.Directory.open(path) as target:
+        try:
+            for name in sorted(target.listdir()):
+                if not name.startswith(SCRATCH_PREFIX) or name in in_use:
+                    continue
+                try:
+                    state, owner, directory = _inspect(target, name)
+                except FileNotFoundError:
+                    continue
+                size = None
+                if directory is not None and state not in (owners.LIVE, OTHER_FILESYSTEM):
+                    with contextlib.suppress(OSError):
+                        size = directory.usage_bytes()
+                held.append((Leftover(path / name, state, owner, size), directory))
+            yield held
+        finally:
+            for _, directory in held:
+                if directory is not None:
+                    directory.close()
+
+
+def find_leftovers(path: Path) -> list[Leftover]:
+    """The entries named like a scratch directory directly in ``path`` (see :class:`Leftover`)."""
+    with _leftovers_open(path) as held:
+        return [leftover for leftover, _ in held]
+
+
+def remove_leftovers(path: Path, *, dry_run: bool = False) -> tuple[list[Leftover], list[Leftover]]:
+    """Remove the scratch directories killed runs of this host left in ``path`` (``dry_run``: only say
+    which), each through the descriptor it was inspected with, as a run removes its own: no symlink
+    followed, no other filesystem entered, nothing outside it touched. Returns (removed, kept)."""
+    removed: list[Leftover] = []
+    kept: list[Leftover] = []
+    with _leftovers_open(path) as held, safeio.Directory.open(path) as target:
+        for leftover, directory in held:
+            if not leftover.removable or directory is None:
+                kept.append(leftover)
+                continue
+            if not dry_run:
+                _remove_scratch(target, directory, leftover.path.name, leftover.path)
+                if target.exists(leftover.path.name):
+                    kept.append(replace(leftover, state=NOT_REMOVED))
+                    continue
+            removed.append(leftover)
+    return removed, kept
 
 
 def _name_scratch(exc: BaseException, anchored: str, real: str) -> None:
