@@ -131,3 +131,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _uses_ceph(item):
             item.add_marker(pytest.mark.xdist_group("ceph"))
+
+
+@pytest.fixture
+def scratch_leftover():
+    """``scratch_leftover(where, name, owner)``: a scratch directory made by hand in ``where``, holding 64 KiB
+    and ``owner`` (a ``ProcessOwner``) as its owner record, or no record when None."""
+    from ckptbench.storage.local_target import SCRATCH_OWNER, SCRATCH_PREFIX
+
+    def make(where: Path, name: str, recorded) -> Path:
+        path = where / f"{SCRATCH_PREFIX}{name}"
+        path.mkdir(mode=0o700)
+        (path / "shard-00000.bin").write_bytes(b"s" * 65536)
+        if recorded is not None:
+            (path / SCRATCH_OWNER).write_bytes(recorded.encode())
+        return path
+
+    return make

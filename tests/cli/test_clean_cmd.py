@@ -11,20 +11,11 @@ from pathlib import Path
 import pytest
 
 from ckptbench.storage import owner
-from ckptbench.storage.local_target import SCRATCH_OWNER, SCRATCH_PREFIX
-
-
-def _leftover(where: Path, name: str, recorded: owner.ProcessOwner | None) -> Path:
-    path = where / f"{SCRATCH_PREFIX}{name}"
-    path.mkdir(mode=0o700)
-    (path / "shard-00000.bin").write_bytes(b"s" * 65536)
-    if recorded is not None:
-        (path / SCRATCH_OWNER).write_bytes(recorded.encode())
-    return path
+from ckptbench.storage.local_target import SCRATCH_PREFIX
 
 
 @pytest.fixture
-def leftovers(tmp_path: Path) -> dict[str, Path]:
+def leftovers(tmp_path: Path, scratch_leftover) -> dict[str, Path]:
     me = owner.ProcessOwner.me()
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -34,10 +25,10 @@ def leftovers(tmp_path: Path) -> dict[str, Path]:
     link = target / f"{SCRATCH_PREFIX}5-link"
     link.symlink_to(victim)
     return {
-        "dead": _leftover(target, f"{os.getpid()}-dead", dataclasses.replace(me, process_start="1")),
-        "live": _leftover(target, f"{os.getpid()}-live", me),
-        "other host": _leftover(target, "7-far", dataclasses.replace(me, host=me.host + "-other")),
-        "unknown owner": _leftover(target, "8-old", None),
+        "dead": scratch_leftover(target, f"{os.getpid()}-dead", dataclasses.replace(me, process_start="1")),
+        "live": scratch_leftover(target, f"{os.getpid()}-live", me),
+        "other host": scratch_leftover(target, "7-far", dataclasses.replace(me, host=me.host + "-other")),
+        "unknown owner": scratch_leftover(target, "8-old", None),
         "not a directory": link,
         "target": target, "victim": victim,
     }

@@ -50,19 +50,14 @@ def killed_run(where: Path) -> Path:
     return where / left
 
 
-def planted(where: Path, name: str, recorded: owner.ProcessOwner | None) -> Path:
-    """A scratch directory made by hand, with ``recorded`` as its owner record (none when None)."""
-    path = where / f"{SCRATCH_PREFIX}{name}"
-    path.mkdir(mode=0o700)
-    (path / "data.bin").write_bytes(b"d" * 8192)
-    if recorded is not None:
-        (path / SCRATCH_OWNER).write_bytes(recorded.encode())
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     monkeypatch.setattr(local_target, "_WARNED", set())
+
+
+@pytest.fixture
+def planted(scratch_leftover):
+    return scratch_leftover
 
 
 def test_a_scratch_directory_records_this_process_as_its_owner(tmp_path: Path) -> None:
@@ -99,7 +94,7 @@ def test_each_leftover_is_warned_about_once_per_process(tmp_path: Path, caplog) 
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
-def test_the_free_space_error_names_the_leftovers_bytes(tmp_path: Path) -> None:
+def test_the_free_space_error_names_the_leftovers_bytes(tmp_path: Path, planted) -> None:
     killed_run(tmp_path)
     planted(tmp_path, "1-old", None)
     with pytest.raises(InsufficientSpaceError) as raised:
@@ -110,7 +105,7 @@ def test_the_free_space_error_names_the_leftovers_bytes(tmp_path: Path) -> None:
     assert f"ckptbench clean {tmp_path}" in text
 
 
-def test_a_live_process_another_host_and_an_unknown_owner_are_kept(tmp_path: Path) -> None:
+def test_a_live_process_another_host_and_an_unknown_owner_are_kept(tmp_path: Path, planted) -> None:
     me = owner.ProcessOwner.me()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -128,7 +123,7 @@ def test_a_live_process_another_host_and_an_unknown_owner_are_kept(tmp_path: Pat
         assert states == {live_child: owner.LIVE, this_process: owner.LIVE, elsewhere: owner.OTHER_HOST,
                           unknown: UNKNOWN_OWNER}
         assert all(f.why_kept for f in kept)
-        assert all((p / "data.bin").is_file() for p in states)
+        assert all((p / "shard-00000.bin").is_file() for p in states)
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
@@ -137,7 +132,7 @@ def test_a_live_process_another_host_and_an_unknown_owner_are_kept(tmp_path: Pat
     assert gone.state == owner.DEAD
 
 
-def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
+def test_a_reused_pid_is_not_the_owner(tmp_path: Path, planted) -> None:
     """This process's pid, but another start time: the process that made it is gone."""
     me = owner.ProcessOwner.me()
     left = planted(tmp_path, f"{os.getpid()}-reused", dataclasses.replace(me, process_start="1"))
@@ -145,14 +140,14 @@ def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
     assert [f.path for f in removed] == [left] and not left.exists()
 
 
-def test_another_pid_namespace_is_another_host(tmp_path: Path) -> None:
+def test_another_pid_namespace_is_another_host(tmp_path: Path, planted) -> None:
     me = owner.ProcessOwner.me()
     planted(tmp_path, "3-container", dataclasses.replace(me, pid=3, pid_namespace="pid:[1]"))
     (found,) = find_leftovers(tmp_path)
     assert found.state == owner.OTHER_HOST
 
 
-def test_a_record_that_is_not_one_is_an_unknown_owner(tmp_path: Path) -> None:
+def test_a_record_that_is_not_one_is_an_unknown_owner(tmp_path: Path, planted) -> None:
     for i, body in enumerate([b"", b"{", b'{"host": 1}', b"[]", b'{"pid": -1}']):
         path = planted(tmp_path, f"{i}-bad", None)
         (path / SCRATCH_OWNER).write_bytes(body)
