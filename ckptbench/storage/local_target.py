@@ -206,9 +206,9 @@ class LocalDirectory:
             dead = [f for f in leftovers if f.removable]
             unknown = [f for f in leftovers if f.state == UNKNOWN_OWNER]
             held = "".join(
-                f"; {len(found)} {what} scratch director{'y' if len(found) == 1 else 'ies'} there hold "
-                f"{format_size(sum(f.size_bytes or 0 for f in found))}" for found, what in
-                ((dead, "killed runs'"), (unknown, "unknown runs'")) if found)
+                f"; {len(found)} scratch director{'y' if len(found) == 1 else 'ies'} {whose} there "
+                f"{'holds' if len(found) == 1 else 'hold'} {format_size(sum(f.size_bytes or 0 for f in found))}"
+                for found, whose in ((dead, "left by killed runs"), (unknown, "of unknown owner")) if found)
             raise InsufficientSpaceError(
                 f"{self.path} has {format_size(free)} free but the run needs {format_size(needed_bytes)}{held}",
                 hint=("`ckptbench clean " + shlex.quote(str(self.path)) + "` removes the killed runs' ones; "

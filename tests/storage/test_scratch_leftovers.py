@@ -27,6 +27,7 @@ from ckptbench.storage.local_target import (
     find_leftovers,
     remove_leftovers,
 )
+from ckptbench.units import format_size
 
 #: A run that writes 256 KiB in its scratch directory and is SIGKILLed there.
 _KILLED_RUN = textwrap.dedent("""
@@ -95,13 +96,14 @@ def test_each_leftover_is_warned_about_once_per_process(tmp_path: Path, caplog) 
 
 
 def test_the_free_space_error_names_the_leftovers_bytes(tmp_path: Path, planted) -> None:
-    killed_run(tmp_path)
-    planted(tmp_path, "1-old", None)
+    dead = killed_run(tmp_path)
+    unknown = planted(tmp_path, "1-old", None)
+    sizes = {f.path: format_size(f.size_bytes) for f in find_leftovers(tmp_path)}
     with pytest.raises(InsufficientSpaceError) as raised:
         LocalDirectory(tmp_path).require_free(1 << 62)
     text = str(raised.value)
-    assert "1 killed runs' scratch directory there hold" in text
-    assert "1 unknown runs' scratch directory there hold" in text
+    assert f"1 scratch directory left by killed runs there holds {sizes[dead]}" in text
+    assert f"1 scratch directory of unknown owner there holds {sizes[unknown]}" in text
     assert f"ckptbench clean {tmp_path}" in text
 
 
