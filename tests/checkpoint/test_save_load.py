@@ -443,7 +443,7 @@ def test_read_error_wins_over_a_checksum_mismatch_found_meanwhile(tmp_path: Path
 def test_load_without_populate_support_still_faults_in(tmp_path: Path, monkeypatch):
     # Kernels before 5.14 refuse MADV_POPULATE_WRITE: the readers fault the pages in themselves.
     sd, c, _ = many_shards(tmp_path)
-    monkeypatch.setattr(loader, "_MADV_POPULATE_WRITE", 0x7FFF)  # EINVAL everywhere
+    monkeypatch.setattr(loader, "MADV_POPULATE_WRITE", 0x7FFF)  # EINVAL everywhere
     out = ckptbench.load(c)
     assert all(torch.equal(out[k], v) for k, v in sd.items())
 
