@@ -176,3 +176,7 @@ SUSTAINED_PROBE_MAX_BYTES = _env_int("SUSTAINED_PROBE_MAX_BYTES", 4 << 30, 1)
 SUSTAINED_PROBE_FREE_FRACTION = _env_float("SUSTAINED_PROBE_FREE_FRACTION", 0.25, 0.0, 1.0)
 SUSTAINED_PROBE_DIRECT_S = _env_float("SUSTAINED_PROBE_DIRECT_S", 10.0, 0.001)
 SUSTAINED_PROBE_MAX_S = _env_float("SUSTAINED_PROBE_MAX_S", 30.0, 0.001)
+#: preflight's fresh-memory probe (a restore's new tensors faulted in): the share of the available memory it
+#: may take (0: no probe) and the most seconds it runs (the rest of the node's bytes are extrapolated).
+FRESH_MEMORY_SHARE = _env_float("FRESH_MEMORY_SHARE", 0.5, 0.0, 0.9)
+FRESH_MEMORY_MAX_S = _env_float("FRESH_MEMORY_MAX_S", 20.0, 0.001)

@@ -16,12 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench import knobs
 from ckptbench.checkpoint.host_memory import MADV_POPULATE_WRITE, available_memory_bytes, reports_free_memory
 
 #: Bytes faulted in per timed call.
 CHUNK_BYTES = 256 * 2**20
-#: The share of the available memory the probe may take.
-MEMORY_SHARE = 0.5
 #: The chunks at the end whose median rate stands for the bytes the probe did not reach.
 TAIL_CHUNKS = 4
 
@@ -60,15 +59,18 @@ class FreshMemory:
                 "hypervisor_reclaims": self.hypervisor_reclaims}
 
 
-def measure_fresh_memory(target_bytes: int, *, limit_bytes: int | None = None, budget_s: float = 20.0,
+def measure_fresh_memory(target_bytes: int, *, limit_bytes: int | None = None, budget_s: float | None = None,
                          chunk_bytes: int = CHUNK_BYTES) -> FreshMemory | None:
-    """Fault ``target_bytes`` of fresh memory in (at most ``limit_bytes``, :data:`MEMORY_SHARE` of the available
-    memory and ``budget_s`` seconds; the rest is extrapolated from the last chunks), one chunk at a time; None
-    where the kernel cannot populate memory on request (not Linux, or before 5.14)."""
+    """Fault ``target_bytes`` of fresh memory in (at most ``limit_bytes``, ``CKPTBENCH_FRESH_MEMORY_SHARE`` of the
+    available memory, and ``budget_s`` seconds, by default ``CKPTBENCH_FRESH_MEMORY_MAX_S``; the rest is
+    extrapolated from the last chunks), one chunk at a time; None where the share is 0 or the kernel cannot
+    populate memory on request (not Linux, or before 5.14)."""
     available = available_memory_bytes()
-    if available is None or target_bytes <= 0:
+    if available is None or target_bytes <= 0 or not knobs.FRESH_MEMORY_SHARE:
         return None
-    limit = min(target_bytes, int(available * MEMORY_SHARE), *(() if limit_bytes is None else (limit_bytes,)))
+    budget_s = knobs.FRESH_MEMORY_MAX_S if budget_s is None else budget_s
+    limit = min(target_bytes, int(available * knobs.FRESH_MEMORY_SHARE),
+                *(() if limit_bytes is None else (limit_bytes,)))
     chunk_bytes = min(chunk_bytes, limit)
     if chunk_bytes < mmap.PAGESIZE:
         return None

@@ -397,6 +397,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     from ckptbench.bench.records import MEMORY_FILESYSTEMS
     from ckptbench.bench.shootout import plan, run_checkpoint_bench
     from ckptbench.bench.sustained import write_slowdown
+    from ckptbench.checkpoint.host_memory import reports_free_memory
     from ckptbench.decide.scaling import fit_sizes
     from ckptbench.decide.verdict import Measurements, evaluate
     from ckptbench.storage.local_target import LocalDirectory
@@ -502,7 +503,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=largest_bytes,
         per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes, device=spec.device,
         fresh_memory_bps=fresh.bps if fresh is not None else None,
-        hypervisor_reclaims=fresh is not None and fresh.hypervisor_reclaims,
+        hypervisor_reclaims=fresh.hypervisor_reclaims if fresh is not None else reports_free_memory(),
     )
     if writers > 1:
         doc["together"] = largest_doc
@@ -513,11 +514,15 @@ def _fresh_memory(node_bytes: int, sampled_bytes: int, budget_s: float, progress
     """The host's rate of faulting the node's restore bytes of fresh memory in (bench.fresh_memory), after the
     sample's runs, as a restarted job's restore finds the host; None where it cannot be measured. Without a
     time budget for a larger sample (``budget_s``), at most the sample's bytes are faulted in."""
+    from ckptbench import knobs
     from ckptbench.bench.fresh_memory import measure_fresh_memory
 
+    if not knobs.FRESH_MEMORY_SHARE:
+        return None
     limit = node_bytes if budget_s > 0 else min(node_bytes, sampled_bytes)
     progress.phase(f"faulting in {format_size(limit)} of fresh memory, as a restore's tensors")
-    fresh = measure_fresh_memory(node_bytes, limit_bytes=limit, budget_s=min(FRESH_MEMORY_S, budget_s / 3 or 1.0))
+    fresh = measure_fresh_memory(node_bytes, limit_bytes=limit,
+                                 budget_s=min(knobs.FRESH_MEMORY_MAX_S, budget_s / 3 or 1.0))
     progress.end_step(fresh.faulted_bytes if fresh is not None else 0)
     return fresh
 
@@ -549,10 +554,6 @@ def _interference(device: str, async_: Any) -> dict[str, Any]:
 
 #: The share of the available memory a larger sample may take (with the copies the bench keeps of it).
 SAMPLE_MEMORY_SHARE = 0.6
-
-
-#: The most seconds the fresh-memory probe runs (the rest of the node's bytes are extrapolated).
-FRESH_MEMORY_S = 20.0
 
 
 #: The processes the largest sample is measured in, one after the other (their runs pooled).

@@ -298,3 +298,14 @@ def test_a_further_sample_runs_in_a_fresh_process_with_the_settled_writer_settin
 
     with pytest.raises(StorageIOError, match="the sample of .* failed: .*does not exist"):
         run_sample_fresh(spec, str(tmp_path / "missing"), settings={})
+
+
+def test_the_fresh_memory_probe_can_be_turned_off(cli, tmp_path: Path, monkeypatch):
+    from ckptbench import knobs
+    from ckptbench.checkpoint.host_memory import reports_free_memory
+
+    monkeypatch.setattr(knobs, "FRESH_MEMORY_SHARE", 0.0)  # CKPTBENCH_FRESH_MEMORY_SHARE=0
+    doc = cli.json("preflight", str(tmp_path), *TINY, "--params", "100M", "--ranks", "1", "--mtbf", "1d")
+    m = doc["measurements"]
+    assert m["fresh_memory"] is None and m["hypervisor_reclaims"] == reports_free_memory()
+    assert not any("fresh memory" in a for a in doc["assumptions"])

@@ -60,13 +60,17 @@ def test_the_probe_faults_the_target_in_chunks(monkeypatch):
 
 
 def test_the_probe_stays_within_its_share_of_the_available_memory(monkeypatch):
+    monkeypatch.setattr(fresh_memory.knobs, "FRESH_MEMORY_SHARE", 0.5)
     monkeypatch.setattr(fresh_memory, "available_memory_bytes", lambda: 8 * MiB)
     probe = measure_fresh_memory(1 << 40, chunk_bytes=MiB)
     if probe is None:
         pytest.skip("this kernel cannot populate memory on request (before 5.14)")
-    assert probe.faulted_bytes == 4 * MiB  # MEMORY_SHARE of 8 MiB; the rest extrapolated
+    assert probe.faulted_bytes == 4 * MiB  # CKPTBENCH_FRESH_MEMORY_SHARE (0.5) of 8 MiB; the rest extrapolated
     assert probe.target_bytes == 1 << 40
     assert measure_fresh_memory(1 << 40, limit_bytes=MiB).chunk_seconds  # a limit below a chunk: one chunk of it
     assert measure_fresh_memory(1 << 40, limit_bytes=MiB).faulted_bytes == MiB
+    monkeypatch.setattr(fresh_memory.knobs, "FRESH_MEMORY_SHARE", 0.0)  # the probe turned off
+    assert measure_fresh_memory(1 << 30) is None
+    monkeypatch.setattr(fresh_memory.knobs, "FRESH_MEMORY_SHARE", 0.5)
     monkeypatch.setattr(fresh_memory, "available_memory_bytes", lambda: None)
     assert measure_fresh_memory(1 << 30) is None
