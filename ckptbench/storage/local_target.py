@@ -201,8 +201,9 @@ class LocalDirectory:
             log.info("%s reports no size; free-space check skipped", self.path)
             return
         free = usage.free
-        leftovers = self.warn_leftovers()
+        self.warn_leftovers()
         if free < needed_bytes:
+            leftovers = self._leftovers_found()
             dead = [f for f in leftovers if f.removable]
             unknown = [f for f in leftovers if f.state == UNKNOWN_OWNER]
             held = "".join(
@@ -220,20 +221,25 @@ class LocalDirectory:
         own ones in use, each with its owner's :attr:`Leftover.state`; sized when not live or elsewhere."""
         return find_leftovers(self.path)
 
-    def warn_leftovers(self) -> list[Leftover]:
-        """:meth:`leftovers`, with a warning for each one a killed run left here (once per process)."""
+    def _leftovers_found(self) -> list[Leftover]:
+        """:meth:`leftovers`; none (and why, logged) when this directory cannot be read."""
         try:
-            found = self.leftovers()
+            return self.leftovers()
         except OSError as exc:
             log.info("cannot look for leftover scratch directories in %s: %s", self.path, exc.strerror or exc)
             return []
-        for leftover in found:
-            if leftover.removable and leftover.path not in _WARNED:
-                _WARNED.add(leftover.path)
+
+    def warn_leftovers(self) -> None:
+        """A warning for each scratch directory a killed run left here; a process looks at a directory
+        once (a run opens several scratch directories in its target)."""
+        if self.path in _WARNED:
+            return
+        _WARNED.add(self.path)
+        for leftover in self._leftovers_found():
+            if leftover.removable:
                 log.warning("%s (%s) is a scratch directory a killed run left behind (pid %d, gone); remove it "
                             "with `ckptbench clean %s`", leftover.path, format_size(leftover.size_bytes or 0),
                             leftover.owner.pid if leftover.owner else 0, shlex.quote(str(self.path)))
-        return found
 
     @contextmanager
     def scratch(self, shared_name: str | None = None) -> Iterator[Path]:
@@ -341,7 +347,7 @@ _WHY_KEPT = {
     OTHER_FILESYSTEM: "another filesystem is mounted there",
     NOT_REMOVED: "a killed run's, but it could not be removed (see the warning)",
 }
-#: Leftovers already warned about by this process.
+#: The directories this process looked for leftovers in (and warned about what it found).
 _WARNED: set[Path] = set()
 
 
