@@ -75,6 +75,7 @@ from ckptbench.errors import CheckpointLockedError, LockLostError, StorageIOErro
 from ckptbench.interrupts import QuietThread
 from ckptbench.storage.owner import boot_id as _boot_id
 from ckptbench.storage.owner import pid_namespace as _pid_namespace
+from ckptbench.storage.owner import process_gone
 from ckptbench.storage.owner import process_start as _process_start
 from ckptbench.storage.store import Store
 
@@ -138,8 +139,7 @@ class Holder:
             return False
         if self.pid == os.getpid():
             return self.token not in _live_tokens
-        start = _process_start(self.pid)
-        return start is None or (bool(self.process_start) and start != self.process_start)
+        return process_gone(self.pid, self.process_start)
 
 
 class SaveLock:

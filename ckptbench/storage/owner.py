@@ -44,6 +44,13 @@ def process_start(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
+def process_gone(pid: int, recorded_start: str) -> bool:
+    """Whether process ``pid`` of this host and namespace, which started at ``recorded_start`` (``""``:
+    not recorded), no longer runs: no live process has that pid, or another one does."""
+    start = process_start(pid)
+    return start is None or (bool(recorded_start) and start != recorded_start)
+
+
 #: :meth:`ProcessOwner.state` values
 DEAD, LIVE, OTHER_HOST, OTHER_BOOT = "dead", "live", "other host", "other boot"
 
@@ -90,7 +97,4 @@ class ProcessOwner:
             return OTHER_HOST
         if self.boot_id != here.boot_id:
             return DEAD if self.machine_id and self.machine_id == here.machine_id else OTHER_BOOT
-        start = process_start(self.pid)
-        if start is None or (self.process_start and start != self.process_start):
-            return DEAD
-        return LIVE
+        return DEAD if process_gone(self.pid, self.process_start) else LIVE
