@@ -3,6 +3,8 @@ are allocated (a save or load, and the benchmarks sizing their checkpoints)."""
 
 from __future__ import annotations
 
+import os
+
 
 def available_memory_bytes() -> int | None:
     """``MemAvailable`` of ``/proc/meminfo`` in bytes: what can be allocated without swapping; None
@@ -30,8 +32,6 @@ def reports_free_memory(devices: str = "/sys/bus/virtio/devices") -> bool:
     """Whether this host is a VM that reports its free memory to the hypervisor (a virtio balloon with free
     page reporting): memory freed here is taken back, and faulting fresh memory in can cost far more than
     zeroing it, depending on the hypervisor's own memory."""
-    import os
-
     try:
         names = os.listdir(devices)
     except OSError:
