@@ -1,5 +1,6 @@
-"""The host's available memory, which staging arenas and read buffers are checked against before they
-are allocated (a save or load, and the benchmarks sizing their checkpoints)."""
+"""The host's memory: what is available, which staging arenas and read buffers are checked against before
+they are allocated (a save or load, and the benchmarks sizing their checkpoints); how to fault memory in
+ahead of use; and whether a hypervisor takes this host's free memory back."""
 
 from __future__ import annotations
 
