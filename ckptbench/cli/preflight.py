@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,8 @@ def _interval(value: str) -> float | None:
               help="Time the runs of a third, larger sample may take when the node's checkpoint is larger than "
                    "--measure-size (building it and verifying its loads come on top): it is measured as near the "
                    "node's bytes as this time and the host's memory allow (the node's own bytes when they fit: no "
-                   "extrapolation; the nearer, the narrower the ranges); 0 measures only --measure-size and a "
-                   "quarter of it.")
+                   "extrapolation; the nearer, the narrower the ranges), and time left over buys it more runs "
+                   "(up to twice --repeat); 0 measures only --measure-size and a quarter of it.")
 @click.option("--repeat", type=params.RUNS, default=3, show_default=True, help="Measured runs.")
 @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
               help="Where the measured state_dict lives, as in training: cuda saves it with device-to-host staging, "
@@ -386,8 +387,9 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     ``knobs.SAMPLE_RANKS_MAX`` and the cores), fitted as a fixed part plus a per-byte part
     (:mod:`ckptbench.decide.scaling`) and read at the node's bytes. A third, larger size nearer the node's
     bytes (the node's own when it fits) is measured when the host's memory and ``budget_s`` allow it, in
-    two sessions (fresh processes sharing the runs) whose runs are pooled: runs made in one process agree
-    more closely than a job's saves minutes later do, and the range must cover the latter."""
+    two or three sessions (fresh processes sharing the runs) whose runs are pooled: runs made in one process
+    agree more closely than a job's saves minutes later do, and the range must cover the latter. Time the
+    budget leaves at that size buys more runs of it (:func:`_extended`)."""
     import dataclasses
     import os
     import statistics
@@ -440,9 +442,10 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
                                    repeat=repeat, warmup=1, device="cpu" if spec.device == "cpu" else "cuda")
         return _together_runs(together)
 
-    def measure_in_sessions(sample: Any) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-        """``sample`` measured in fresh processes one after the other (:func:`session_runs`), runs pooled."""
-        split = session_runs(spec.repeat)
+    def measure_in_sessions(sample: Any, repeat: int) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
+        """``sample``'s ``repeat`` runs measured in fresh processes one after the other (:func:`session_runs`),
+        pooled."""
+        split = session_runs(repeat)
         sessions = [measure(sample, repeat=n, session=f", session {i + 1} of {len(split)}")
                     for i, n in enumerate(split)]
         nbytes, runs, first_doc = sessions[0]
@@ -458,9 +461,12 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     if small.total_bytes < workload.total_bytes:
         measured.insert(0, measure(small))
     extended = _extended(job, spec, workload, large_bytes, large_runs, writers, budget_s,
-                         runs_per_size=spec.repeat + (len(session_runs(spec.repeat)) if local else 1) * spec.warmup)
+                         warmups=lambda n: (len(session_runs(n)) if local else 1) * spec.warmup)
+    largest_repeat = spec.repeat
     if extended is not None:  # a target measured in this process (object storage) has no fresh sessions
-        measured.append(measure_in_sessions(extended) if local else measure(extended))
+        sample, largest_repeat = extended
+        measured.append(measure_in_sessions(sample, largest_repeat) if local
+                        else measure(sample, repeat=largest_repeat))
     sizes = [b for b, _, _ in measured]
     largest_bytes, _, largest_doc = measured[-1]
     # The bytes beyond the largest sample go no faster than the writers into memory (saves) or a memory copy
@@ -471,7 +477,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     fitted = {q: fit_sizes(sizes, [r[q] for _, r, _ in measured], target,
                            min_slope=1 / fastest[q] if fastest.get(q) else 0.0) for q in large_runs}
     doc["scaling"] = {"sizes_bytes": sizes, "target_bytes": target, "writers": writers,
-                      "budget_s": budget_s, "fastest_bps": fastest,
+                      "budget_s": budget_s, "fastest_bps": fastest, "largest_repeat": largest_repeat,
                       "runs_s": {q: [r[q] for _, r, _ in measured] for q in large_runs},
                       "fitted": {q: f.as_dict() for q, f in fitted.items()},
                       "largest_sessions": session_medians,
@@ -556,27 +562,34 @@ def _interference(device: str, async_: Any) -> dict[str, Any]:
 SAMPLE_MEMORY_SHARE = 0.6
 
 
-#: The processes the largest sample is measured in, one after the other (their runs pooled).
-SESSIONS = 2
+#: The processes the largest sample is measured in, one after the other (their runs pooled): two, and up to
+#: this many when spare time buys the runs for them (two runs or more each).
+SESSIONS_MAX = 3
+
+#: The most runs of the largest sample that spare time may buy: this many times ``--repeat``.
+SPARE_RUNS_FACTOR = 2
 
 
 def session_runs(repeat: int) -> list[int]:
-    """The runs of each session: ``repeat`` shared out as evenly as it goes (3: 2 and 1), each session with
-    a warm-up of its own; one run is one session."""
-    sessions = min(SESSIONS, repeat)
+    """The runs of each session: ``repeat`` shared out as evenly as it goes (3: 2 and 1; 6: 2, 2 and 2), each
+    session with a warm-up of its own; one run is one session."""
+    sessions = min(SESSIONS_MAX, max(2, repeat // 2), repeat)
     return [repeat // sessions + (i < repeat % sessions) for i in range(sessions)]
 
 
 def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict[str, list[float]], writers: int,
-              budget_s: float, *, runs_per_size: int) -> Any:
-    """The workload of the size to measure next, nearer the node's bytes (None: no time, no memory, or the
-    sample is the node's size already); ``runs_per_size``: the runs it will take, warm-ups included."""
+              budget_s: float, *, warmups: Callable[[int], int]) -> tuple[Any, int] | None:
+    """The workload of the size to measure next, nearer the node's bytes, and its measured runs: ``--repeat``,
+    and more where the size is set by the node's bytes or the host's memory and the budget has time left
+    (:func:`~ckptbench.decide.scaling.affordable_runs`, up to :data:`SPARE_RUNS_FACTOR` times). None: no time,
+    no memory, or the sample is the node's size already. ``warmups(runs)``: the warm-up runs that go with
+    ``runs`` measured ones."""
     import dataclasses
     import statistics
 
     from ckptbench.bench.shootout import MEMORY_COPIES, plan
     from ckptbench.checkpoint.host_memory import available_memory_bytes
-    from ckptbench.decide.scaling import extended_size
+    from ckptbench.decide.scaling import affordable_runs, extended_size
 
     available = available_memory_bytes()
     if budget_s <= 0 or available is None or job.node_bytes <= sampled_bytes:
@@ -587,12 +600,15 @@ def _extended(job: Any, spec: Any, workload: Any, sampled_bytes: int, runs: dict
         from ckptbench.bench.workloads import DEVICE_COPIES, device_free_bytes
 
         most = min(most, device_free_bytes(spec.device) * SAMPLE_MEMORY_SHARE / DEVICE_COPIES * writers)
-    size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=runs_per_size,
+    size = extended_size(job.node_bytes, sampled_bytes, run_seconds, runs=spec.repeat + warmups(spec.repeat),
                          memory_bytes=available * SAMPLE_MEMORY_SHARE, copies=MEMORY_COPIES, budget_s=budget_s,
                          most_bytes=most)
     if size is None:
         return None
-    return plan(dataclasses.replace(spec, size_bytes=size // writers * writers), size_option="--measure-size")
+    # In proportion to the bytes: a run's fixed part makes this an overestimate, never a budget overrun.
+    repeat = affordable_runs(budget_s, run_seconds * size / sampled_bytes, least=spec.repeat,
+                             most=spec.repeat * SPARE_RUNS_FACTOR, warmups=warmups)
+    return plan(dataclasses.replace(spec, size_bytes=size // writers * writers), size_option="--measure-size"), repeat
 
 
 def _sustained_write(storage: Any, ours: Any, sample_bytes: int, writers: int, progress: Any) -> Any:

@@ -12,14 +12,15 @@ With more than two sizes the line is drawn through the two sizes nearest the tar
 pair around it, or the two largest below it): a checkpoint's time grows less than in proportion where
 per-tensor costs weigh (the tensor count grows slower than the bytes), so the slope measured far below
 the target overstates it. A size measured at the target itself is read as it is, with no line at all.
-:func:`extended_size` says how far up the sample can go within the host's memory and a time budget.
+:func:`extended_size` says how far up the sample can go within the host's memory and a time budget, and
+:func:`affordable_runs` how many runs the time left at that size buys.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ckptbench import knobs
@@ -197,3 +198,18 @@ def extended_size(target_bytes: float, sampled_bytes: float, run_seconds: float,
     if not math.isfinite(size) or size < least_growth * sampled_bytes:
         return None
     return int(size)
+
+
+def affordable_runs(budget_s: float, run_seconds: float, *, least: int, most: int,
+                    warmups: Callable[[int], int]) -> int:
+    """The most measured runs, from ``least`` to ``most``, that fit ``budget_s`` at ``run_seconds`` each
+    together with their warm-ups (``warmups(runs)``: one per process the runs are shared among). Where the
+    budget is what set the size, that is ``least``; where the node's bytes or the host's memory did, the time
+    left buys runs that narrow the range (Student's t of a few runs falls fast: 2.92 for three, 2.02 for
+    six)."""
+    if least < 1 or most < least or run_seconds <= 0:
+        raise ValueError("runs must be positive, most >= least, and a run must take time")
+    runs = least
+    while runs < most and (runs + 1 + warmups(runs + 1)) * run_seconds <= budget_s:
+        runs += 1
+    return runs

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptbench.decide.scaling import (
+    affordable_runs,
     extended_size,
     fit_sizes,
     fit_time,
@@ -192,3 +193,19 @@ def test_a_falling_line_takes_its_range_from_the_nearer_size_as_its_point():
     # with a floor on the slope, the bytes beyond the larger size move the whole range alike
     g = fit_time(0.534e9, small, 1.85e9, large, 5.6e9, min_slope=1e-11)
     assert g.point_s == pytest.approx(f.point_s + 3.75e9 * 1e-11) and g.high_s == pytest.approx(f.high_s + 0.0375)
+
+
+def test_spare_time_buys_runs_up_to_the_most():
+    def one_warmup_per_two_runs(runs: int) -> int:
+        return max(2, runs // 2) if runs > 1 else 1
+
+    # 10 s a run in 60 s: 4 runs and 2 warm-ups fit, 5 runs and 2 warm-ups do not
+    assert affordable_runs(60, 10, least=3, most=6, warmups=one_warmup_per_two_runs) == 4
+    assert affordable_runs(600, 10, least=3, most=6, warmups=one_warmup_per_two_runs) == 6  # capped
+    # the budget that set the size leaves nothing over: the least stands even where it does not fit
+    assert affordable_runs(20, 10, least=3, most=6, warmups=one_warmup_per_two_runs) == 3
+    for bad in ({"least": 0, "most": 3}, {"least": 4, "most": 3}):
+        with pytest.raises(ValueError):
+            affordable_runs(60, 10, warmups=one_warmup_per_two_runs, **bad)
+    with pytest.raises(ValueError):
+        affordable_runs(60, 0, least=1, most=2, warmups=one_warmup_per_two_runs)
