@@ -723,11 +723,12 @@ def _print(doc: dict[str, Any]) -> None:
                       f"rate into memory here ({format_rate(limit['writer_ceiling_bps'])})")
     fresh = m.get("fresh_memory")
     if fresh:
-        slow = fresh["bps"] < m["read_bps"]
+        slow = p.get("restore_memory_bound")
         console.print(
             f"{'[yellow]memory-bound restore:[/] ' if slow else ''}fresh memory faulted in at {format_rate(fresh['bps'])} "
             f"(chunks {format_rate(fresh['slowest_chunk_bps'])}–{format_rate(fresh['fastest_chunk_bps'])})"
-            + (": slower than the cold reads; a restore's new tensors wait for it" if slow else "")
+            + (": slower than the slowest cold reads; a restore's new tensors wait for it, and its range reaches "
+               "that far" if slow else "")
             + ("; a VM handing free memory back to its hypervisor" if fresh["hypervisor_reclaims"] else ""))
     console.print(f"interference used: {p['interference']:.0%} ({p['interference_source']})")
     console.print(

@@ -295,6 +295,12 @@ def _read_span(m: Measurements) -> tuple[float, float]:
     return (min(low, m.fresh_memory_bps) if m.fresh_memory_bps is not None else low), high
 
 
+def memory_bound_restore(m: Measurements) -> bool:
+    """Whether faulting the restore's fresh memory in is slower than the slowest cold reads, and so sets the
+    slow end of the restore's range (:func:`_read_span`)."""
+    return m.fresh_memory_bps is not None and m.fresh_memory_bps == _read_span(m)[0]
+
+
 def evaluate(job: Job, m: Measurements) -> Verdict:
     """Predictions with ranges, checks and a recommendation for ``job`` from ``m`` (raises UsageError when
     the job cannot make progress at all, e.g. a checkpoint longer than the MTBF)."""
@@ -311,6 +317,7 @@ def evaluate(job: Job, m: Measurements) -> Verdict:
             [min(values), None] if key != "goodput" else [None, max(values)])
     p["interference_source"] = f.source
     p["extrapolation_factor"] = extrapolation_factor(m)
+    p["restore_memory_bound"] = memory_bound_restore(m)
     cost = _cost(p["mode"], point, job, m)
     low, high = model.optimum_plateau(cost, job.failures.mtbf_s, p["restart_s"])
     p["optimal_interval_plateau_s"] = [low, high]
@@ -637,7 +644,7 @@ def _assumptions(job: Job, m: Measurements, f: Interference) -> tuple[str, ...]:
 def _fresh_memory_assumptions(job: Job, m: Measurements) -> list[str]:
     """What faulting the restore's fresh memory in on this host says about the restore's range."""
     out = []
-    if m.fresh_memory_bps is not None and m.fresh_memory_bps == _read_span(m)[0]:
+    if memory_bound_restore(m):
         out.append(f"restore: faulting the node's {format_size(job.node_bytes)} of fresh memory in took "
                    f"{format_duration(job.node_bytes / m.fresh_memory_bps)} on this host "
                    f"({format_rate(m.fresh_memory_bps)}), slower than the slowest cold reads: a restore allocates "

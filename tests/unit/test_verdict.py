@@ -169,11 +169,14 @@ def test_fresh_memory_slower_than_the_reads_reaches_the_restore_range_and_says_s
     assert slow.predictions["restore_s"] == pytest.approx(14e9 / 3e9)  # the point stays the measured reads'
     said = " ".join(slow.assumptions)
     assert "fresh memory" in said and "28s" in said.replace(" ", "") and "hypervisor" in said
-    # faster than the slowest reads: the range and the assumptions stay as without it
+    assert slow.predictions["restore_memory_bound"] is True
+    # faster than the slowest reads (if slower than their point): the range and the assumptions stay as
+    # without it, and the restore is not called memory-bound
     fast = evaluate(job(), measured(fresh_memory_bps=2.5 * GB, **reads))
     plain = evaluate(job(), measured(**reads))
     assert fast.predictions["restore_s_range"] == pytest.approx(plain.predictions["restore_s_range"])
     assert fast.assumptions == plain.assumptions
+    assert fast.predictions["restore_memory_bound"] is False and plain.predictions["restore_memory_bound"] is False
 
 
 def test_a_range_across_a_threshold_is_borderline_with_exit_3():
