@@ -143,10 +143,19 @@ def main(ctx: click.Context, verbose: int, config_path: Path | None) -> None:
     """ckptbench: measure checkpoint storage with a real checkpoint writer, then decide.
 
     \b
+    ckptbench preflight /mnt/lustre --model llama3-70b --ranks 512
+                                       will checkpointing work for this job? PASS/WARN/FAIL/BORDERLINE,
+                                       with ranges and the interval to use (no arguments: a default job)
+    ckptbench compare /mnt/nvme s3://bucket/ckpt
+                                       the same checkpoint on each tier, side by side
+    ckptbench recommend --target /mnt/nvme
+                                       the writer settings and interval to use, with the evidence
     ckptbench bench /mnt/nvme          throughput of a directory (durable writes, cold reads)
     ckptbench interval --ckpt-time 140s --mtbf 3h
                                        the optimal checkpoint interval
     ckptbench goodput --params 70B ... goodput and wasted cost of a training run
+
+    Each command's --help explains its options; --json gives a result for scripts.
     """
     logging.basicConfig(
         level=logging.WARNING - 10 * min(verbose, 2),
