@@ -89,8 +89,7 @@ def test_a_node_that_fits_is_measured_at_its_own_bytes(cli, tmp_path: Path):
         sorted(s["save"] for s in sessions))
     assert len(scaling["runs_s"]["save"][1]) == 2  # the sizes before it: --repeat runs in one process
     k = target / sizes[2]
-    assert p["sync_checkpoint_s"] == pytest.approx(sorted(saves)[len(saves) // 2] * k if len(saves) % 2 else
-                                                   (saves[0] + saves[1]) / 2 * k)
+    assert p["sync_checkpoint_s"] == pytest.approx(statistics.median(saves) * k)
     low, high = p["sync_checkpoint_s_range"]
     assert low <= min(saves) * k and high >= max(saves) * k  # the runs' own spread, at least
     fitted = fit_sizes(sizes, scaling["runs_s"]["save"], target, min_slope=1 / scaling["fastest_bps"]["save"])
