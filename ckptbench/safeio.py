@@ -351,9 +351,8 @@ class Directory:
 
     def usage_bytes(self) -> int:
         """The bytes allocated to this directory and everything in it on its filesystem (as ``du``)."""
-        device = os.fstat(self.fd).st_dev
-        return os.fstat(self.fd).st_blocks * 512 + sum(
-            st.st_blocks * 512 for _, _, st in self.tree() if st.st_dev == device)
+        own = os.fstat(self.fd)
+        return own.st_blocks * 512 + sum(st.st_blocks * 512 for _, _, st in self.tree() if st.st_dev == own.st_dev)
 
     def tree(self) -> Iterator[tuple[Directory, str, os.stat_result]]:
         """Everything under this directory as (the directory holding it, its name, its ``lstat``), each

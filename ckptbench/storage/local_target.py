@@ -399,8 +399,8 @@ def _inspect(target: safeio.Directory, name: str) -> tuple[str, owners.ProcessOw
 
 
 @contextmanager
-def _leftovers_open(path: Path) -> Iterator[list[tuple[Leftover, safeio.Directory | None]]]:
-    """The leftovers in ``path``, each with its directory held open while the block runs."""
+def _leftovers_open(path: Path) -> Iterator[tuple[safeio.Directory, list[tuple[Leftover, safeio.Directory | None]]]]:
+    """``path`` open, and the leftovers in it, each with its directory held open while the block runs."""
     in_use = {Path(p).name for p in SCRATCH_IN_USE}
     held: list[tuple[Leftover, safeio.Directory | None]] = []
     with safeio.Directory.open(path) as target:
@@ -417,7 +417,7 @@ def _leftovers_open(path: Path) -> Iterator[list[tuple[Leftover, safeio.Director
                     with contextlib.suppress(OSError):
                         size = directory.usage_bytes()
                 held.append((Leftover(path / name, state, owner, size), directory))
-            yield held
+            yield target, held
         finally:
             for _, directory in held:
                 if directory is not None:
@@ -426,7 +426,7 @@ def _leftovers_open(path: Path) -> Iterator[list[tuple[Leftover, safeio.Director
 
 def find_leftovers(path: Path) -> list[Leftover]:
     """The entries named like a scratch directory directly in ``path`` (see :class:`Leftover`)."""
-    with _leftovers_open(path) as held:
+    with _leftovers_open(path) as (_, held):
         return [leftover for leftover, _ in held]
 
 
@@ -436,7 +436,7 @@ def remove_leftovers(path: Path, *, dry_run: bool = False) -> tuple[list[Leftove
     followed, no other filesystem entered, nothing outside it touched. Returns (removed, kept)."""
     removed: list[Leftover] = []
     kept: list[Leftover] = []
-    with _leftovers_open(path) as held, safeio.Directory.open(path) as target:
+    with _leftovers_open(path) as (target, held):
         for leftover, directory in held:
             if not leftover.removable or directory is None:
                 kept.append(leftover)
