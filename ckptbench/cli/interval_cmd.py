@@ -644,9 +644,7 @@ def _print_human(doc: dict[str, Any]) -> None:
     if doc["mtbf_s"] is not None:
         inputs.add_row("job MTBF", f"{format_duration(doc['mtbf_s'])} ({doc['failures_per_day']:.3g} failures/day; "
                                    f"{doc['failure_source']})")
-        given = not any(note.startswith("no --restart given") for note in doc["notes"])
-        inputs.add_row("restart", format_duration(doc["restart_s"]) if doc["restart_s"] else
-                       "0" if given else "0 (not given)")
+        inputs.add_row("restart", _restart_text(doc, doc["restart_s"]))
     console.print(inputs)
     console.print()
 
@@ -709,6 +707,13 @@ def _print_human(doc: dict[str, Any]) -> None:
     console.print(takeaway_two_level(doc["two_level"]) if doc["two_level"] is not None else takeaway(doc))
 
 
+def _restart_text(doc: dict[str, Any], seconds: float) -> str:
+    """A restart's time as the inputs table shows it; a zero that was not given says so."""
+    if seconds:
+        return format_duration(seconds)
+    return "0" if not any(note.startswith("no --restart given") for note in doc["notes"]) else "0 (not given)"
+
+
 def _print_two_level(console: Any, doc: dict[str, Any]) -> None:
     """The inputs the two levels add, the single-level versus two-level table and the Monte Carlo check."""
     from rich.table import Table
@@ -719,9 +724,9 @@ def _print_two_level(console: Any, doc: dict[str, Any]) -> None:
     inputs.add_column()
     inputs.add_row("remote drain", f"{format_duration(two['remote_ckpt_s'])} per checkpoint, in the background "
                                    f"(interference {pct(two['drain_interference'])})")
-    inputs.add_row("restarts", f"local {format_duration(two['local_restart_s'])}, remote "
+    inputs.add_row("restarts", f"local {_restart_text(doc, two['local_restart_s'])}, remote "
                                f"{format_duration(two['remote_restart_s'])}")
-    inputs.add_row("local loss", f"{pct(two['local_loss'], 2)} of failures restart from remote ({two['local_loss_source']})")
+    inputs.add_row("local loss", f"{pct(two['local_loss'], 2)} of failures restart from remote; {two['local_loss_source']}")
     console.print(inputs)
     console.print()
     table = Table(title="Single level versus two levels (exact model)")

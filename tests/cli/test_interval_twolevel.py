@@ -208,3 +208,15 @@ def test_two_level_plot_marks_the_chosen_schedule_and_both_plateaus(tmp_path) ->
     (low, high, _), (single_low, single_high, _) = drawn["spans"]
     assert (low, high) == pytest.approx(tuple(best["interval_plateau_s"]))
     assert single_low <= single_x <= single_high
+
+
+def test_the_inputs_table_says_which_restart_was_not_given() -> None:
+    # Without --restart the local restart is assumed free, and the two-level table says so as the
+    # single-level one does; the loss line names its source once, without nested brackets.
+    args = ("--ckpt-time", "10s", "--remote-ckpt-time", "60s", "--mtbf", "3h", "--local-loss", "30%")
+    unset = run(*args)
+    assert unset.exit_code == 0, unset.stderr
+    assert "local 0 (not given), remote 1m" in unset.stdout
+    assert "restart from remote; given (--local-loss)" in unset.stdout
+    given = run(*args, "--restart", "0")
+    assert given.exit_code == 0 and "local 0, remote" in given.stdout and "not given" not in given.stdout
