@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -35,6 +36,10 @@ DETECT_SOURCE = ("PyTorch's default NCCL collective timeout (torch.distributed.i
                  "hung on a lost rank fails when it expires; a crashed process is noticed sooner")
 #: Above this ``(interval + checkpoint + recovery) / MTBF`` the first-order accounting is flagged.
 FIRST_ORDER_NOTE_RATIO = 0.3
+#: GPUs per node where neither --gpus-per-node nor a --from preflight gives it.
+DEFAULT_GPUS_PER_NODE = 8
+#: A --params within this relative difference of a --from preflight's is the same job.
+PARAMS_MATCH = 0.005
 #: Hot spares are nodes: at most the job's node count, which is at most this.
 SPARE_COUNT = params.Bounded(params.NONNEGATIVE_INT, MAX_COUNT, f"{MAX_COUNT:,} nodes")
 
@@ -81,7 +86,8 @@ The lost-work term is first order: against the exact model it is off by terms of
               help="A model preset from configs/models instead of --params: llama3-405b.")
 @click.option("--tokens", type=params.FINITE_COUNT, default=None,
               help="Training tokens: 20T  [default: the --model preset's published run: llama3-* 15T, 405b 15.6T].")
-@click.option("--gpus", type=GPU_COUNT, default=None, help="GPUs in the job: 4000.  [required]")
+@click.option("--gpus", type=GPU_COUNT, default=None,
+              help="GPUs in the job: 4000.  [required, unless --from gives it]")
 @click.option("--gpu", metavar="NAME", default=None,
               help="The GPU, for its peak dense BF16 TFLOP/s from its datasheet (configs/gpus): h100, h200 (989), "
                    "a100 (312), b200 (2250), mi300x (1307.4)  [default: the --model preset's: llama3-* h100].")
@@ -91,7 +97,8 @@ The lost-work term is first order: against the exact model it is off by terms of
 @click.option("--mfu", type=params.FRACTION, default=None,
               help="Model FLOPs utilisation: 0.35 or 35%  [default: the --model preset's: llama3-* 41%, the Llama 3 "
                    "405B run's on 16,384 H100].")
-@click.option("--gpus-per-node", type=GPU_COUNT, default=8, show_default=True, help="GPUs per node.")
+@click.option("--gpus-per-node", type=GPU_COUNT, default=None,
+              help="GPUs per node.  [default: 8, or the --from preflight's]")
 @click.option("--node-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per node-hour: 90.")
 @click.option("--gpu-hour-cost", type=params.FINITE_POSITIVE_NUMBER, default=None, help="$ per GPU-hour: 11.25.")
 @failure_options(with_count=False)
@@ -107,7 +114,8 @@ The lost-work term is first order: against the exact model it is off by terms of
 @click.option("--ckpt-time", type=params.BOUNDED_DURATION, default=None,
               help="Time to write one checkpoint: 140s (with --stall: the persist time).")
 @from_result_option("the checkpoint's cost (sync time, or async stall, persist and interference) as a preflight "
-                    "of this job predicted it,")
+                    "of this job predicted it, and, unless typed, the job (model, GPUs, GPUs per node, failure "
+                    "rate) and the interval it recommended,", sources="`ckptbench preflight --json`")
 @async_options
 @click.option("--hot-spares", type=SPARE_COUNT, default=0, show_default=True,
               help="Idle spare nodes kept ready to swap in (at most the job's node count).")
@@ -142,10 +150,10 @@ def csv_rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]
     return CSV_COLUMNS, [given, *({"scenario": w["name"], **w} for w in doc["what_if"])]
 
 
-def _with_defaults(opts: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``opts`` with every input the model preset, the GPU named and the documented defaults give filled in,
-    and the list of those taken (option, value, source). Every input still missing is named in one
-    ``UsageError``, not one per rerun."""
+def _with_defaults(opts: dict[str, Any], job: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``opts`` with every input the model preset, the GPU named, the ``--from`` preflight's job (``job``, a
+    ``decide.advice.PreflightJob``) and the documented defaults give filled in, and the list of those taken
+    (option, value, source). Every input still missing is named in one ``UsageError``, not one per rerun."""
     from ckptbench.model import presets
 
     if opts["param_count"] is not None and opts["model_preset"] is not None:
@@ -158,6 +166,10 @@ def _with_defaults(opts: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str,
         opts[key] = value
         defaults.append({"option": option, "value": value, "shown": shown, "source": source})
 
+    if job is not None:
+        _take_job(opts, job, take)
+    if opts["gpus_per_node"] is None:
+        opts["gpus_per_node"] = DEFAULT_GPUS_PER_NODE
     preset = opts["model_preset"]
     training = presets.load_training(preset) if preset is not None else None
     if training is not None and opts["tokens"] is None and training.tokens is not None:
@@ -182,7 +194,7 @@ def _with_defaults(opts: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str,
                       ("mfu", "--mfu"), ("replace_s", "--replace"), ("resume_s", "--resume")):
         if opts[key] is None:
             missing.append(flag)
-    if all(opts[k] is None for k in ("mtbf_s", "gpu_mtbf_s", "node_mtbf_s", "faults_per_day", "failure_preset")):
+    if job is None and not _failure_rate_given(opts):
         missing.append("a failure rate (--faults-per-day 1, --mtbf 3h, --gpu-mtbf 50000h or --failures llama3)")
     if missing:
         given = f" (defaults taken: {', '.join(d['option'] for d in defaults)})" if defaults else ""
@@ -190,13 +202,44 @@ def _with_defaults(opts: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str,
     return opts, defaults
 
 
-def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:
-    """--from a preflight result: the node's predicted checkpoint, in the mode that preflight chose."""
-    given = [flag for flag, key in (("--ckpt-time", "ckpt_time_s"), ("--stall", "stall_s"), ("--persist", "persist_s"))
-             if opts[key] is not None]
-    if given:
-        raise UsageError(f"--from and {given[0]} both give the checkpoint's cost", hint="give one of them")
-    from ckptbench.decide.advice import check_schema
+def _failure_rate_given(opts: dict[str, Any]) -> bool:
+    return any(opts[k] is not None for k in ("mtbf_s", "gpu_mtbf_s", "node_mtbf_s", "faults_per_day", "failure_preset"))
+
+
+def _take_job(opts: dict[str, Any], job: Any, take: Callable[..., None]) -> None:
+    """Fill in what the ``--from`` preflight's job gives (its size, GPUs, GPUs per node and the checkpoint
+    interval it recommended) where not typed; a typed value that describes another job is a UsageError,
+    since the preflight's checkpoint cost holds only for the job it sized."""
+    from ckptbench.model import presets
+
+    where = f"the job of {opts['from_result']}"
+    other = f"--from {opts['from_result']} predicted the checkpoint of {job.describe()}"
+    hint = "its cost holds only for that job: give --ckpt-time (or --stall and --persist) instead of --from"
+    if opts["param_count"] is None and opts["model_preset"] is None:
+        if job.model in presets.preset_names("models"):
+            take("model_preset", "--model", job.model, job.model, where)
+        else:
+            take("param_count", "--params", job.params, f"{job.params / 1e9:.3g}B", where)
+    else:
+        given = opts["param_count"] or presets.load_model(opts["model_preset"]).params
+        if abs(given / job.params - 1) > PARAMS_MATCH:
+            flag = f"--params {given / 1e9:.3g}B" if opts["param_count"] else f"--model {opts['model_preset']}"
+            raise UsageError(f"{other}; {flag} is another job", hint=hint)
+    for key, option, value in (("gpus", "--gpus", job.ranks), ("gpus_per_node", "--gpus-per-node", job.ranks_per_node)):
+        if opts[key] is None:
+            take(key, option, value, str(value), where)
+        elif opts[key] != value:
+            raise UsageError(f"{other}; {option} {opts[key]} is another job", hint=hint)
+    if opts["ckpt_interval_s"] is None and job.interval_s is not None:
+        take("ckpt_interval_s", "--ckpt-interval", job.interval_s, format_duration(job.interval_s),
+             f"the interval {opts['from_result']} recommended")
+
+
+def _preflight_from(opts: dict[str, Any]) -> tuple[dict[str, Any], Any] | None:
+    """The ``--from`` preflight document and its job (``decide.advice.PreflightJob``); None without --from."""
+    if opts.get("from_result") is None:
+        return None
+    from ckptbench.decide.advice import check_schema, preflight_job
 
     where = str(opts["from_result"])
     doc = read_result(opts["from_result"])
@@ -206,6 +249,16 @@ def _cost_from(opts: dict[str, Any]) -> dict[str, Any]:
                          hint="run `ckptbench preflight --json --output DIR` for this job, or use "
                               "`ckptbench interval --from` with --size")
     with reading_document(where, doc["schema"]):
+        return doc, preflight_job(doc)
+
+
+def _cost_from(opts: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """--from a preflight result: the node's predicted checkpoint, in the mode that preflight chose."""
+    given = [flag for flag, key in (("--ckpt-time", "ckpt_time_s"), ("--stall", "stall_s"), ("--persist", "persist_s"))
+             if opts[key] is not None]
+    if given:
+        raise UsageError(f"--from and {given[0]} both give the checkpoint's cost", hint="give one of them")
+    with reading_document(str(opts["from_result"]), doc["schema"]):
         p = doc["predictions"]
         if p["mode"] == "sync":
             return {"ckpt_time_s": _seconds(p["sync_checkpoint_s"])}
@@ -231,7 +284,8 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     from ckptbench.model import presets
     from ckptbench.model.interval import CheckpointCost
 
-    opts, defaults = _with_defaults(opts)
+    preflight = _preflight_from(opts)
+    opts, defaults = _with_defaults(opts, preflight[1] if preflight else None)
     param_count = opts["param_count"] or presets.load_model(opts["model_preset"]).params
     run = model.TrainingRun(param_count, opts["tokens"], opts["gpus"], opts["peak_tflops"] * 1e12, opts["mfu"],
                             opts["gpus_per_node"])
@@ -241,9 +295,12 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
         gpus=run.gpus, nodes=run.nodes, count_given=False,
     )
+    if preflight is not None:
+        job = preflight[1]
+        if failures is None:
+            failures = FailureModel(job.mtbf_s, source=f"{job.failure_source} (the job of {opts['from_result']})")
+        opts = {**opts, **_cost_from(opts, preflight[0])}
     assert failures is not None  # checked with the other missing inputs
-    if opts.get("from_result") is not None:
-        opts = {**opts, **_cost_from(opts)}
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
                         interference=opts["interference"])
     if (cost is None) != (opts["ckpt_interval_s"] is None):

@@ -186,7 +186,7 @@ _SERVING: dict[str, tuple[str, ...]] = {
 @click.option("--bandwidth", type=params.FINITE_RATE, default=None,
               help="Aggregate write bandwidth to storage: 1GB/s, 800MiB/s, 10Gbit/s.")
 @from_result_option("the write rate, and async stall and persist where measured (a preflight result also "
-                    "gives the node's checkpoint bytes),")
+                    "gives the node's checkpoint bytes and, unless typed, the job's failure rate and restart),")
 @click.option("--dtype", type=click.Choice(sorted(sizing.DTYPE_BYTES)), default=None,
               help="Weights dtype  [default: bf16].")
 @click.option("--optimizer", type=click.Choice(sorted(sizing.OPTIMIZER_BYTES)), default=None,
@@ -307,8 +307,16 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         gpus=opts["gpus"], nodes=None if peer_nodes is not None else opts["nodes"], count_given=True,
     )
     restart_s = opts["restart_s"] or 0.0
+    job = measured.job if measured is not None and size_info is not None and opts["size_bytes"] == measured.node_bytes \
+        else None  # a preflight's job, where its own checkpoint is the one asked about
+    if job is not None and failures is None:
+        failures = FailureModel(job.mtbf_s, source=f"{job.failure_source} (the job of {opts['from_result']})")
+    if job is not None and opts["restart_s"] is None and failures is not None:
+        restart_s = job.restart_s
+        notes.append(f"restart {format_duration(restart_s)} from {opts['from_result']}: the job's restart plus the "
+                     "restore that preflight predicted")
     every_s = opts["every_s"]
-    if opts["restart_s"] is None and failures is not None:
+    if opts["restart_s"] is None and failures is not None and not restart_s:
         notes.append("no --restart given: restarts assumed free, so the waste is a lower bound")
     if failures is not None and restart_s > failures.mtbf_s:
         notes.append(

@@ -33,11 +33,15 @@ def read_result(path: Path) -> dict[str, Any]:
     return read(path)
 
 
-def from_result_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--from RESULT.json``: take ``what`` from a measurement (bench, shoot-out, distributed or preflight)."""
+#: The results ``--from`` reads where any measurement of the writer serves.
+ANY_RESULT = "`ckptbench bench` (a sweep, --workload checkpoint, under torchrun) or `ckptbench preflight`"
+
+
+def from_result_option(what: str, sources: str = ANY_RESULT) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--from RESULT.json``: take ``what`` from a measurement (``sources``: by default bench, shoot-out,
+    distributed or preflight)."""
     return click.option("--from", "from_result", type=params.RESULT_FILE, default=None, metavar="RESULT.json",
-                        help=f"Take {what} from a result of `ckptbench bench` (a sweep, --workload checkpoint, under "
-                             "torchrun) or `ckptbench preflight` instead of typing them.")
+                        help=f"Take {what} from a result of {sources} instead of typing them.")
 
 
 def measured_from(path: Path) -> Any:

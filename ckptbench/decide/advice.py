@@ -144,12 +144,55 @@ class MeasuredRates:
     read_bps: float | None = None
     node_bytes: int | None = None
     interference: float | None = None
+    #: The job a preflight result was run for; None for other schemas.
+    job: PreflightJob | None = None
 
     def describe(self) -> str:
         parts = [f"write {format_rate(self.write_bps)}"]
         if self.staging_bps is not None and self.persist_bps is not None:
             parts.append(f"async staging {format_rate(self.staging_bps)}, persist {format_rate(self.persist_bps)}")
         return f"{self.source} ({self.schema}): " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class PreflightJob:
+    """The job a preflight result was run for, as ``--from`` carries it into ``interval`` and ``goodput``: its
+    size, its failure rate, its restart (the job's own plus the restore preflight predicted) and the
+    checkpoint interval preflight recommended (None where it recommended none)."""
+
+    params: float
+    model: str | None
+    ranks: int
+    ranks_per_node: int
+    mtbf_s: float
+    failure_source: str
+    restart_s: float
+    interval_s: float | None
+
+    def describe(self) -> str:
+        size = self.model or f"{self.params / 1e9:.3g}B parameters"
+        return f"{size} on {self.ranks} ranks ({self.ranks_per_node} per node)"
+
+
+def preflight_job(doc: dict[str, Any]) -> PreflightJob:
+    """The :class:`PreflightJob` of a preflight document (read inside ``reading_document``)."""
+    job, p = doc["job"], doc["predictions"]
+    interval = next((a["value"] for a in doc["recommendation"] if a["setting"] == "interval_s"), None)
+    model = job["model"]
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"model {model!r} is not a name")
+    return PreflightJob(_positive_count(job["checkpoint"]["params"], "params"), model,
+                        int(_positive_count(job["ranks"], "ranks", whole=True)),
+                        int(_positive_count(job["ranks_per_node"], "ranks_per_node", whole=True)),
+                        _positive_seconds(p["mtbf_s"]), str(job["failures"]["source"]), _seconds(p["restart_s"]),
+                        None if interval is None else _positive_seconds(interval))
+
+
+def _positive_count(value: Any, what: str, *, whole: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf
+            or (whole and value != int(value))):
+        raise ValueError(f"{what} {value!r} is not a positive {'whole number' if whole else 'count'}")
+    return float(value)
 
 
 def device_interference(doc: Any) -> float | None:
@@ -173,12 +216,13 @@ def rates_from_result(where: str, doc: Any) -> MeasuredRates:
     write_bps = max(r for r, _ in rates)
     measured = async_rates([(where, doc)])
     staging, persist = (measured[-1][0], measured[-1][1]) if measured else (None, None)
-    read_bps = node_bytes = interference = None
+    read_bps = node_bytes = interference = job = None
     with reading_document(where, doc["schema"]):
         if name == "ckptbench.preflight":
             read_bps = _rate(doc["measurements"]["read_bps"] / 1e9) * 1e9
             node_bytes = int(doc["predictions"]["checkpoint_per_node_bytes"])
             interference = float(doc["predictions"]["interference"])
+            job = preflight_job(doc)
         elif name == "ckptbench.bench.checkpoint":
             ours = next(r for r in doc["results"] if r["writer"] == "ckptbench")
             read_bps = _rate(ours["load"]["gbps"]) * 1e9
@@ -192,7 +236,7 @@ def rates_from_result(where: str, doc: Any) -> MeasuredRates:
                 durable = _positive_seconds(summary["async"]["duration_s"]["median"])
                 hosts = len(set(doc["hosts"]))
                 staging, persist = total / hosts / stall, total / hosts / max(durable - stall, 1e-9)
-    return MeasuredRates(where, doc["schema"], write_bps, staging, persist, read_bps, node_bytes, interference)
+    return MeasuredRates(where, doc["schema"], write_bps, staging, persist, read_bps, node_bytes, interference, job)
 
 
 def _positive_seconds(value: Any) -> float:

@@ -43,12 +43,14 @@ from ckptbench.errors import UsageError
 from ckptbench.model import _checks
 from ckptbench.model.failures import MAX_COUNT, SECONDS_PER_HOUR, FailureModel
 from ckptbench.model.interval import (
+    PLATEAU_TOLERANCE,
     CheckpointCost,
     check_can_keep_up,
     check_in_flight,
     exact_interval_s,
     expected_wall_time_s,
     lost_work_per_failure_s,
+    optimum_plateau,
 )
 from ckptbench.units import format_duration
 
@@ -450,12 +452,30 @@ def what_if(
         except UsageError as exc:
             skipped.append(SkippedScenario(name, description, str(exc)))
             continue
+        if name == "optimal_interval" and checkpoint is not None:
+            tied = _tied_with_the_optimum(run, failures, recovery, checkpoint, hot_spare_nodes)
+            if tied:
+                skipped.append(SkippedScenario(name, description, tied))
+                continue
         extra = net = None
         if base.total_cost_usd is not None and result.total_cost_usd is not None:
             extra = (result.spare_cost_usd or 0.0) - (base.spare_cost_usd or 0.0)
             net = base.total_cost_usd - result.total_cost_usd
         scenarios.append(Scenario(name, description, result, base.wall_hours - result.wall_hours, extra, net))
     return scenarios, skipped
+
+
+def _tied_with_the_optimum(run: TrainingRun, failures: FailureModel, recovery: Recovery,
+                           checkpoint: CheckpointPolicy, hot_spare_nodes: int) -> str:
+    """Why moving to the optimal interval is no what-if ('' when it is one): the interval given already
+    wastes within the optimum plateau's tolerance of the minimum, so the difference is below what the
+    model can tell apart (``interval.optimum_plateau``, as ``interval`` and ``preflight`` report it)."""
+    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    low, high = optimum_plateau(checkpoint.cost, failures.mtbf_s, recovery_s)
+    if not low <= checkpoint.interval_s <= high:
+        return ""
+    return (f"every {_fmt_min(checkpoint.interval_s)} already wastes within {PLATEAU_TOLERANCE * 100:.2g} percentage "
+            f"points of the optimum's share of wall time (anything from {_fmt_min(low)} to {_fmt_min(high)} does)")
 
 
 def optimal_interval_s(cost: CheckpointCost, mtbf_s: float) -> float:

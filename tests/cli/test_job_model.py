@@ -58,12 +58,40 @@ def test_interval_from_a_shootout_needs_the_bytes(cli):
     assert sweep["mode"] == "sync" and sweep["checkpoint_s"] == pytest.approx(100e9 / sweep["bandwidth_bytes_per_s"])
 
 
-def test_goodput_from_a_preflight(cli):
-    base = ["--params", "70B", "--tokens", "2T", "--gpus", "512", "--peak-tflops", "989", "--mfu", "0.4",
-            "--faults-per-day", "1", "--detect", "5m", "--replace", "10m", "--resume", "5m", "--ckpt-interval", "1h"]
-    doc = cli.json("goodput", *base, "--from", str(PREFLIGHT))
+def test_interval_from_a_preflight_takes_its_jobs_failures_and_restart(cli):
+    # The same job, the same model: interval --from a preflight gives that preflight's optimum.
+    doc = cli.json("interval", "--from", str(PREFLIGHT))
     p = json.loads(PREFLIGHT.read_text())["predictions"]
+    assert doc["mtbf_s"] == pytest.approx(p["mtbf_s"]) and str(PREFLIGHT) in doc["failure_source"]
+    assert doc["restart_s"] == pytest.approx(p["restart_s"])
+    assert doc["optimal_interval_s"] == pytest.approx(p["optimal_interval_s"], rel=1e-6)
+    assert not any("no --restart given" in note for note in doc["notes"])
+    # what is typed wins; another checkpoint (--size) is another job: its failures and restart are not taken
+    typed = cli.json("interval", "--from", str(PREFLIGHT), "--mtbf", "1d", "--restart", "1m")
+    assert typed["mtbf_s"] == 86400 and typed["restart_s"] == 60
+    other = cli.json("interval", "--from", str(PREFLIGHT), "--size", "1TB")
+    assert other["mtbf_s"] is None
+
+
+def test_goodput_from_a_preflight_takes_its_job(cli):
+    doc = cli.json("goodput", "--from", str(PREFLIGHT), "--replace", "10m", "--resume", "5m")
+    pre = json.loads(PREFLIGHT.read_text())
+    job, p = pre["job"], pre["predictions"]
     assert doc["stall_s"] == pytest.approx(p["async_stall_s"]) and doc["interference"] == p["interference"]
+    assert doc["params"] == pytest.approx(job["checkpoint"]["params"], rel=0.005)
+    assert (doc["gpus"], doc["gpus_per_node"]) == (job["ranks"], job["ranks_per_node"])
+    assert doc["mtbf_s"] == pytest.approx(p["mtbf_s"])
+    [interval] = [a["value"] for a in pre["recommendation"] if a["setting"] == "interval_s"]
+    taken = {d["option"]: d for d in doc["defaults"]}
+    assert taken["--ckpt-interval"]["value"] == interval and str(PREFLIGHT) in taken["--gpus"]["source"]
+    # the same job typed out is the same answer; the cost of another job is not this preflight's
+    same = cli.json("goodput", "--from", str(PREFLIGHT), "--replace", "10m", "--resume", "5m", "--model",
+                    job["model"], "--gpus", str(job["ranks"]), "--ckpt-interval", f"{interval}s")
+    assert same["wall_hours"] == pytest.approx(doc["wall_hours"])
+    for flag, value in (("--gpus", "512"), ("--params", "70B"), ("--gpus-per-node", "4")):
+        result = cli("goodput", "--from", str(PREFLIGHT), "--replace", "10m", "--resume", "5m", flag, value)
+        assert result.exit_code == 2 and "is another job" in result.stderr and f"{flag} " in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(("command", "args", "needle"), [
@@ -71,12 +99,19 @@ def test_goodput_from_a_preflight(cli):
     ("goodput", ["--from", str(SWEEP)], "goodput needs the job's checkpoint"),
     ("interval", ["--from", "{bad}", "--size", "1GB"], "unknown result schema"),
     ("interval", ["--from", "{missing}", "--size", "1GB"], "does not exist"),
+    ("interval", ["--from", "{ranks}"], "ranks 'eight' is not a positive whole number"),
+    ("goodput", ["--from", "{ranks}", "--replace", "1m", "--resume", "1m"], "not a well-formed"),
 ])
 def test_from_a_file_that_cannot_serve_is_one_line(cli, tmp_path: Path, command, args, needle):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": "something.else/1"}))
-    args = [str(bad) if a == "{bad}" else str(tmp_path / "nope.json") if a == "{missing}" else a for a in args]
-    if command == "goodput":
+    ranks = tmp_path / "ranks.json"  # a preflight whose job is not well-formed
+    doc = json.loads(PREFLIGHT.read_text())
+    doc["job"]["ranks"] = "eight"
+    ranks.write_text(json.dumps(doc))
+    named = {"{bad}": str(bad), "{missing}": str(tmp_path / "nope.json"), "{ranks}": str(ranks)}
+    args = [named.get(a, a) for a in args]
+    if command == "goodput" and "--replace" not in args:
         args += ["--params", "70B", "--tokens", "2T", "--gpus", "512", "--peak-tflops", "989", "--mfu", "0.4",
                  "--faults-per-day", "1", "--detect", "5m", "--replace", "10m", "--resume", "5m",
                  "--ckpt-interval", "1h"]

@@ -322,3 +322,23 @@ def test_a_recovery_as_long_as_the_mtbf_cannot_keep_up() -> None:
     computed, skipped = what_if(RUN, mtbf, RECOVERY, hot_spare_nodes=250)
     assert spared.wall_hours > spared.planned_hours
     assert [s.name for s in skipped] == ["no_hot_spares"] and "recovery cannot keep up" in skipped[0].reason
+
+
+def test_an_interval_on_the_optimum_plateau_gets_no_optimal_interval_what_if() -> None:
+    # A 140 s checkpoint at one fault a day: the optimum is about 1.5 h and its plateau (waste within 0.1
+    # points) spans tens of minutes either side; moving from a point on it is no what-if worth naming.
+    from ckptbench.model.interval import optimum_plateau
+
+    cost = CheckpointCost.sync(140)
+    recovery_s = RECOVERY.detect_s + RECOVERY.replace_s + RECOVERY.resume_s
+    low, high = optimum_plateau(cost, ONE_PER_DAY.mtbf_s, recovery_s)
+    assert low < 0.95 * high
+    on = CheckpointPolicy(math.sqrt(low * high) * 1.01, cost)  # on the plateau, not at the optimum itself
+    computed, skipped = what_if(RUN, ONE_PER_DAY, RECOVERY, checkpoint=on)
+    assert "optimal_interval" not in {s.name for s in computed}
+    [tied] = [s for s in skipped if s.name == "optimal_interval"]
+    assert "within 0.1 percentage points of the optimum" in tied.reason
+    below = CheckpointPolicy(low * 0.9, cost)  # just off the plateau: named, and it saves time
+    computed, skipped = what_if(RUN, ONE_PER_DAY, RECOVERY, checkpoint=below)
+    [move] = [s for s in computed if s.name == "optimal_interval"]
+    assert move.saved_hours > 0 and not [s for s in skipped if s.name == "optimal_interval"]
