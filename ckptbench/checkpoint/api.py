@@ -134,6 +134,7 @@ class Checkpointer(_Saver, _Loader):
         outright (SIGKILL, SIGTERM without a handler) abandons it the same way.
         """
         t0 = time.perf_counter()
+        _check_path(path, "save to")
         self._wait_in_flight()
         world = world_for(distributed)
         store = open_store(path, storage_options)
@@ -143,16 +144,19 @@ class Checkpointer(_Saver, _Loader):
 
     # -- load ---------------------------------------------------------------------------------
 
-    def load(self, path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True,
+    def load(self, path: str | os.PathLike, map_location: Any = None, *, device: Any = None, verify: bool = True,
              into: dict | None = None, storage_options: dict | None = None,
              distributed: bool | None = None, rank: int | None = None, allow_pickle: bool = False,
-             bounded_memory: bool = False) -> dict:
+             bounded_memory: bool = False, weights_only: bool | None = None, mmap: bool | None = None) -> dict:
         """The state_dict saved at ``path``: same structure, dtypes and shapes, bit-exact; containers
         and parameters come back as the types they were saved as (see :func:`state_dict_format.rebuild`).
 
         Args:
             path: the checkpoint directory or URL.
-            device: where the tensors go ("cpu", "cuda", "cuda:1", a torch.device).
+            map_location: as ``torch.load``'s (see :func:`load_device`): a device ("cpu", "cuda:1", a
+                torch.device), a dict of locations, or a function ``f(storage, location)``; None: the CPU.
+            device: where the tensors go ("cpu", "cuda", "cuda:1", a torch.device); the same as
+                ``map_location`` given a device (only one of the two).
             verify: check every tensor's CRC-32C (CorruptCheckpointError names a mismatch).
             into: a state_dict of the same structure to load into, in place (see below).
             storage_options: for object storage.
@@ -167,6 +171,11 @@ class Checkpointer(_Saver, _Loader):
                 slots). Every CRC-32C is still checked, but as the bytes arrive: a mismatch is raised
                 once everything was read, with ``into`` holding what was read, and under a launch a
                 rank's ``into`` changes even if another rank fails. Elsewhere it loads as without it.
+            weights_only: as ``torch.load``'s, for its callers: True refuses pickled entries even with
+                ``allow_pickle=True``; False does not unpickle by itself (``allow_pickle=True`` does);
+                None: as ``allow_pickle`` says.
+            mmap: as ``torch.load``'s, accepted for its callers: a CPU load's tensors are views of
+                one fresh memory mapping either way, read in full, not pages of the shard files.
 
         Returns:
             dict: the state_dict (``into`` itself when given).
@@ -190,6 +199,12 @@ class Checkpointer(_Saver, _Loader):
         it is read is loaded again, the new one (under a launch, by every rank together), at most
         ``LOAD_ATTEMPTS`` times.
         """
+        _check_path(path, "load from")
+        device = load_device(map_location, device)
+        if not all(flag is None or isinstance(flag, bool) for flag in (weights_only, mmap)):
+            raise UsageError(f"weights_only ({weights_only!r}) and mmap ({mmap!r}) must be True, False or None")
+        if weights_only:
+            allow_pickle = False  # torch's word for no unpickling
         store = open_store(path, storage_options)
         world = world_for(distributed) if rank is None else None
         if world is None:
@@ -210,6 +225,45 @@ class Checkpointer(_Saver, _Loader):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_device(map_location: Any, device: Any = None) -> Any:
+    """Where a load puts its tensors, from ``torch.load``'s ``map_location`` or ckptbench's ``device``.
+
+    A checkpoint does not record the device its tensors were saved from: every tensor is read into host
+    memory, location ``"cpu"``, and goes on from there. So a device (str, torch.device) or None (the CPU)
+    is where they go; a dict maps locations as ``torch.load``'s does, ``"cpu"`` included (any other
+    location in it is not met: those tensors stay on the CPU); a function is called as ``torch.load``
+    calls it, ``f(storage, "cpu")`` for each tensor's storage, and the storage it returns (None: the
+    CPU's) holds the tensor. Anything else is a UsageError.
+    """
+    if map_location is not None and device is not None:
+        raise UsageError(f"map_location ({map_location!r}) and device ({device!r}) both given",
+                         hint="give one of them: they say the same thing")
+    where = device if map_location is None else map_location
+    if where is None:
+        return "cpu"
+    if isinstance(where, dict):
+        where = where.get("cpu", "cpu")
+    if callable(where) and not isinstance(where, str):
+        return where
+    import torch
+
+    try:
+        return torch.device(where)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"map_location {where!r} is not a device, a dict of devices or a function ({exc})",
+                         hint="use 'cpu', 'cuda:0', a torch.device, {'cpu': 'cuda:0'} or f(storage, location)") from None
+
+
+def _check_path(path: Any, doing: str) -> None:
+    """A UsageError for what is not a directory or URL (``torch.save``'s file objects, io.BytesIO)."""
+    if isinstance(path, (str, os.PathLike)):
+        return
+    what = "a file object" if hasattr(path, "read") or hasattr(path, "write") else "a"
+    raise UsageError(f"cannot {doing} {what} {type(path).__name__}: a ckptbench checkpoint is a directory "
+                     "(shards and a manifest) or a URL, never one file or stream",
+                     hint="give a directory path or URL; torch.save/torch.load handle file objects")
 
 
 def world_for(distributed: bool | None) -> World | None:
@@ -252,20 +306,23 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
         return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
                                             storage_options=storage_options, distributed=distributed,
                                             allow_pickle=allow_pickle)
+    _check_path(path, "save to")
     ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
     return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options,
                      distributed=distributed, allow_pickle=allow_pickle)
 
 
-def load(path: str | os.PathLike, *, device: Any = "cpu", verify: bool = True, into: dict | None = None,
-         storage_options: dict | None = None, distributed: bool | None = None, rank: int | None = None,
-         allow_pickle: bool = False) -> dict:
-    """Load the checkpoint at ``path``; see :meth:`Checkpointer.load` for the arguments.
+def load(path: str | os.PathLike, map_location: Any = None, *, device: Any = None, verify: bool = True,
+         into: dict | None = None, storage_options: dict | None = None, distributed: bool | None = None,
+         rank: int | None = None, allow_pickle: bool = False, weights_only: bool | None = None,
+         mmap: bool | None = None) -> dict:
+    """Load the checkpoint at ``path``; see :meth:`Checkpointer.load` for the arguments (``map_location``,
+    ``weights_only`` and ``mmap`` as ``torch.load`` takes them, with their meaning here).
 
     Returns:
         dict: the state_dict, each tensor with a storage of its own as after ``torch.load``
         (``into`` itself when given).
     """
-    return _default_checkpointer().load(path, device=device, verify=verify, into=into,
+    return _default_checkpointer().load(path, map_location, device=device, verify=verify, into=into,
                                         storage_options=storage_options, distributed=distributed, rank=rank,
-                                        allow_pickle=allow_pickle)
+                                        allow_pickle=allow_pickle, weights_only=weights_only, mmap=mmap)

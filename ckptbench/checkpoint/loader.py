@@ -208,6 +208,9 @@ class _Loader:
                     return streamed
                 streamed()
                 return into
+        relocate = device if callable(device) else None  # torch.load's map_location function
+        if relocate is not None:
+            device = "cpu"
         to_device = into is None and torch.device(device).type != "cpu"
         if into is not None or to_device:
             # The Checkpointer's own read buffer: reused, and registered with CUDA (pinned) where
@@ -251,6 +254,8 @@ class _Loader:
             else:
                 t = _own_storage_view(buffer, offset, e["nbytes"], dtype, shape)
             tensors.append(t)
+        if relocate is not None and into is None:
+            tensors = _relocated(tensors, relocate)
         loaded = rebuild(part["skeleton"], tensors, allow_pickle)
         if to_device:
             _synchronize(device)  # the read buffer is reused by the next load
@@ -367,6 +372,31 @@ def _raise_first_mismatch(mismatches: list[tuple[Any, int]], shards: list[dict],
         f"checksum mismatch in tensor {first.key!r} (shard {shards[first.shard]['name']} of {store.url}): "
         f"crc32c {got:#010x}, manifest {first.crc32c:#010x}{after}",
         hint="the checkpoint is damaged; restore from another one")
+
+
+def _relocated(tensors: list[Any], relocate: Callable[[Any, str], Any]) -> list[Any]:
+    """Each tensor on the storage ``relocate(storage, "cpu")`` returns for its own, as ``torch.load`` calls
+    a ``map_location`` function (None keeps it on the CPU); tied tensors stay one tensor."""
+    import torch
+
+    moved: dict[int, Any] = {}
+    out = []
+    for t in tensors:
+        if id(t) not in moved:
+            storage = relocate(t.untyped_storage(), "cpu")
+            if storage is None:
+                moved[id(t)] = t
+            else:
+                if isinstance(storage, torch.TypedStorage):
+                    storage = storage.untyped()
+                if not isinstance(storage, torch.UntypedStorage) or storage.nbytes() < t.untyped_storage().nbytes():
+                    raise UsageError(f"map_location returned {type(storage).__name__} for a storage of "
+                                     f"{t.untyped_storage().nbytes()} bytes", hint="return the storage it was "
+                                     "given, moved (storage.cuda(), storage.cpu()), or None")
+                moved[id(t)] = torch.empty(0, dtype=t.dtype, device=storage.device).set_(
+                    storage, t.storage_offset(), t.shape, t.stride())
+        out.append(moved[id(t)])
+    return out
 
 
 def _own_storage_view(buffer: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import re
 from typing import Any
 
@@ -60,7 +61,9 @@ def read_manifest(store: Store) -> dict[str, Any]:
     """The committed manifest of ``store``; NotACheckpointError with the reason otherwise."""
     path = f"{store.url}/{MANIFEST_NAME}"
     if not store.is_dir_like():
-        raise NotACheckpointError(f"{store.url} is not a directory holding a checkpoint")
+        raise NotACheckpointError(f"{store.url} is not a directory holding a checkpoint",
+                                  hint="a file torch.save wrote is read with torch.load" if os.path.isfile(store.url)
+                                  else None)
     try:
         manifest = json.loads(store.get(MANIFEST_NAME), object_pairs_hook=_unique_keys)
     except UnsafeFileError as exc:  # a symlink, FIFO or device as the manifest, or one larger than any save writes
@@ -387,6 +390,11 @@ def _value_ok(value: Any, *, hashable: bool) -> bool:
             except (TypeError, ValueError):
                 return False
             return True
+        if "__complex__" in value:
+            return set(value) == {"__complex__"} and isinstance(value["__complex__"], str) and _complex_ok(value["__complex__"])
+        for kind in ("__dtype__", "__device__"):
+            if kind in value:
+                return set(value) == {kind} and isinstance(value[kind], str) and _TORCH_NAME.fullmatch(value[kind]) is not None
         if "__bytes__" in value:
             return set(value) == {"__bytes__"} and isinstance(value["__bytes__"], str) and _base64_ok(value["__bytes__"])
         for kind in ("__set__", "__frozenset__"):
@@ -403,6 +411,18 @@ def _value_ok(value: Any, *, hashable: bool) -> bool:
                     and ("__raw__" not in value or _value_ok(value["__raw__"], hashable=False)))
         return not hashable
     return False
+
+
+#: A torch dtype's name (``bfloat16``) or a device's (``cuda:1``), as a save records them.
+_TORCH_NAME = re.compile(r"[a-z][a-z0-9_]*(:[0-9]+)?")
+
+
+def _complex_ok(text: str) -> bool:
+    try:
+        complex(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _base64_ok(text: str) -> bool:

@@ -4,7 +4,7 @@ skeleton, and rebuilt from them.
 The skeleton is the state_dict's structure with each tensor replaced by ``{"__tensor__": index}``;
 plain values, containers and their types are encoded so that :func:`rebuild` gives back what was
 saved (OrderedDict with its ``_metadata``, nn.Parameter, namedtuples, Enum members, numpy arrays,
-bytes, sets, paths). Values of any other type are pickled only with ``allow_pickle``. Flattening
+bytes, sets, paths, complex numbers, torch dtypes and devices). Values of any other type are pickled only with ``allow_pickle``. Flattening
 also records, for each tensor, its data address and staging route (``routing.Sources``) and what the
 shard layout depends on (``plan.PlanCache``). No I/O.
 """
@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ckptbench.checkpoint.routing import Sources, route_for
-from ckptbench.errors import PickleNotAllowedError, UsageError
+from ckptbench.errors import CorruptCheckpointError, PickleNotAllowedError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _encode_key(key: Any, path: str) -> Any:
 
 #: What a refused value's error suggests.
 _VALUES_HINT = ("state_dict leaves must be tensors, numpy arrays or plain Python values (numbers, str, bytes, bool, "
-                "None, lists, tuples, dicts, sets, pathlib paths, Enum members); pass allow_pickle=True, at save "
+                "None, lists, tuples, dicts, sets, pathlib paths, Enum members, torch dtypes and devices); pass allow_pickle=True, at save "
                 "and again at load, to pickle anything else")
 
 
@@ -70,6 +70,8 @@ def _encode_value(value: Any, path: str) -> Any:
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(value, complex):
+        return {"__complex__": repr(complex(value))}
     if isinstance(value, (list, tuple)):
         items = [_encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
         # A namedtuple or torch.Size (dict keys: a tuple value is visited as a container) keeps its class.
@@ -82,6 +84,11 @@ def _encode_value(value: Any, path: str) -> Any:
     if isinstance(value, pathlib.PurePath):
         return {"__path__": str(value), "__flavour__": "windows" if isinstance(value, pathlib.PureWindowsPath)
                 else "posix", "__pure__": not isinstance(value, pathlib.Path)}
+    torch = sys.modules.get("torch")  # a torch value comes with torch imported
+    if torch is not None and isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if torch is not None and isinstance(value, torch.device):
+        return {"__device__": str(value)}
     raise UsageError(f"{path}: value of type {type(value).__name__} cannot be saved", hint=_VALUES_HINT)
 
 
@@ -381,6 +388,12 @@ def _decode_value(node: Any) -> Any:
             return _as_saved_class(node["__class__"], node.get("__fields__"), items) if "__class__" in node else items
         if "__float__" in node:
             return float(node["__float__"])
+        if "__complex__" in node:
+            return complex(node["__complex__"])
+        if "__dtype__" in node:
+            return _as_dtype(node["__dtype__"])
+        if "__device__" in node:
+            return _torch().device(node["__device__"])
         if "__bytes__" in node:
             return base64.b64decode(node["__bytes__"], validate=True)
         if "__set__" in node:
@@ -392,6 +405,15 @@ def _decode_value(node: Any) -> Any:
         if "__enum__" in node:
             return _as_enum(node)
     return node
+
+
+def _as_dtype(name: str) -> Any:
+    """The torch dtype saved by its name (``bfloat16``); a name that is none in this torch is damage."""
+    dtype = getattr(_torch(), name, None)
+    if not isinstance(dtype, _torch().dtype):
+        raise CorruptCheckpointError(f"the checkpoint holds a torch dtype {name!r} this torch does not have",
+                                     hint="load it with the torch version that saved it")
+    return dtype
 
 
 def _numpy_of(t: Any, spec: dict) -> Any:
@@ -467,7 +489,8 @@ def refuse_pickled(skeleton: Any) -> None:
         raise PickleNotAllowedError(
             f"the checkpoint holds {len(pickled)} pickled entr{'y' if len(pickled) == 1 else 'ies'} ({shown}); "
             "unpickling runs whatever code the checkpoint names",
-            hint="pass allow_pickle=True only for a checkpoint from a source you trust")
+            hint="pass allow_pickle=True, without weights_only=True, only for a checkpoint from a source you trust; "
+                 "weights_only=False alone does not unpickle")
 
 
 def _as_saved_class(name: str, fields: list[str] | None, items: tuple) -> Any:

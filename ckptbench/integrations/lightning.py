@@ -22,8 +22,9 @@ Limits:
   read with ``torch.load`` where they bypass the CheckpointIO (``load_from_checkpoint`` always does):
   load with ``CkptbenchCheckpointIO().load_checkpoint(path)`` and ``model.load_state_dict(ckpt["state_dict"])``
   instead.
-- ``map_location``: a device (``"cuda:0"``, ``torch.device``) or None (CPU); a function or a dict of
-  devices loads to the CPU (Lightning moves the state where it belongs afterwards).
+- ``map_location`` of ``load_checkpoint``: as ``torch.load``'s (a device, a dict, a function ``f(storage,
+  location)``), except that None loads to the CPU and every tensor's location is ``"cpu"``: a checkpoint
+  does not record the device it was saved from (Lightning moves the state where it belongs afterwards).
 - Values other than those ckptbench saves (tensors, numpy, plain Python values, paths, Enum members,
   see ``ckptbench.save``) in ``hyper_parameters`` or callback states need ``allow_pickle=True``, which
   also lets loads unpickle them (never with ``weights_only=True``).
@@ -103,16 +104,16 @@ class _CkptbenchCheckpointIO:
 
         Args:
             path: a checkpoint this plugin (or ``ckptbench.save``) wrote.
-            map_location: a device, or None for the CPU (see the module docstring).
+            map_location: as ``torch.load``'s: a device, a dict, a function, or None for the CPU
+                (``ckptbench.checkpoint.api.load_device``).
             weights_only: True refuses pickled entries even with ``allow_pickle``.
 
         Returns:
             dict: the checkpoint, as it was saved.
         """
         self._wait_for(path)
-        device = map_location if isinstance(map_location, str) or _is_device(map_location) else "cpu"
-        return self._checkpointer.load(path, device=device, storage_options=self.storage_options, distributed=False,
-                                       allow_pickle=self.allow_pickle and weights_only is not True)
+        return self._checkpointer.load(path, map_location, storage_options=self.storage_options, distributed=False,
+                                       allow_pickle=self.allow_pickle, weights_only=weights_only is True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first)."""
@@ -147,12 +148,6 @@ class _CkptbenchCheckpointIO:
             self.teardown()
         finally:
             self._checkpointer.close()
-
-
-def _is_device(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.device)
 
 
 @functools.cache
