@@ -18,6 +18,7 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   ├── OutcomeUnknownError
     │   └── CommitOutcomeUnknownError   (also reachable as CommitOutcomeUnknown)
     ├── NotACheckpointError             (exit 2)
+    │   └── CheckpointNotFoundError     nothing at all at the path (a FileNotFoundError too, as torch.load's)
     ├── CorruptCheckpointError
     ├── CheckpointLockedError
     │   └── LockLostError
@@ -135,6 +136,12 @@ class NotACheckpointError(CkptbenchError):
     """The path holds no committed checkpoint (no manifest, or one that cannot be read)."""
 
     exit_code = 2
+
+
+class CheckpointNotFoundError(NotACheckpointError, FileNotFoundError):
+    """Nothing at all at the path a load was given: a FileNotFoundError too, as ``torch.load`` and Lightning's
+    ``TorchCheckpointIO`` raise for a missing file, so a loop's ``except FileNotFoundError`` (start afresh)
+    works the same."""
 
 
 class CorruptCheckpointError(CkptbenchError):

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ckptbench.errors import (
+    CheckpointNotFoundError,
     CorruptCheckpointError,
     InsufficientSpaceError,
     NotACheckpointError,
@@ -69,6 +70,8 @@ def read_manifest(store: Store) -> dict[str, Any]:
     except UnsafeFileError as exc:  # a symlink, FIFO or device as the manifest, or one larger than any save writes
         raise NotACheckpointError(f"{store.url} holds no readable checkpoint: {exc}") from None
     except FileNotFoundError:
+        if not store.list():
+            raise CheckpointNotFoundError(f"{store.url}: no checkpoint there (nothing at that path)") from None
         raise NotACheckpointError(
             f"{store.url} holds no committed checkpoint (no {MANIFEST_NAME})",
             hint="a save that did not finish leaves no manifest; nothing here can be loaded",

@@ -18,15 +18,18 @@ is still queued there finds nothing yet and leaves that checkpoint behind).
 
 Limits:
 
-- ``LightningModule.load_from_checkpoint`` and ``Trainer(...).test(ckpt_path=...)`` on another machine
-  read with ``torch.load`` where they bypass the CheckpointIO (``load_from_checkpoint`` always does):
-  load with ``CkptbenchCheckpointIO().load_checkpoint(path)`` and ``model.load_state_dict(ckpt["state_dict"])``
-  instead.
+- ``LightningModule.load_from_checkpoint`` reads with ``torch.load`` and never asks a CheckpointIO (on a
+  ckptbench checkpoint, a directory, it fails with ``IsADirectoryError``): use this module's
+  :func:`load_from_checkpoint` (``load_from_checkpoint(MyModel, path)``), which builds the module from the
+  saved hyperparameters as Lightning does. ``Trainer(plugins=[CkptbenchCheckpointIO()])``'s
+  ``fit``/``validate``/``test``/``predict`` with ``ckpt_path=`` read through the plugin.
+- A path with nothing at it raises ``CheckpointNotFoundError``, a ``FileNotFoundError`` as Lightning's
+  ``TorchCheckpointIO`` raises.
 - ``map_location`` of ``load_checkpoint``: as ``torch.load``'s (a device, a dict, a function ``f(storage,
   location)``), except that None loads to the CPU and every tensor's location is ``"cpu"``: a checkpoint
   does not record the device it was saved from (Lightning moves the state where it belongs afterwards).
 - Values other than those ckptbench saves (tensors, numpy, plain Python values, paths, Enum members,
-  see ``ckptbench.save``) in ``hyper_parameters`` or callback states need ``allow_pickle=True``, which
+  torch dtypes and devices, see ``ckptbench.save``) in ``hyper_parameters`` or callback states need ``allow_pickle=True``, which
   also lets loads unpickle them (never with ``weights_only=True``).
 - Importing this module does not import torch or Lightning; the class is made on first access and
   says what to install when Lightning is missing (``pip install lightning``).
@@ -44,10 +47,10 @@ from typing import TYPE_CHECKING, Any
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle
 from ckptbench.checkpoint.manager import remove_checkpoint
-from ckptbench.errors import MissingDependencyError
+from ckptbench.errors import MissingDependencyError, UsageError
 from ckptbench.storage.store import open_store
 
-__all__ = ["CkptbenchCheckpointIO"]
+__all__ = ["CkptbenchCheckpointIO", "load_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,11 @@ class _CkptbenchCheckpointIO:
         Raises:
             The error of the previous async save, if it failed (nothing of this save is written then).
         """
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise UsageError(f"storage_options must be a dict (object-storage options), not "
+                             f"{type(storage_options).__name__}", hint="pass a dict, or None for the plugin's own")
         self._raise_failed_save()
-        options = storage_options if isinstance(storage_options, dict) else self.storage_options
+        options = storage_options if storage_options is not None else self.storage_options
         result = self._checkpointer.save(checkpoint, path, async_=self.async_, overwrite=True,
                                          storage_options=options, distributed=False, allow_pickle=self.allow_pickle)
         if isinstance(result, SaveHandle):
@@ -148,6 +154,53 @@ class _CkptbenchCheckpointIO:
             self.teardown()
         finally:
             self._checkpointer.close()
+
+
+def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_location: Any | None = None,
+                         strict: bool | None = None, *, allow_pickle: bool = False,
+                         storage_options: dict | None = None, **kwargs: Any) -> Any:
+    """``cls.load_from_checkpoint(checkpoint_path, ...)`` for a checkpoint :class:`CkptbenchCheckpointIO` wrote.
+
+    Lightning's own ``load_from_checkpoint`` reads with ``torch.load`` and never asks a CheckpointIO. This reads
+    the checkpoint with ckptbench, then builds the LightningModule (or LightningDataModule) as Lightning does:
+    ``cls(**hyper_parameters, **kwargs)``, its ``on_load_checkpoint`` hook, ``load_state_dict(strict=...)``,
+    and the module moved to the device of the loaded tensors.
+
+    Args:
+        cls: the LightningModule or LightningDataModule class.
+        checkpoint_path: the checkpoint (a directory or URL).
+        map_location: as for ``ckptbench.load`` (``torch.load``'s meaning; None loads to the CPU).
+        strict: as Lightning's (None: the module's ``strict_loading``).
+        allow_pickle: unpickle values the save pickled (only for checkpoints from a source you trust).
+        storage_options: for object storage.
+        **kwargs: hyperparameters that replace the saved ones, as Lightning's.
+    """
+    from ckptbench.checkpoint.api import load
+
+    _classes()  # Lightning is installed, or a MissingDependencyError says how to install it
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    try:
+        from lightning.pytorch.core.saving import _load_state
+    except ImportError:
+        raise MissingDependencyError("this Lightning has no lightning.pytorch.core.saving._load_state, which "
+                                     "load_from_checkpoint builds the module with",
+                                     hint="load with CkptbenchCheckpointIO().load_checkpoint(path) and "
+                                          "model.load_state_dict(checkpoint['state_dict'])") from None
+    checkpoint = load(checkpoint_path, map_location, storage_options=storage_options, distributed=False,
+                      allow_pickle=allow_pickle)
+    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
+    checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
+    if issubclass(cls, LightningDataModule):
+        return _load_state(cls, checkpoint, **kwargs)
+    if not issubclass(cls, LightningModule):
+        raise UsageError(f"load_from_checkpoint builds a LightningModule or LightningDataModule, not {cls!r}")
+    model = _load_state(cls, checkpoint, strict=strict, **kwargs)
+    import torch
+
+    tensors = (t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor))
+    first = next(tensors, None)
+    return model if first is None else model.to(first.device)
 
 
 @functools.cache

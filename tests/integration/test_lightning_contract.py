@@ -1,0 +1,202 @@
+"""CkptbenchCheckpointIO under Lightning's CheckpointIO contract, as training code meets it: what the checkpoint
+holds (hyperparameters with torch values, callbacks' and loops' state), resuming through it exactly as through
+Lightning's own TorchCheckpointIO, ``save_last="link"``, ``load_from_checkpoint``, Fabric, and the errors
+TorchCheckpointIO raises. Skipped where Lightning is not installed."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptbench
+
+lightning = pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install lightning")
+from lightning.fabric import Fabric  # noqa: E402
+from lightning.pytorch import LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO  # noqa: E402
+
+from ckptbench.integrations.lightning import CkptbenchCheckpointIO, load_from_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+class Net(LightningModule):
+    def __init__(self, lr: float = 0.05, dtype: torch.dtype = torch.float32, device_hint: torch.device | None = None,
+                 width: int = 4) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.body(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.body(x), y))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.7)}
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+    val_dataloader = train_dataloader
+
+
+def make_trainer(root: Path, plugin, epochs: int, callbacks: list) -> Trainer:
+    return Trainer(max_epochs=epochs, default_root_dir=root, plugins=[plugin] if plugin is not None else None,
+                   logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                   callbacks=callbacks, deterministic=True)
+
+
+def fit_then_resume(root: Path, plugin_factory) -> tuple[Net, Trainer, Trainer]:
+    """Two epochs, then a new Trainer resumes from last.ckpt to four; returns the resumed model and trainers."""
+    torch.manual_seed(0)
+    first = make_trainer(root, plugin_factory(), 2,
+                         [ModelCheckpoint(dirpath=root / "ckpt", monitor="val_loss", save_top_k=2, save_last=True),
+                          EarlyStopping("val_loss", patience=50)])
+    first.fit(Net(dtype=torch.bfloat16, device_hint=torch.device("cpu")))
+    torch.manual_seed(1)
+    model = Net(dtype=torch.bfloat16, device_hint=torch.device("cpu"))
+    second = make_trainer(root, plugin_factory(), 4,
+                          [ModelCheckpoint(dirpath=root / "ckpt", monitor="val_loss", save_top_k=2, save_last=True),
+                           EarlyStopping("val_loss", patience=50)])
+    second.fit(model, ckpt_path="last")
+    return model, first, second
+
+
+def test_a_resumed_fit_ends_exactly_as_one_resumed_through_torch_checkpoint_io(tmp_path: Path):
+    ours, first, second = fit_then_resume(tmp_path / "ours", CkptbenchCheckpointIO)
+    theirs, their_first, their_second = fit_then_resume(tmp_path / "torch", TorchCheckpointIO)
+    assert second.global_step == their_second.global_step == 16
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    assert second.optimizers[0].state_dict()["param_groups"] == their_second.optimizers[0].state_dict()["param_groups"]
+    ours_ckpt, theirs_ckpt = second.checkpoint_callback, their_second.checkpoint_callback
+    assert ours_ckpt.best_model_score == theirs_ckpt.best_model_score  # restored from the callbacks' state
+    assert Path(ours_ckpt.best_model_path).name == Path(theirs_ckpt.best_model_path).name
+    assert second.early_stopping_callback.wait_count == their_second.early_stopping_callback.wait_count
+    assert sorted(p.name for p in (tmp_path / "ours" / "ckpt").iterdir()) == sorted(
+        p.name for p in (tmp_path / "torch" / "ckpt").iterdir())
+
+
+def test_the_checkpoint_holds_what_lightning_wrote_with_torch_values_unpickled(tmp_path: Path):
+    _, _, second = fit_then_resume(tmp_path, CkptbenchCheckpointIO)
+    ours = ckptbench.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)  # nothing pickled
+    assert ours["pytorch-lightning_version"] == lightning.__version__
+    assert ours["hyper_parameters"]["dtype"] is torch.bfloat16
+    assert ours["hyper_parameters"]["device_hint"] == torch.device("cpu")
+    assert set(ours) >= {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks", "epoch",
+                         "global_step", "hyper_parameters", "hparams_name"}
+    assert any(key.startswith("ModelCheckpoint") for key in ours["callbacks"])
+
+
+def test_load_from_checkpoint_builds_the_module_from_its_saved_hyperparameters(tmp_path: Path):
+    torch.manual_seed(0)
+    model = Net(lr=0.2, dtype=torch.float16, width=6)
+    trainer = make_trainer(tmp_path, CkptbenchCheckpointIO(), 1, [])
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "final.ckpt")
+    with pytest.raises(IsADirectoryError):  # Lightning's own reads with torch.load: the documented limit
+        Net.load_from_checkpoint(tmp_path / "final.ckpt")
+    loaded = load_from_checkpoint(Net, tmp_path / "final.ckpt")
+    assert isinstance(loaded, Net)
+    assert loaded.hparams.lr == 0.2 and loaded.hparams.dtype is torch.float16 and loaded.hparams.width == 6
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    narrower = load_from_checkpoint(Net, tmp_path / "final.ckpt", map_location="cpu", lr=0.5)
+    assert narrower.hparams.lr == 0.5  # keyword arguments replace saved hyperparameters, as Lightning's
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_from_checkpoint(Net, tmp_path / "final.ckpt", width=3)
+
+
+def test_save_last_link_is_a_symlink_to_a_checkpoint_directory_and_resumes(tmp_path: Path):
+    def callbacks():
+        return [ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last="link", monitor="step", mode="max",
+                                save_top_k=1)]
+
+    make_trainer(tmp_path, CkptbenchCheckpointIO(), 2, callbacks()).fit(Net())
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert last.is_symlink() and (last.resolve() / "manifest.json").is_file()
+    second = make_trainer(tmp_path, CkptbenchCheckpointIO(), 3, callbacks())
+    second.fit(Net(), ckpt_path="last")
+    assert second.global_step == 12
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch=2-step=12.ckpt", "last.ckpt"]
+    assert last.is_symlink() and ckptbench.load(last)["global_step"] == 12
+
+
+def test_a_weights_only_checkpoint_validates_and_holds_no_optimizer(tmp_path: Path):
+    trainer = make_trainer(tmp_path, CkptbenchCheckpointIO(), 1, [])
+    trainer.fit(Net())
+    trainer.save_checkpoint(tmp_path / "weights.ckpt", weights_only=True)
+    saved = ckptbench.load(tmp_path / "weights.ckpt")
+    assert "optimizer_states" not in saved and "state_dict" in saved
+    results = make_trainer(tmp_path, CkptbenchCheckpointIO(), 1, []).validate(Net(), ckpt_path=tmp_path / "weights.ckpt")
+    assert results and "val_loss" in results[0]
+
+
+def test_errors_as_torch_checkpoint_io_raises_them(tmp_path: Path):
+    io = CkptbenchCheckpointIO()
+    with pytest.raises(FileNotFoundError):  # TorchCheckpointIO's error for a missing checkpoint
+        io.load_checkpoint(tmp_path / "missing.ckpt")
+    with pytest.raises(FileNotFoundError):
+        TorchCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
+    with pytest.raises(ckptbench.CheckpointNotFoundError, match="nothing at that path"):
+        io.load_checkpoint(tmp_path / "missing.ckpt")
+    with pytest.raises(ckptbench.errors.UsageError, match="storage_options must be a dict"):
+        io.save_checkpoint({"w": torch.ones(1)}, tmp_path / "a.ckpt", storage_options="s3-profile")
+    assert not (tmp_path / "a.ckpt").exists()
+    (tmp_path / "notes.ckpt").write_text("mine")
+    io.remove_checkpoint(tmp_path / "notes.ckpt")  # not a checkpoint directory: left alone
+    assert (tmp_path / "notes.ckpt").read_text() == "mine"
+
+
+def test_map_location_of_load_checkpoint_takes_torch_forms(tmp_path: Path):
+    io = CkptbenchCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.arange(3.0)}, "epoch": 2}, tmp_path / "a.ckpt")
+    seen = []
+    loaded = io.load_checkpoint(tmp_path / "a.ckpt", map_location=lambda s, loc: seen.append(loc) or s)
+    assert seen == ["cpu"] and torch.equal(loaded["state_dict"]["w"], torch.arange(3.0))
+    assert io.load_checkpoint(tmp_path / "a.ckpt", map_location={"cuda:0": "cpu"})["epoch"] == 2
+    meta = io.load_checkpoint(tmp_path / "a.ckpt", map_location={"cpu": "meta"})
+    assert meta["state_dict"]["w"].device.type == "meta"
+
+
+def test_lightning_async_wrapper_raises_a_failed_save_at_teardown(tmp_path: Path):
+    (tmp_path / "file.ckpt").write_text("x")
+    io = AsyncCheckpointIO(CkptbenchCheckpointIO())
+    # Fails on Lightning's thread; raised here too where that thread was done already, and by teardown.
+    with contextlib.suppress(ckptbench.errors.UsageError):
+        io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "file.ckpt")
+    with pytest.raises(ckptbench.errors.UsageError, match="is a file"):
+        io.teardown()
+
+
+def test_fabric_saves_and_loads_through_the_plugin(tmp_path: Path):
+    fabric = Fabric(accelerator="cpu", devices=1, plugins=[CkptbenchCheckpointIO()])
+    torch.manual_seed(0)
+    model, optimizer = fabric.setup(torch.nn.Linear(4, 2), torch.optim.Adam(torch.nn.Linear(4, 2).parameters()))
+    optimizer = fabric.setup_optimizers(torch.optim.Adam(model.parameters(), lr=0.01))
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    fabric.save(tmp_path / "fabric.ckpt", {"model": model, "optimizer": optimizer, "step": 5,
+                                           "dtype": torch.bfloat16})
+    assert (tmp_path / "fabric.ckpt" / "manifest.json").is_file()
+    new_model = fabric.setup(torch.nn.Linear(4, 2))
+    new_optimizer = fabric.setup_optimizers(torch.optim.Adam(new_model.parameters(), lr=0.5))
+    state = {"model": new_model, "optimizer": new_optimizer, "step": 0}
+    remainder = fabric.load(tmp_path / "fabric.ckpt", state)
+    assert remainder == {"dtype": torch.bfloat16} and state["step"] == 5
+    assert torch.equal(new_model.weight, model.weight)
+    assert new_optimizer.param_groups[0]["lr"] == 0.01
+    assert torch.equal(new_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
