@@ -132,13 +132,15 @@ class _Tier:
         mine, theirs = self.url.rstrip("/") + "/", other.url.rstrip("/") + "/"
         return mine.startswith(theirs) or theirs.startswith(mine)
 
-    def retain(self, step: int, keep_last: int | None, busy: set[int]) -> None:
+    def retain(self, step: int, keep_last: int | None, busy: set[int], damaged: frozenset[int] | set[int] = frozenset()
+               ) -> None:
         """After ``step`` committed here: remove the steps beyond the newest ``keep_last`` and the
-        leftovers of saves that never committed, except ``step`` and the ``busy`` ones. Never raises:
+        leftovers of saves that never committed, except ``step`` and the ``busy`` ones. The ``damaged``
+        steps (found so by a load) neither count among the ``keep_last`` nor are removed. Never raises:
         what could not be listed or removed is logged (the next commit tries again)."""
         try:
             listing = self.listing()
-            committed = sorted(s for s, ok in listing.items() if ok)
+            committed = sorted(s for s, ok in listing.items() if ok and s not in damaged)
             doomed: list[tuple[int, str]] = [(s, "an interrupted save") for s, ok in listing.items()
                                             if not ok and s != step and s not in busy]
             if keep_last is not None:
@@ -201,6 +203,12 @@ class CheckpointManager:
     save commits: the steps beyond the newest ``keep_last`` (by step number; the step just saved is
     always kept) and the leftovers of saves that never committed are removed then, never earlier.
 
+    **Damaged steps.** A local step that a :meth:`load` of this manager found damaged (a shard missing or
+    failing its checksum; ``load()`` then falls back to an older step) no longer counts among the
+    ``keep_last`` (so retention keeps that many loadable steps) and is not removed by it; the loop that
+    resumed from the older step replaces it when it saves that step again (no ``overwrite`` needed;
+    logged). In one process only: under a launch a load does not fall back, so nothing is marked.
+
     **Two tiers.** With ``remote``, saves still go to ``root`` (the fast, local tier) and return as
     before; every ``remote_every``-th step this manager commits there is then copied to ``remote``
     (the durable tier: a directory or ``s3://...``) in the background (a thread that hands the copy to a
@@ -241,14 +249,15 @@ class CheckpointManager:
     Example::
 
         with ckptbench.CheckpointManager("/ckpt/run1", keep_last=3) as manager:
-            start = manager.latest()
-            if start is not None:
-                state = manager.load(start)
-            for step in range(start or 0, steps):
+            start = 0
+            if manager.latest() is not None:
+                state = manager.load()  # the newest step that loads (a damaged one is logged, skipped)
+                start = state["step"]
+            for step in range(start, steps):
                 ...
                 if step % 100 == 0:
-                    manager.save(step, {"model": model.state_dict(), "optim": optim.state_dict()},
-                                 async_=True)
+                    manager.save(step, {"model": model.state_dict(), "optim": optim.state_dict(),
+                                        "step": step}, async_=True)
     """
 
     def __init__(self, root: str | os.PathLike, *, keep_last: int | None = None,
@@ -295,6 +304,8 @@ class CheckpointManager:
         self._pending: Future | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: Local steps a load of this manager found damaged (see the class): replaced by the next save of them.
+        self._damaged: set[int] = set()
 
     @property
     def root(self) -> str:
@@ -371,6 +382,9 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         url = self._tier.step_url(step)
+        if step in self._damaged and not overwrite:
+            log.warning("step %d under %s was found damaged by a load: this save replaces it", step, self._tier.url)
+            overwrite = True
         with self._drain_paused(async_):  # training is blocked while staging: the drain waits
             handle = self._checkpointer.save(state_dict, url, async_=async_, overwrite=overwrite,
                                              storage_options=self._tier.storage_options,
@@ -421,7 +435,8 @@ class CheckpointManager:
             if self._committed_here % self.remote_every == 0:
                 self._drainer.submit(step)
             busy = self._drainer.busy_steps()
-        self._tier.retain(step, self.keep_last, busy)
+        self._damaged.discard(step)
+        self._tier.retain(step, self.keep_last, busy, damaged=set(self._damaged))
 
     # -- remote tier --------------------------------------------------------------------------
 
@@ -460,8 +475,8 @@ class CheckpointManager:
 
     # -- load / delete ------------------------------------------------------------------------
 
-    def load(self, step: int | None = None, *, into: dict | None = None, device: Any = "cpu",
-             verify: bool = True) -> dict:
+    def load(self, step: int | None = None, *, into: dict | None = None, device: Any = None,
+             verify: bool = True, map_location: Any = None) -> dict:
         """Load ``step`` (None: the latest) as :func:`ckptbench.load` does.
 
         With a remote tier, a step is loaded from the local tier when it is committed there, else
@@ -473,8 +488,9 @@ class CheckpointManager:
         Args:
             step: the step to load, or None for :meth:`latest`.
             into: a state_dict of the same structure to load into, in place (then returned).
-            device: where the loaded tensors go without ``into``.
+            device: where the loaded tensors go without ``into`` (default: the CPU).
             verify: check every tensor's CRC-32C.
+            map_location: ``torch.load``'s, with :func:`ckptbench.load`'s meaning (instead of ``device``).
 
         Returns:
             dict: the state_dict (``into`` itself when given).
@@ -505,10 +521,12 @@ class CheckpointManager:
             raise StepNotFoundError(f"no committed step under {where}", hint="save one first, or check the root")
         for n, (s, tier) in enumerate(candidates):
             try:
-                return self._checkpointer.load(tier.step_url(s), device=device, verify=verify, into=into,
+                return self._checkpointer.load(tier.step_url(s), map_location, device=device, verify=verify, into=into,
                                                storage_options=tier.storage_options, distributed=self.distributed,
                                                allow_pickle=self.allow_pickle)
             except _DAMAGED as exc:
+                if world is None and tier is self._tier and isinstance(exc, _DAMAGED_DATA):
+                    self._damaged.add(s)
                 if n == len(candidates) - 1:
                     raise
                 following = candidates[n + 1]
@@ -582,6 +600,8 @@ class CheckpointManager:
 
 #: What a copy that fails to load raises: the next copy (the remote one, an older step) is tried.
 _DAMAGED = (CorruptCheckpointError, NotACheckpointError, StorageIOError, OSError)
+#: What says a step's own data is damaged, so that saving the step again may replace it (an I/O error may pass).
+_DAMAGED_DATA = (CorruptCheckpointError, NotACheckpointError)
 
 
 def _check_count(name: str, value: Any, none_means: str | None) -> None:
