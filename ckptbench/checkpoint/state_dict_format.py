@@ -310,7 +310,8 @@ def flatten(state_dict: Any, allow_pickle: bool = False) -> Flattener:
     order, and the ``_metadata`` to encode ``later``. ``allow_pickle``: values of no other kind are
     pickled (else refused, naming the key)."""
     if not isinstance(state_dict, dict):
-        raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__}")
+        raise UsageError(f"a state_dict must be a dict, not {type(state_dict).__name__} (torch.save takes any "
+                         "object; ckptbench.save a dict)", hint="wrap it: save({'value': obj}, path)")
     f = Flattener(allow_pickle)
     f.skeleton = f.visit(state_dict, "")
     return f

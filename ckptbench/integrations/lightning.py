@@ -14,7 +14,9 @@ the kernel allows), as Lightning's ``AsyncCheckpointIO`` contract asks: an error
 is raised by the next ``save_checkpoint`` or by ``teardown``, which waits for it. Lightning's own
 ``AsyncCheckpointIO(CkptbenchCheckpointIO())`` works too (it clones every tensor on the training thread
 first, then saves on a thread of its own; a removal ModelCheckpoint asks for while the save it removes
-is still queued there finds nothing yet and leaves that checkpoint behind).
+is still queued there finds nothing yet and leaves that checkpoint behind). Not around ``async_=True``:
+that wrapper never calls this plugin's ``teardown``, so the last save would still persist after ``fit``
+and its error would be lost.
 
 Limits:
 

@@ -246,3 +246,10 @@ def test_views_of_one_storage_load_as_tensors_of_their_own_with_their_values(tmp
     loaded["part"].add_(100)
     assert torch.equal(loaded["base"], torch.arange(20.0))
     assert loaded["transposed"].is_contiguous()
+
+
+@pytest.mark.parametrize("root", [torch.ones(3), [torch.ones(1)], 5, None])
+def test_a_root_other_than_a_dict_is_refused_saying_how_to_wrap_it(tmp_path: Path, root):
+    with pytest.raises(UsageError, match=r"must be a dict, not .*wrap it: save\(\{'value': obj\}, path\)"):
+        ckptbench.save(root, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
