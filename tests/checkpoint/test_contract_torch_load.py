@@ -253,3 +253,15 @@ def test_a_root_other_than_a_dict_is_refused_saying_how_to_wrap_it(tmp_path: Pat
     with pytest.raises(UsageError, match=r"must be a dict, not .*wrap it: save\(\{'value': obj\}, path\)"):
         ckptbench.save(root, tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("where", ["cuda:0", torch.device("cuda", 0), {"cpu": "cuda:0"},
+                                   lambda storage, location: storage.cuda(0)])
+def test_map_location_to_a_gpu(saved, where):
+    state, path = saved
+    loaded = ckptbench.load(path, map_location=where)
+    assert loaded["w"].device == torch.device("cuda", 0) and loaded["b"].device == torch.device("cuda", 0)
+    assert isinstance(loaded["w"], torch.nn.Parameter) and loaded["tied"] is loaded["w"]
+    assert torch.equal(loaded["w"].cpu(), state["w"].detach()) and torch.equal(loaded["b"].cpu(), state["b"])
