@@ -78,10 +78,27 @@ class _CkptbenchCheckpointIO:
         self.async_ = async_
         self.allow_pickle = allow_pickle
         self.storage_options = storage_options
-        self._checkpointer = Checkpointer(threads=threads, shard_size=shard_size, block_size=block_size,
-                                          direct=direct, checksum=checksum)
+        self._settings = {"threads": threads, "shard_size": shard_size, "block_size": block_size, "direct": direct,
+                          "checksum": checksum}
+        self._start()
+
+    def _start(self) -> None:
+        """The plugin's own state: its Checkpointer (staging memory), the save in flight, their lock."""
+        self._checkpointer = Checkpointer(**self._settings)
         self._in_flight: tuple[str, SaveHandle] | None = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its settings only: a copy (``ddp_spawn`` pickles the Trainer's plugins into each process, a deepcopy)
+        starts with a Checkpointer of its own and no save in flight."""
+        state = self.__dict__.copy()
+        for name in ("_checkpointer", "_in_flight", "_lock"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Any | None = None) -> None:

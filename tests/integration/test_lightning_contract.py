@@ -200,3 +200,47 @@ def test_fabric_saves_and_loads_through_the_plugin(tmp_path: Path):
     assert torch.equal(new_model.weight, model.weight)
     assert new_optimizer.param_groups[0]["lr"] == 0.01
     assert torch.equal(new_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_the_plugin_pickles_and_copies_with_its_settings(tmp_path: Path):
+    import copy
+    import pickle
+
+    io = CkptbenchCheckpointIO(async_=True, allow_pickle=True, threads=2, checksum=False)
+    io.save_checkpoint({"w": torch.ones(4)}, tmp_path / "a.ckpt")  # a save in flight stays the original's
+    for twin in (pickle.loads(pickle.dumps(io)), copy.deepcopy(io)):
+        assert type(twin) is type(io) and twin.async_ and twin.allow_pickle
+        assert twin._checkpointer is not io._checkpointer and twin._checkpointer.threads == 2
+        assert twin._checkpointer.checksum is False
+        twin.save_checkpoint({"w": torch.zeros(4)}, tmp_path / "b.ckpt")
+        assert torch.equal(twin.load_checkpoint(tmp_path / "b.ckpt")["w"], torch.zeros(4))
+        twin.teardown()
+    io.teardown()
+    assert torch.equal(io.load_checkpoint(tmp_path / "a.ckpt")["w"], torch.ones(4))
+
+
+class Spawned(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2)
+
+
+@pytest.mark.slow
+def test_ddp_spawn_carries_the_plugin_into_each_process(tmp_path: Path):
+    """ddp_spawn pickles the Trainer, its plugins included, into every process it starts."""
+    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, plugins=[CkptbenchCheckpointIO()], strategy="ddp_spawn",
+                      accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=1, monitor="step", mode="max")])
+    trainer.fit(Spawned())
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["epoch=1-step=4.ckpt"]
+    assert ckptbench.load(tmp_path / "ckpt" / "epoch=1-step=4.ckpt")["global_step"] == 4
