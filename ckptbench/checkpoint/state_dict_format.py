@@ -394,7 +394,7 @@ def _decode_value(node: Any) -> Any:
         if "__dtype__" in node:
             return _as_dtype(node["__dtype__"])
         if "__device__" in node:
-            return _torch().device(node["__device__"])
+            return _as_device(node["__device__"])
         if "__bytes__" in node:
             return base64.b64decode(node["__bytes__"], validate=True)
         if "__set__" in node:
@@ -415,6 +415,15 @@ def _as_dtype(name: str) -> Any:
         raise CorruptCheckpointError(f"the checkpoint holds a torch dtype {name!r} this torch does not have",
                                      hint="load it with the torch version that saved it")
     return dtype
+
+
+def _as_device(name: str) -> Any:
+    """The torch device saved by its name (``cuda:1``); one this torch cannot name is damage."""
+    try:
+        return _torch().device(name)
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(f"the checkpoint holds a torch device {name!r} this torch cannot name: {exc}",
+                                     hint="load it with the torch version that saved it") from None
 
 
 def _numpy_of(t: Any, spec: dict) -> Any:

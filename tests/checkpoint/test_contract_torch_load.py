@@ -145,15 +145,16 @@ def test_torch_dtypes_devices_and_complex_numbers_round_trip(tmp_path: Path):
         k: v for k, v in reference.items() if k not in ("w", "nan")}
 
 
-@pytest.mark.parametrize("tag", [{"__dtype__": "tensor"}, {"__dtype__": "float99"}])
-def test_a_dtype_this_torch_does_not_have_is_a_corrupt_checkpoint(tmp_path: Path, tag: dict):
+@pytest.mark.parametrize("tag", [{"__dtype__": "tensor"}, {"__dtype__": "float99"}, {"__device__": "warp9"},
+                                 {"__device__": "cuda:99999999999999999999999"}])
+def test_a_dtype_or_device_this_torch_does_not_have_is_a_corrupt_checkpoint(tmp_path: Path, tag: dict):
     ckptbench.save({"dtype": torch.float16}, tmp_path / "c")
     path = tmp_path / "c" / "manifest.json"
     manifest = json.loads(path.read_text())
     text = json.dumps(manifest).replace(json.dumps({"__dtype__": "float16"}), json.dumps(tag))
     assert text != json.dumps(manifest)
     path.write_text(text)
-    with pytest.raises(CorruptCheckpointError, match="torch dtype"):
+    with pytest.raises(CorruptCheckpointError, match="torch d(type|evice)"):
         ckptbench.load(tmp_path / "c")
 
 
