@@ -117,8 +117,16 @@ class _CkptbenchCheckpointIO:
                              f"{type(storage_options).__name__}", hint="pass a dict, or None for the plugin's own")
         self._raise_failed_save()
         options = storage_options if storage_options is not None else self.storage_options
-        result = self._checkpointer.save(checkpoint, path, async_=self.async_, overwrite=True,
-                                         storage_options=options, distributed=False, allow_pickle=self.allow_pickle)
+        try:
+            result = self._checkpointer.save(checkpoint, path, async_=self.async_, overwrite=True,
+                                             storage_options=options, distributed=False,
+                                             allow_pickle=self.allow_pickle)
+        except UsageError as exc:
+            if self.allow_pickle or "allow_pickle=True" not in (exc.hint or ""):
+                raise
+            # A value ckptbench does not store natively: say where this plugin's opt-in is.
+            raise UsageError(exc.args[0], hint="CkptbenchCheckpointIO(allow_pickle=True) pickles it, and its loads "
+                             "unpickle it: only for checkpoints from a source you trust") from None
         if isinstance(result, SaveHandle):
             with self._lock:
                 self._in_flight = (os.fspath(path), result)

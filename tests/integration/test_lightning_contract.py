@@ -244,3 +244,16 @@ def test_ddp_spawn_carries_the_plugin_into_each_process(tmp_path: Path):
     trainer.fit(Spawned())
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["epoch=1-step=4.ckpt"]
     assert ckptbench.load(tmp_path / "ckpt" / "epoch=1-step=4.ckpt")["global_step"] == 4
+
+
+def test_a_value_ckptbench_does_not_store_names_the_plugins_opt_in(tmp_path: Path):
+    checkpoint = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"activation": torch.nn.GELU()}}
+    with pytest.raises(ckptbench.errors.UsageError) as refused:
+        CkptbenchCheckpointIO().save_checkpoint(checkpoint, tmp_path / "a.ckpt")
+    message = str(refused.value)
+    assert message.startswith("hyper_parameters.activation: value of type GELU cannot be saved")
+    assert "CkptbenchCheckpointIO(allow_pickle=True)" in message and "\n" not in message
+    assert not (tmp_path / "a.ckpt").exists()
+    CkptbenchCheckpointIO(allow_pickle=True).save_checkpoint(checkpoint, tmp_path / "a.ckpt")
+    loaded = CkptbenchCheckpointIO(allow_pickle=True).load_checkpoint(tmp_path / "a.ckpt")
+    assert isinstance(loaded["hyper_parameters"]["activation"], torch.nn.GELU)
