@@ -149,9 +149,13 @@ class _CkptbenchCheckpointIO:
                                        allow_pickle=self.allow_pickle, weights_only=weights_only is True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first)."""
+        """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first). A symlink
+        there (``ModelCheckpoint(save_last="link")``'s ``last.ckpt``) is removed itself, never what it points to."""
         self._wait_for(path)
         store = open_store(path, self.storage_options)
+        if store.local_path is not None and os.path.islink(path):
+            os.unlink(path)
+            return
         if store.size(mf.MANIFEST_NAME) is None and not store.list():
             return
         # A save of it may still run on another thread (Lightning's AsyncCheckpointIO): removed after it.

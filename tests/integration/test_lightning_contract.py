@@ -257,3 +257,24 @@ def test_a_value_ckptbench_does_not_store_names_the_plugins_opt_in(tmp_path: Pat
     CkptbenchCheckpointIO(allow_pickle=True).save_checkpoint(checkpoint, tmp_path / "a.ckpt")
     loaded = CkptbenchCheckpointIO(allow_pickle=True).load_checkpoint(tmp_path / "a.ckpt")
     assert isinstance(loaded["hyper_parameters"]["activation"], torch.nn.GELU)
+
+
+def test_removing_a_link_to_a_checkpoint_removes_the_link_only(tmp_path: Path):
+    """ModelCheckpoint(save_last="link") removes its previous last link through remove_checkpoint when the
+    last name changes (a formatted CHECKPOINT_NAME_LAST): the checkpoint it points to, often a top-k one, stays."""
+    io = CkptbenchCheckpointIO()
+    io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "epoch=1-step=8.ckpt")
+    (tmp_path / "last-epoch=1.ckpt").symlink_to("epoch=1-step=8.ckpt")
+    io.remove_checkpoint(tmp_path / "last-epoch=1.ckpt")
+    assert not (tmp_path / "last-epoch=1.ckpt").is_symlink()
+    assert torch.equal(io.load_checkpoint(tmp_path / "epoch=1-step=8.ckpt")["w"], torch.ones(2))
+
+
+def test_save_last_link_with_a_changing_last_name_keeps_every_checkpoint(tmp_path: Path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last="link", save_top_k=-1)
+    checkpoint.CHECKPOINT_NAME_LAST = "last-{epoch}"  # each epoch's last link replaces the one before
+    make_trainer(tmp_path, CkptbenchCheckpointIO(), 3, [checkpoint]).fit(Spawned())
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "last-epoch=2.ckpt"]
+    for name, step in zip(names, (4, 8, 12, 12), strict=True):  # save_top_k=-1 keeps them all, whole
+        assert ckptbench.load(tmp_path / "ckpt" / name)["global_step"] == step, name
