@@ -253,7 +253,8 @@ def load_device(map_location: Any, device: Any = None) -> Any:
         return torch.device(where)
     except (RuntimeError, TypeError) as exc:
         raise UsageError(f"map_location {where!r} is not a device, a dict of devices or a function ({exc})",
-                         hint="use 'cpu', 'cuda:0', a torch.device, {'cpu': 'cuda:0'} or f(storage, location)") from None
+                         hint="use 'cpu', 'cuda:0', a torch.device, {'cpu': 'cuda:0'} or f(storage, location)"
+                         ) from None
 
 
 def _check_path(path: Any, doing: str) -> None:

@@ -30,6 +30,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -132,8 +133,7 @@ class _Tier:
         mine, theirs = self.url.rstrip("/") + "/", other.url.rstrip("/") + "/"
         return mine.startswith(theirs) or theirs.startswith(mine)
 
-    def retain(self, step: int, keep_last: int | None, busy: set[int], damaged: frozenset[int] | set[int] = frozenset()
-               ) -> None:
+    def retain(self, step: int, keep_last: int | None, busy: set[int], damaged: Collection[int] = ()) -> None:
         """After ``step`` committed here: remove the steps beyond the newest ``keep_last`` and the
         leftovers of saves that never committed, except ``step`` and the ``busy`` ones. The ``damaged``
         steps (found so by a load) neither count among the ``keep_last`` nor are removed. Never raises:

@@ -394,10 +394,12 @@ def _value_ok(value: Any, *, hashable: bool) -> bool:
                 return False
             return True
         if "__complex__" in value:
-            return set(value) == {"__complex__"} and isinstance(value["__complex__"], str) and _complex_ok(value["__complex__"])
+            text = value["__complex__"]
+            return set(value) == {"__complex__"} and isinstance(text, str) and _complex_ok(text)
         for kind in ("__dtype__", "__device__"):
             if kind in value:
-                return set(value) == {kind} and isinstance(value[kind], str) and _TORCH_NAME.fullmatch(value[kind]) is not None
+                name = value[kind]
+                return set(value) == {kind} and isinstance(name, str) and _TORCH_NAME.fullmatch(name) is not None
         if "__bytes__" in value:
             return set(value) == {"__bytes__"} and isinstance(value["__bytes__"], str) and _base64_ok(value["__bytes__"])
         for kind in ("__set__", "__frozenset__"):

@@ -4,9 +4,9 @@ skeleton, and rebuilt from them.
 The skeleton is the state_dict's structure with each tensor replaced by ``{"__tensor__": index}``;
 plain values, containers and their types are encoded so that :func:`rebuild` gives back what was
 saved (OrderedDict with its ``_metadata``, nn.Parameter, namedtuples, Enum members, numpy arrays,
-bytes, sets, paths, complex numbers, torch dtypes and devices). Values of any other type are pickled only with ``allow_pickle``. Flattening
-also records, for each tensor, its data address and staging route (``routing.Sources``) and what the
-shard layout depends on (``plan.PlanCache``). No I/O.
+bytes, sets, paths, complex numbers, torch dtypes and devices). Values of any other type are pickled
+only with ``allow_pickle``. Flattening also records, for each tensor, its data address and staging
+route (``routing.Sources``) and what the shard layout depends on (``plan.PlanCache``). No I/O.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _encode_key(key: Any, path: str) -> Any:
 
 #: What a refused value's error suggests.
 _VALUES_HINT = ("state_dict leaves must be tensors, numpy arrays or plain Python values (numbers, str, bytes, bool, "
-                "None, lists, tuples, dicts, sets, pathlib paths, Enum members, torch dtypes and devices); pass allow_pickle=True, at save "
-                "and again at load, to pickle anything else")
+                "None, lists, tuples, dicts, sets, pathlib paths, Enum members, torch dtypes and devices); pass "
+                "allow_pickle=True, at save and again at load, to pickle anything else")
 
 
 def _encode_value(value: Any, path: str) -> Any:

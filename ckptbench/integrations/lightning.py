@@ -31,8 +31,8 @@ Limits:
   location)``), except that None loads to the CPU and every tensor's location is ``"cpu"``: a checkpoint
   does not record the device it was saved from (Lightning moves the state where it belongs afterwards).
 - Values other than those ckptbench saves (tensors, numpy, plain Python values, paths, Enum members,
-  torch dtypes and devices, see ``ckptbench.save``) in ``hyper_parameters`` or callback states need ``allow_pickle=True``, which
-  also lets loads unpickle them (never with ``weights_only=True``).
+  torch dtypes and devices, see ``ckptbench.save``) in ``hyper_parameters`` or callback states need
+  ``allow_pickle=True``, which also lets loads unpickle them (never with ``weights_only=True``).
 - Importing this module does not import torch or Lightning; the class is made on first access and
   says what to install when Lightning is missing (``pip install lightning``).
 """
@@ -218,14 +218,14 @@ def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_loca
                                      "load_from_checkpoint builds the module with",
                                      hint="load with CkptbenchCheckpointIO().load_checkpoint(path) and "
                                           "model.load_state_dict(checkpoint['state_dict'])") from None
+    if not (isinstance(cls, type) and issubclass(cls, LightningModule | LightningDataModule)):
+        raise UsageError(f"load_from_checkpoint builds a LightningModule or LightningDataModule class, not {cls!r}")
     checkpoint = load(checkpoint_path, map_location, storage_options=storage_options, distributed=False,
                       allow_pickle=allow_pickle)
     checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
     checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
     if issubclass(cls, LightningDataModule):
         return _load_state(cls, checkpoint, **kwargs)
-    if not issubclass(cls, LightningModule):
-        raise UsageError(f"load_from_checkpoint builds a LightningModule or LightningDataModule, not {cls!r}")
     model = _load_state(cls, checkpoint, strict=strict, **kwargs)
     import torch
 

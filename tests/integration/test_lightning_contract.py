@@ -118,6 +118,8 @@ def test_load_from_checkpoint_builds_the_module_from_its_saved_hyperparameters(t
     assert narrower.hparams.lr == 0.5  # keyword arguments replace saved hyperparameters, as Lightning's
     with pytest.raises(RuntimeError, match="size mismatch"):
         load_from_checkpoint(Net, tmp_path / "final.ckpt", width=3)
+    with pytest.raises(ckptbench.errors.UsageError, match="LightningModule or LightningDataModule class"):
+        load_from_checkpoint(torch.nn.Linear, tmp_path / "final.ckpt")
 
 
 def test_save_last_link_is_a_symlink_to_a_checkpoint_directory_and_resumes(tmp_path: Path):
