@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle
 from ckptbench.checkpoint.manager import remove_checkpoint
-from ckptbench.errors import MissingDependencyError, UsageError
+from ckptbench.errors import MissingDependencyError, PickleNotAllowedError, UsageError
 from ckptbench.storage.store import open_store
 
 __all__ = ["CkptbenchCheckpointIO", "load_from_checkpoint"]
@@ -145,8 +145,15 @@ class _CkptbenchCheckpointIO:
             dict: the checkpoint, as it was saved.
         """
         self._wait_for(path)
-        return self._checkpointer.load(path, map_location, storage_options=self.storage_options, distributed=False,
-                                       allow_pickle=self.allow_pickle, weights_only=weights_only is True)
+        try:
+            return self._checkpointer.load(path, map_location, storage_options=self.storage_options,
+                                           distributed=False, allow_pickle=self.allow_pickle,
+                                           weights_only=weights_only is True)
+        except PickleNotAllowedError as exc:
+            if self.allow_pickle:
+                raise  # Lightning asked for weights_only=True
+            raise PickleNotAllowedError(exc.args[0], hint="CkptbenchCheckpointIO(allow_pickle=True) unpickles them: "
+                                        "only for checkpoints from a source you trust") from None
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first). A symlink

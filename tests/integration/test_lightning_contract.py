@@ -259,6 +259,9 @@ def test_a_value_ckptbench_does_not_store_names_the_plugins_opt_in(tmp_path: Pat
     CkptbenchCheckpointIO(allow_pickle=True).save_checkpoint(checkpoint, tmp_path / "a.ckpt")
     loaded = CkptbenchCheckpointIO(allow_pickle=True).load_checkpoint(tmp_path / "a.ckpt")
     assert isinstance(loaded["hyper_parameters"]["activation"], torch.nn.GELU)
+    with pytest.raises(ckptbench.PickleNotAllowedError, match=r"hyper_parameters\.activation.*"
+                       r"CkptbenchCheckpointIO\(allow_pickle=True\) unpickles them"):
+        CkptbenchCheckpointIO().load_checkpoint(tmp_path / "a.ckpt")
 
 
 def test_removing_a_link_to_a_checkpoint_removes_the_link_only(tmp_path: Path):
