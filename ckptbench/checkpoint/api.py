@@ -307,7 +307,6 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
         return _default_checkpointer().save(state_dict, path, async_=async_, overwrite=overwrite,
                                             storage_options=storage_options, distributed=distributed,
                                             allow_pickle=allow_pickle)
-    _check_path(path, "save to")
     ckpt = Checkpointer(threads=threads, shard_size=shard_size, direct=direct, checksum=checksum)
     return ckpt.save(state_dict, path, async_=async_, overwrite=overwrite, storage_options=storage_options,
                      distributed=distributed, allow_pickle=allow_pickle)
