@@ -247,7 +247,7 @@ def _clip(value: Any) -> str:
 
 #: The node kinds of a skeleton, each with the optional keys it may carry besides its tag.
 _NODE_EXTRAS = {"__tensor__": {"__parameter__", "__requires_grad__", "__numpy__", "__bytes__", "__pickle__"},
-               "__dict__": {"__ordered__", "__metadata__"},
+               "__dict__": {"__ordered__", "__metadata__", "__counter__"},
                 "__list__": set(), "__tuple__": {"__class__", "__fields__"}, "__value__": set()}
 
 
@@ -286,7 +286,7 @@ def _skeleton_problem(node: Any, tensors: int) -> str | None:
 
 def _extras_problem(node: dict) -> str | None:
     """What is wrong with a node's optional keys (their types and shapes), or None."""
-    for flag in ("__parameter__", "__requires_grad__", "__ordered__"):
+    for flag in ("__parameter__", "__requires_grad__", "__ordered__", "__counter__"):
         if flag in node and type(node[flag]) is not bool:
             return f"{flag} is {_clip(node[flag])}, not true or false"
     if "__metadata__" in node:

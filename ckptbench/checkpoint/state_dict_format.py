@@ -3,7 +3,7 @@ skeleton, and rebuilt from them.
 
 The skeleton is the state_dict's structure with each tensor replaced by ``{"__tensor__": index}``;
 plain values, containers and their types are encoded so that :func:`rebuild` gives back what was
-saved (OrderedDict with its ``_metadata``, nn.Parameter, namedtuples, Enum members, numpy arrays,
+saved (OrderedDict with its ``_metadata``, Counter, nn.Parameter, namedtuples, Enum members, numpy arrays,
 bytes, sets, paths, complex numbers, torch dtypes and devices). Values of any other type are pickled
 only with ``allow_pickle``. Flattening also records, for each tensor, its data address and staging
 route (``routing.Sources``) and what the shard layout depends on (``plan.PlanCache``). No I/O.
@@ -178,6 +178,8 @@ class Flattener:
             metadata = getattr(value, "_metadata", None)
             if isinstance(metadata, dict):
                 self.later.append((node, list(metadata.items())))
+        elif isinstance(value, collections.Counter):  # kept, as torch.load(weights_only=True) keeps it
+            node["__counter__"] = True
         return node
 
     def _tensor(self, t: Any, path: str) -> int:
@@ -365,6 +367,8 @@ class _Rebuild:
             return self.tensor(node)
         if "__dict__" in node:
             items = [(_decode_value(k["__key__"]) if isinstance(k, dict) else k, build(v)) for k, v in node["__dict__"]]
+            if node.get("__counter__"):
+                return collections.Counter(dict(items))
             if not node.get("__ordered__"):
                 return dict(items)
             ordered = collections.OrderedDict(items)

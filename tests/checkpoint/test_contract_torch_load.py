@@ -145,6 +145,15 @@ def test_torch_dtypes_devices_and_complex_numbers_round_trip(tmp_path: Path):
         k: v for k, v in reference.items() if k not in ("w", "nan")}
 
 
+def test_a_counter_keeps_its_type_as_torch_load_keeps_it(tmp_path: Path):
+    counts = collections.Counter({"the": 3, ("a", 1): 2})
+    ckptbench.save({"vocab": counts, "plain": {"x": 1}}, tmp_path / "c")
+    loaded = ckptbench.load(tmp_path / "c")
+    assert type(loaded["vocab"]) is collections.Counter and loaded["vocab"] == counts
+    assert loaded["vocab"]["missing"] == 0
+    assert type(loaded["plain"]) is dict
+
+
 @pytest.mark.parametrize("tag", [{"__dtype__": "tensor"}, {"__dtype__": "float99"}, {"__device__": "warp9"},
                                  {"__device__": "cuda:99999999999999999999999"}])
 def test_a_dtype_or_device_this_torch_does_not_have_is_a_corrupt_checkpoint(tmp_path: Path, tag: dict):
