@@ -27,6 +27,7 @@ appear in messages, logs or ``repr``: errors name the credential *source*.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import logging
@@ -154,7 +155,8 @@ class S3Options:
     read_timeout_s: float = 60.0
     #: Create the bucket in ``prepare`` when it does not exist (never done implicitly otherwise).
     create_bucket: bool = False
-    #: "path" or "virtual"; default: path-style with a custom endpoint (what RGW/MinIO expect), else auto.
+    #: "path", "virtual" or "auto"; default: the AWS profile's ``s3 = addressing_style`` where set, else
+    #: path-style with a custom endpoint (what RGW/MinIO expect), else auto.
     addressing_style: str | None = None
     #: What moves the data: "boto3", "s3fs" or "crt" (``s3_clients``); metadata requests use boto3.
     client: str = DEFAULT_CLIENT
@@ -162,8 +164,10 @@ class S3Options:
     #: Off: UNSIGNED-PAYLOAD, as over https; what is stored is checked by ckptbench's CRC-32C per tensor.
     #: The hash cost ~2 s of client CPU per GiB uploaded (measured on the CI machines' 2 vCPUs).
     sign_payload: bool = False
-    #: boto3: botocore's CRC32 of every upload's body (flexible checksums); off: only where S3 requires one.
-    request_checksums: bool = False
+    #: botocore's CRC32 of every upload's body (flexible checksums); off: only where S3 requires one
+    #: (servers without ``x-amz-checksum-*`` support). Default: as AWS_REQUEST_CHECKSUM_CALCULATION or the
+    #: profile's ``request_checksum_calculation`` say where set, else off.
+    request_checksums: bool | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None and "@" in self.endpoint_url:  # user:password@ (a password may hold "/")
@@ -327,6 +331,10 @@ class _Connection:
     region: str
     pacing: Aimd  # requests in flight on the data path, adapted to throttling
     stats: RequestStats  # what the data path's requests met
+    #: "path", "virtual" or "auto" (botocore's choice per request): as storage_options, the profile's
+    #: ``s3`` settings or the custom endpoint decided; the other clients address the bucket the same way.
+    addressing_style: str = "auto"
+    checksums: dict[str, str] = field(default_factory=dict)  # the clients' checksum setting (``_checksum_setting``)
     #: Buckets a ``prepare`` found (see there); ``S3Store._missing_bucket`` forgets one.
     buckets_found: set[str] = field(default_factory=set)
 
@@ -348,35 +356,70 @@ def _credential_source(session: Any, opts: S3Options) -> str:
     return source
 
 
+def _configured_endpoint(core: Any) -> tuple[str | None, str]:
+    """The endpoint botocore resolves for S3 when none is passed, and where it comes from: the
+    AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL variables, then the profile's ``services`` section and its
+    ``endpoint_url`` (botocore's own ``ConfiguredEndpointProvider``), none where
+    AWS_IGNORE_CONFIGURED_ENDPOINT_URLS (or the profile's ``ignore_configured_endpoint_urls``) says so."""
+    from botocore.configprovider import ConfiguredEndpointProvider
+
+    if core.get_config_variable("ignore_configured_endpoint_urls"):
+        return None, "the default"
+    endpoint = ConfiguredEndpointProvider(full_config=core.full_config, scoped_config=core.get_scoped_config(),
+                                          client_name="s3").provide()
+    if not endpoint:
+        return None, "the default"
+    for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(variable) == endpoint:
+            return endpoint, variable
+    return endpoint, f"the AWS config file (profile {core.get_config_variable('profile') or 'default'!r})"
+
+
+def _configured(core: Any, name: str, variable: str | None = None) -> Any:
+    """A setting the AWS environment gives (``variable``, then the profile's ``name``), None when unset."""
+    value = os.environ.get(variable) if variable else None
+    return value or core.get_scoped_config().get(name)
+
+
 @functools.lru_cache(maxsize=8)
 def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _Connection:
     """Clients for ``opts`` (cached: creating a boto3 session costs ~0.2-0.5 s). ``aws_environment``
-    (the AWS_* variables) is part of the cache key, so changed credentials give new clients."""
+    (the AWS_* variables) is part of the cache key, so changed credentials give new clients.
+
+    What ``opts`` leaves unset is botocore's to resolve, as for any AWS SDK: the endpoint
+    (``_configured_endpoint``), the region, credentials, the CA bundle, the profile's ``s3``
+    settings and the checksum settings. Three defaults are ckptbench's where neither ``opts`` nor
+    the AWS environment sets them: path-style addressing with a custom endpoint (what RGW and MinIO
+    expect), unsigned payloads, and checksums only where S3 requires one (``_checksum_setting``)."""
     boto3 = _import_boto3()
+    import botocore.session
     from botocore import UNSIGNED
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ProfileNotFound
 
     env = dict(aws_environment)
-    endpoint, endpoint_source = opts.endpoint_url, "storage_options endpoint_url"
-    if endpoint is None:
-        endpoint_source = "the default"
-        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            if env.get(var):
-                endpoint, endpoint_source = env[var], var
-                break
+    core = botocore.session.get_session()
     try:
         session = boto3.session.Session(profile_name=opts.profile, aws_access_key_id=opts.key,
-                                        aws_secret_access_key=opts.secret, aws_session_token=opts.token)
+                                        aws_secret_access_key=opts.secret, aws_session_token=opts.token,
+                                        botocore_session=core)
+        credential_source = _credential_source(session, opts)
+        endpoint, endpoint_source = opts.endpoint_url, "storage_options endpoint_url"
+        if endpoint is None:
+            endpoint, endpoint_source = _configured_endpoint(core)
+        configured_s3 = core.get_config_variable("s3") or {}
+        checksums = _checksum_setting(Config, opts, core)
     except ProfileNotFound:
         named, where = next(((name, source) for name, source in (
             (opts.profile, "storage_options profile"), (env.get("AWS_PROFILE"), "AWS_PROFILE"),
             (env.get("AWS_DEFAULT_PROFILE"), "AWS_DEFAULT_PROFILE")) if name), (None, "AWS_DEFAULT_PROFILE"))
         raise UsageError(f"AWS profile {named!r} (from {where}) not found",
                          hint="check ~/.aws/config and AWS_CONFIG_FILE") from None
-    credential_source = _credential_source(session, opts)
-    style = opts.addressing_style or ("path" if endpoint else "auto")
-    common: dict[str, Any] = {"s3": {"addressing_style": style}, "read_timeout": opts.read_timeout_s}
+    except BotoCoreError as exc:  # a malformed config file, a services section that is not there
+        raise UsageError(f"the AWS configuration cannot be used: {exc}") from None
+    style = opts.addressing_style or configured_s3.get("addressing_style") or ("path" if endpoint else None)
+    common: dict[str, Any] = {"read_timeout": opts.read_timeout_s, **checksums}
+    s3_config: dict[str, Any] = {"addressing_style": style} if style else {}
     if opts.anon:
         common["signature_version"] = UNSIGNED
     region = opts.region_name or session.region_name or "us-east-1"
@@ -384,28 +427,46 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
             retries={"total_max_attempts": opts.max_attempts, "mode": "standard"}, connect_timeout=opts.connect_timeout_s,
             max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS) + COMPLETING_AT_ONCE,
-            **_checksum_setting(Config, opts),
-            **{**common, "s3": {**common["s3"], "payload_signing_enabled": opts.sign_payload}}))
+            s3={**s3_config, "payload_signing_enabled": opts.sign_payload}, **common))
         control = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
             retries={"total_max_attempts": min(CONTROL_MAX_ATTEMPTS, opts.max_attempts), "mode": "standard"},
-            connect_timeout=min(CONTROL_CONNECT_TIMEOUT_S, opts.connect_timeout_s), **common))
+            connect_timeout=min(CONTROL_CONNECT_TIMEOUT_S, opts.connect_timeout_s), s3=s3_config, **common))
     except (ValueError, BotoCoreError) as exc:
         where = f" from {endpoint_source}" if endpoint else ""
         raise UsageError(f"cannot use S3 endpoint {endpoint!r}{where}: {exc}") from None
     for client in (data, control):  # first: the retry handler that answers the event would hide it
         client.meta.events.register_first("needs-retry.s3.PutObject", _note_put_attempt)
+        client.meta.events.register("before-sign.s3.DeleteObjects", _add_content_md5)
     data.meta.events.register_first("needs-retry.s3", _note_attempt)
     data.meta.events.register("before-send.s3", _note_send)
     return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region,
-                       Aimd(opts.max_concurrency or DEFAULT_MIN_CONCURRENCY), RequestStats())
+                       Aimd(opts.max_concurrency or DEFAULT_MIN_CONCURRENCY), RequestStats(), style or "auto",
+                       checksums)
 
 
-def _checksum_setting(config: Any, opts: S3Options) -> dict[str, str]:
-    """botocore's flexible-checksum setting for ``request_checksums`` (botocore >= 1.36 has it; older
-    ones compute no such checksum)."""
+def _checksum_setting(config: Any, opts: S3Options, core: Any) -> dict[str, str]:
+    """botocore's flexible-checksum setting: ``request_checksums`` where given; else none where the AWS
+    environment sets one (AWS_REQUEST_CHECKSUM_CALCULATION, the profile's request_checksum_calculation:
+    botocore reads it); else only where S3 requires one. botocore < 1.36 computes no such checksum."""
     if "request_checksum_calculation" not in getattr(config, "OPTION_DEFAULTS", {}):
         return {}
+    if opts.request_checksums is None:
+        if _configured(core, "request_checksum_calculation", "AWS_REQUEST_CHECKSUM_CALCULATION"):
+            return {}
+        return {"request_checksum_calculation": "when_required"}
     return {"request_checksum_calculation": "when_supported" if opts.request_checksums else "when_required"}
+
+
+def _add_content_md5(request: Any, **_: Any) -> None:
+    """botocore's ``before-sign`` of a DeleteObjects: S3 requires a Content-MD5 or an ``x-amz-checksum-*``
+    header on it, and botocore >= 1.36 sends only the CRC32 one, which servers that predate those headers
+    refuse (400 MissingContentMD5 or InvalidRequest): with both, every server takes it."""
+    body = request.body
+    if isinstance(body, str):
+        body = body.encode()
+    if isinstance(body, bytes | bytearray) and "Content-MD5" not in request.headers:
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        request.headers["Content-MD5"] = base64.b64encode(digest).decode()
 
 
 #: Per thread: whether an attempt of the PutObject in progress may have reached the server unanswered.
@@ -499,6 +560,8 @@ class S3Store(Store):
         self._session, self.region = connection.session, connection.region
         self.pacing = connection.pacing if self.options.adaptive_concurrency else None
         self.stats = connection.stats
+        self.addressing_style = connection.addressing_style
+        self.checksums = connection.checksums
         self._buckets_found = connection.buckets_found
         self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
         self._discovered = False  # whether this location was listed for them
@@ -586,6 +649,9 @@ class S3Store(Store):
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code == "NoSuchBucket":
                 return self._missing_bucket()
+            if (status == 301 or code in ("PermanentRedirect", "301", "IllegalLocationConstraintException")
+                    or (code == "AuthorizationHeaderMalformed" and error.get("Region"))):
+                return self._wrong_region(exc.response)
             if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchUpload"):
                 return FileNotFoundError(f"{self._where(name)} does not exist")
             if code in _ACCESS_CODES or status == 403:
@@ -609,6 +675,16 @@ class S3Store(Store):
         if isinstance(exc, BotoCoreError):
             return StorageIOError(f"{action} {self._where(name)} failed: {exc}")
         return exc
+
+    def _wrong_region(self, response: Mapping[str, Any]) -> TargetError:
+        """A bucket in another region than the requests were signed for, where botocore's own redirect
+        (one retry with the region the server names) did not settle it."""
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        region = headers.get("x-amz-bucket-region") or response.get("Error", {}).get("Region")
+        return TargetError(f"bucket {self.bucket!r} at {self.endpoint} is in "
+                           f"{f'region {region!r}' if region else 'another region'}, not {self.region!r}",
+                           hint=f"set AWS_DEFAULT_REGION={region or 'REGION'} (or the profile's region, or storage_options "
+                                "region) to the bucket's region")
 
     def _missing_bucket(self) -> TargetError:
         self._buckets_found.discard(self.bucket)  # the next prepare looks again (and creates it if asked)
@@ -828,12 +904,20 @@ class S3Store(Store):
         save's own aborts, can leave parts billed forever: scratch cleanup and every commit sweep them."""
         prefix = f"{self.prefix}/" if self.prefix else ""
         aborted = 0
+        uploads: list[dict[str, Any]] = []
+        marker: dict[str, str] = {}
         try:
-            uploads = self._call(self._control, "listing uploads under", None, "list_multipart_uploads",
-                                 Prefix=prefix).get("Uploads", [])
+            while True:  # a page holds at most 1000 uploads
+                page = self._call(self._control, "listing uploads under", None, "list_multipart_uploads",
+                                  Prefix=prefix, **marker)
+                uploads.extend(page.get("Uploads", []))
+                if not page.get("IsTruncated") or not page.get("NextKeyMarker"):
+                    break
+                marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page.get("NextUploadIdMarker", "")}
         except Exception as exc:  # noqa: BLE001 - cleanup never raises
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
-            return 0
+            if not uploads:
+                return 0
         for upload in uploads:
             relative = upload["Key"][len(prefix):]
             head, _, rest = relative.partition("/")

@@ -167,8 +167,9 @@ def s3fs_arguments(store: S3Store) -> dict[str, Any]:
                               "retries": {"total_max_attempts": options.max_attempts, "mode": "standard"},
                               "max_pool_connections": 64}
     custom_endpoint = store.endpoint_source != "the default"
-    if options.addressing_style or custom_endpoint:
-        config["s3"] = {"addressing_style": options.addressing_style or "path"}
+    if store.addressing_style != "auto":
+        config["s3"] = {"addressing_style": store.addressing_style}
+    config.update(store.checksums)
     arguments: dict[str, Any] = {"anon": options.anon, "key": options.key, "secret": options.secret,
                                  "token": options.token, "client_kwargs": {"region_name": store.region},
                                  "config_kwargs": config}
@@ -319,8 +320,7 @@ class CrtData:
         self.store = store
         url = urlsplit(store.endpoint)
         self.tls = url.scheme == "https"
-        path_style = (store.options.addressing_style or ("path" if store.endpoint_source != "the default"
-                                                         else "virtual")) == "path"
+        path_style = store.addressing_style == "path"
         self.host = url.netloc if path_style else f"{store.bucket}.{url.netloc}"
         self.root = f"/{store.bucket}/" if path_style else "/"
 

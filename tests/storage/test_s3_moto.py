@@ -1,0 +1,512 @@
+"""The S3 paths against a second server, moto (in this process, on 127.0.0.1: no Ceph needed), and the
+AWS environment read the way the AWS SDKs read it: endpoint, profile, credentials, region, addressing
+style and checksum settings from variables and from ``~/.aws/config``, as botocore resolves them.
+
+What only moto lacks is marked ``xfail(strict=True)`` naming moto's behaviour; everything else here is
+what any S3 server must give ckptbench.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import logging
+import os
+import socket
+import stat
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckptbench
+from ckptbench.checkpoint import lock
+from ckptbench.checkpoint.lock import CheckpointLockedError, acquire_save_lock
+from ckptbench.errors import CheckpointExistsError, TargetError
+from ckptbench.storage.s3 import S3Store
+from ckptbench.storage.s3_clients import s3fs_arguments
+from ckptbench.storage.store import open_store
+
+pytest.importorskip("moto.server", reason="these tests need moto's server: pip install 'moto[s3,server]'")
+
+pytestmark = [pytest.mark.moto, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+MiB = 2**20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """moto's S3 on 127.0.0.1 (a free port: moto's server takes no port 0), stopped after the module."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    for attempt in range(3):
+        port = _free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        try:
+            server.start()
+            break
+        except OSError:  # another process took the port between the probe and the bind
+            if attempt == 2:
+                raise
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@dataclass
+class Aws:
+    """The AWS environment of one test: its config and credentials files, the moto endpoint, a bucket."""
+
+    endpoint: str
+    config: Path
+    credentials: Path
+    bucket: str
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def stored(self, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def uploads(self) -> list[str]:
+        return [u["Key"] for u in self.client().list_multipart_uploads(Bucket=self.bucket).get("Uploads", [])]
+
+
+@pytest.fixture
+def aws(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Aws:
+    """Only this test's AWS environment: keys and AWS_ENDPOINT_URL in variables, empty config files of
+    its own (tests write them), no instance metadata; and a fresh bucket."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    env = Aws(moto_endpoint, tmp_path / "aws-config", tmp_path / "aws-credentials", f"moto-{uuid.uuid4().hex[:12]}")
+    env.config.write_text("")
+    env.credentials.write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(env.config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(env.credentials))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    env.client().create_bucket(Bucket=env.bucket)
+    return env
+
+
+def state(seed: int = 0, big: bool = False) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    sd = {"w": torch.randn(256, 64, generator=g), "b": torch.arange(10) + seed, "step": seed}
+    if big:
+        sd["big"] = torch.randn(3 * MiB, generator=g)  # 12 MiB: a multipart object at 5 MiB parts
+    return sd
+
+
+def assert_same(expected: dict, got: dict) -> None:
+    assert set(expected) == set(got)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, got[key]), key
+        else:
+            assert value == got[key], key
+
+
+class Requests:
+    """Every request the store's boto3 clients send: method, URL and headers (``before-send``)."""
+
+    def __init__(self, store: S3Store, stop_with: type[BaseException] | None = None) -> None:
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
+        self.bodies: list[Any] = []
+        self._stop_with = stop_with
+        for client in (store._data, store._control):
+            client.meta.events.register("before-send.s3", self._record)
+
+    def _record(self, request: Any, **_: Any) -> None:
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        self.sent.append((request.method, request.url, headers))
+        self.bodies.append(request.body)
+        if self._stop_with is not None:
+            raise self._stop_with("stopped before sending")
+
+    def with_header_prefix(self, prefix: str) -> list[str]:
+        return [url for _, url, headers in self.sent if any(k.startswith(prefix) for k in headers)]
+
+
+class NotSent(Exception):
+    pass
+
+
+# -- the library's S3 paths ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["with space/a+b", "pct%2F%41/x=y&z;~'!", "ünïcødé/日本", "(parens)/[brackets]"])
+def test_round_trip_list_and_delete_with_keys_that_need_escaping(aws: Aws, prefix: str):
+    url = f"s3://{aws.bucket}/{prefix}"
+    sd = state(1)
+    ckptbench.save(sd, url)
+    assert_same(sd, ckptbench.load(url))
+    keys = aws.stored()
+    assert keys and all(key.startswith(prefix + "/") for key in keys)  # stored under the very prefix given
+    store = open_store(url)
+    assert sorted(store.list()) == sorted(key[len(prefix) + 1:] for key in keys)
+    store.remove(store.list())
+    assert aws.stored() == []
+
+
+def test_async_multipart_save_and_overwrite(aws: Aws):
+    url = f"s3://{aws.bucket}/ckpt"
+    options = {"part_size": "5MiB"}
+    first = state(1, big=True)
+    ckptbench.save(first, url, storage_options=options, async_=True).result()
+    assert aws.uploads() == []
+    assert_same(first, ckptbench.load(url, storage_options=options))
+    with pytest.raises(CheckpointExistsError):
+        ckptbench.save(state(2), url, storage_options=options)
+    second = state(2, big=True)
+    ckptbench.save(second, url, storage_options=options, overwrite=True)
+    assert_same(second, ckptbench.load(url, storage_options=options))
+    assert aws.uploads() == []
+    assert not any(key.endswith(".ckptbench.lock") for key in aws.stored())
+
+
+def test_manager_steps_retention_and_latest(aws: Aws):
+    root = f"s3://{aws.bucket}/run"
+    with ckptbench.CheckpointManager(root, keep_last=2) as manager:
+        for step in (1, 2):
+            manager.save(step, state(step))
+        manager.save(3, state(3), async_=True).result()
+        assert manager.steps() == [2, 3] and manager.latest() == 3
+        assert_same(state(2), manager.load(2))
+    assert {key.split("/")[1] for key in aws.stored()} == {"step-00000002", "step-00000003"}
+
+
+def test_dcp_writer_and_reader(aws: Aws):
+    import torch.distributed.checkpoint as dcp
+
+    from ckptbench.integrations.dcp import Reader, Writer
+
+    url = f"s3://{aws.bucket}/dcp"
+    sd = {"model": {"w": torch.randn(64, 32), "b": torch.arange(7.0)}}
+    dcp.save(sd, storage_writer=Writer(url, files_per_rank=2), no_dist=True)
+    loaded = {"model": {"w": torch.zeros(64, 32), "b": torch.zeros(7)}}
+    dcp.load(loaded, storage_reader=Reader(url), no_dist=True)
+    assert torch.equal(loaded["model"]["w"], sd["model"]["w"]) and torch.equal(loaded["model"]["b"], sd["model"]["b"])
+
+
+def test_the_save_lock_is_conditional_and_held(aws: Aws):
+    store = open_store(f"s3://{aws.bucket}/locked")
+    store.prepare()
+    lock._conditions_honoured.pop(store.server(), None)
+    held = acquire_save_lock(store)
+    try:
+        assert lock._conditions_honoured[store.server()] is True  # moto refuses If-None-Match: * over an object
+        with pytest.raises(CheckpointLockedError):
+            ckptbench.save(state(1), f"s3://{aws.bucket}/locked")
+    finally:
+        held.release()
+    ckptbench.save(state(1), f"s3://{aws.bucket}/locked")
+
+
+def test_more_than_1000_objects_are_listed_and_removed(aws: Aws):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = aws.client()
+    names = [f"obj-{i:05d}" for i in range(1001)]  # a second page of ListObjectsV2 and DeleteObjects
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: client.put_object(Bucket=aws.bucket, Key=f"many/{n}", Body=b"x"), names))
+    store = open_store(f"s3://{aws.bucket}/many")
+    assert sorted(store.list()) == names
+    assert sorted(store.list_recursive()) == names
+    store.remove(names)
+    assert aws.stored() == []
+
+
+def test_bench_checkpoint_workload(aws: Aws, cli):
+    doc = cli.json("bench", f"s3://{aws.bucket}/bench", "--workload", "checkpoint", "--size", "8MiB",
+                   "--repeat", "1", "--warmup", "0")
+    (result,) = doc["results"]
+    assert result["verified"] is True
+    assert doc["environment"]["target"]["endpoint_source"] == "AWS_ENDPOINT_URL"
+    assert aws.stored() == [] and aws.uploads() == []
+
+
+def test_a_missing_bucket_is_one_line_and_exit_2(aws: Aws, cli):
+    with pytest.raises(TargetError, match="bucket 'no-such-bucket-here' does not exist"):
+        ckptbench.load("s3://no-such-bucket-here/ckpt")
+    result = cli("bench", "s3://no-such-bucket-here/x", "--workload", "checkpoint", "--size", "8MiB")
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_slowdown_and_500_are_retried_with_the_sdk_backoff(aws: Aws, monkeypatch: pytest.MonkeyPatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
+    import faultproxy
+
+    with faultproxy.FaultProxy(aws.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.fail(2, status=503, kind="PutObject")
+        proxy.fail(1, status=500, kind="GetObject")
+        sd = state(3)
+        ckptbench.save(sd, f"s3://{aws.bucket}/retried")
+        assert_same(sd, ckptbench.load(f"s3://{aws.bucket}/retried"))
+        assert proxy.injected("status", "PutObject") == 2 and proxy.injected("status", "GetObject") == 1
+
+
+# -- the AWS environment, as botocore resolves it -------------------------------------------------
+
+
+def test_aws_endpoint_url_s3_wins_over_aws_endpoint_url(aws: Aws, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws.endpoint)
+    url = f"s3://{aws.bucket}/env"
+    ckptbench.save(state(1), url)
+    store = open_store(url)
+    assert (store.endpoint, store.endpoint_source) == (aws.endpoint, "AWS_ENDPOINT_URL_S3")
+
+
+@pytest.mark.parametrize("where", ["profile", "services"])
+def test_endpoint_from_the_config_file_reaches_every_client(aws: Aws, monkeypatch: pytest.MonkeyPatch, where: str):
+    """A profile's ``endpoint_url`` or its ``services`` section: a custom endpoint like any other (path
+    style, named as the source), for boto3, s3fs and (where installed) the CRT alike."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    if where == "profile":
+        aws.config.write_text(f"[profile moto]\nendpoint_url = {aws.endpoint}\n")
+    else:
+        aws.config.write_text(f"[profile moto]\nservices = local\n\n[services local]\ns3 =\n"
+                              f"  endpoint_url = {aws.endpoint}\n")
+    monkeypatch.setenv("AWS_PROFILE", "moto")
+    url = f"s3://{aws.bucket}/cfg"
+    store = open_store(url)
+    assert store.endpoint == aws.endpoint and "AWS config file" in store.endpoint_source
+    assert store.describe()["endpoint_source"] == store.endpoint_source
+    assert store.addressing_style == "path"
+    assert s3fs_arguments(store)["endpoint_url"] == aws.endpoint
+    clients = ["boto3", "s3fs"]
+    with contextlib.suppress(ImportError):
+        import awscrt.s3  # noqa: F401
+
+        clients.append("crt")
+    for client in clients:
+        sd = state(len(client))
+        ckptbench.save(sd, f"{url}/{client}", storage_options={"client": client})
+        assert_same(sd, ckptbench.load(f"{url}/{client}", storage_options={"client": client}))
+
+
+def test_ignore_configured_endpoint_urls_is_honoured(aws: Aws, monkeypatch: pytest.MonkeyPatch):
+    aws.config.write_text(f"[default]\nendpoint_url = {aws.endpoint}\n")
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    store = S3Store(f"s3://{aws.bucket}/x")  # no request is made
+    assert store.endpoint_source == "the default"
+    assert "amazonaws.com" in store.endpoint
+
+
+def test_profile_credentials_session_token_and_region(aws: Aws, monkeypatch: pytest.MonkeyPatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    aws.credentials.write_text("[team]\naws_access_key_id = AKIDTEAM\naws_secret_access_key = secret-team\n"
+                               "aws_session_token = token-team\n")
+    aws.config.write_text("[profile team]\nregion = eu-west-3\n")
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    url = f"s3://{aws.bucket}/team"
+    store = open_store(url)
+    assert store.region == "eu-west-3"
+    assert "shared credentials file" in store.credential_source and "'team'" in store.credential_source
+    requests = Requests(store)
+    store.prepare()
+    (_, _, headers), = requests.sent
+    assert headers["x-amz-security-token"] == "token-team"
+    assert "AKIDTEAM/" in headers["authorization"] and "/eu-west-3/s3/" in headers["authorization"]
+    ckptbench.save(state(1), url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")  # the variable wins over the profile, as in botocore
+    assert open_store(url).region == "ap-south-1"
+
+
+def test_credential_process(aws: Aws, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    script = tmp_path / "creds.sh"
+    script.write_text('#!/bin/sh\necho \'{"Version": 1, "AccessKeyId": "AKIDPROC", "SecretAccessKey": "s", '
+                      '"SessionToken": "token-proc"}\'\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    aws.config.write_text(f"[default]\ncredential_process = {script}\n")
+    url = f"s3://{aws.bucket}/proc"
+    store = open_store(url)
+    requests = Requests(store)
+    store.prepare()
+    assert requests.sent[0][2]["x-amz-security-token"] == "token-proc"
+    ckptbench.save(state(1), url)
+    assert_same(state(1), ckptbench.load(url))
+
+
+def test_anonymous_requests_are_unsigned(aws: Aws):
+    store = open_store(f"s3://{aws.bucket}/anon", {"anon": True})
+    requests = Requests(store)
+    store.prepare()
+    assert "authorization" not in requests.sent[0][2]
+    assert store.credential_source.startswith("none")
+
+
+@pytest.mark.parametrize(("profile_style", "option", "host_has_bucket"), [
+    ("virtual", None, True),
+    ("virtual", "path", False),
+    (None, None, False),  # a custom endpoint: path style unless told otherwise
+])
+def test_addressing_style_from_the_profile(aws: Aws, monkeypatch: pytest.MonkeyPatch, profile_style: str | None,
+                                           option: str | None, host_has_bucket: bool):
+    from urllib.parse import urlsplit
+
+    endpoint = aws.endpoint.replace("127.0.0.1", "localhost")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    if profile_style:
+        aws.config.write_text(f"[default]\ns3 =\n  addressing_style = {profile_style}\n")
+    store = S3Store(f"s3://{aws.bucket}/style", {"addressing_style": option} if option else None)
+    requests = Requests(store, stop_with=NotSent)
+    with pytest.raises(NotSent):
+        store.get("manifest.json")
+    host = urlsplit(requests.sent[0][1]).hostname
+    assert host == (f"{aws.bucket}.localhost" if host_has_bucket else "localhost")
+    assert store.addressing_style == (option or profile_style or "path")
+
+
+@pytest.mark.parametrize(("setting", "option", "checksums"), [
+    (None, None, False),  # ckptbench's default: only where S3 requires one (DeleteObjects)
+    ("when_supported", None, True),
+    ("when_supported", False, False),
+    ("when_required", True, True),
+])
+def test_request_checksums_follow_the_aws_setting(aws: Aws, monkeypatch: pytest.MonkeyPatch, setting: str | None,
+                                                  option: bool | None, checksums: bool):
+    """AWS_REQUEST_CHECKSUM_CALCULATION as botocore reads it, unless storage_options request_checksums
+    says otherwise; the same for every request, the save lock's conditional PUTs included."""
+    if setting:
+        monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", setting)
+    options = {"part_size": "5MiB", **({} if option is None else {"request_checksums": option})}
+    url = f"s3://{aws.bucket}/sums"
+    store = open_store(url, options)
+    requests = Requests(store)  # the clients of every store opened with these options
+    ckptbench.save(state(1, big=True), url, storage_options=options)
+    puts = [(url, headers) for method, url, headers in requests.sent if method == "PUT"]
+    summed = [url for url, headers in puts if any(k.startswith("x-amz-checksum-") for k in headers)]
+    assert puts
+    assert summed == ([url for url, _ in puts] if checksums else [])
+    assert_same(state(1, big=True), ckptbench.load(url, storage_options=options))
+
+
+def test_request_checksums_reach_s3fs(aws: Aws, monkeypatch: pytest.MonkeyPatch):
+    store = open_store(f"s3://{aws.bucket}/x")
+    assert s3fs_arguments(store)["config_kwargs"]["request_checksum_calculation"] == "when_required"
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
+    assert "request_checksum_calculation" not in s3fs_arguments(open_store(f"s3://{aws.bucket}/x"))["config_kwargs"]
+
+
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint whose every bucket is in eu-west-1: 301 PermanentRedirect to every request."""
+
+    def _answer(self) -> None:
+        body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>PermanentRedirect</Code><Message>The bucket "
+                b"you are attempting to access must be addressed using the specified endpoint.</Message></Error>")
+        self.send_response(301)
+        self.send_header("x-amz-bucket-region", "eu-west-1")
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def redirecting_endpoint() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_bucket_in_another_region_is_one_clear_line(aws: Aws, monkeypatch: pytest.MonkeyPatch,
+                                                      redirecting_endpoint: str, cli):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", redirecting_endpoint)
+    with pytest.raises(TargetError, match="is in region 'eu-west-1', not 'us-east-1'") as info:
+        ckptbench.load("s3://elsewhere/ckpt")
+    assert "AWS_DEFAULT_REGION=eu-west-1" in info.value.hint
+    result = cli("bench", "s3://elsewhere/x", "--workload", "checkpoint", "--size", "8MiB")
+    assert result.exit_code == 2 and "eu-west-1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- what a page of results or a server without a feature looks like (botocore's Stubber) ----------
+
+
+def test_multipart_uploads_are_aborted_past_the_first_page(aws: Aws):
+    from botocore.stub import ANY, Stubber
+
+    store = S3Store(f"s3://{aws.bucket}/pages")
+    first = [{"Key": f"pages/shard-{i:05d}.bin", "UploadId": f"u{i}"} for i in range(1000)]
+    second = [{"Key": "pages/shard-01000.bin", "UploadId": "u1000"}]
+    with Stubber(store._control) as control, Stubber(store._data) as data:
+        control.add_response("list_multipart_uploads", {"Uploads": first, "IsTruncated": True,
+                                                        "NextKeyMarker": "pages/shard-00999.bin",
+                                                        "NextUploadIdMarker": "u999"},
+                             {"Bucket": aws.bucket, "Prefix": "pages/"})
+        control.add_response("list_multipart_uploads", {"Uploads": second, "IsTruncated": False},
+                             {"Bucket": aws.bucket, "Prefix": "pages/", "KeyMarker": "pages/shard-00999.bin",
+                              "UploadIdMarker": "u999"})
+        for _ in range(1001):
+            data.add_response("abort_multipart_upload", {}, {"Bucket": aws.bucket, "Key": ANY, "UploadId": ANY})
+        assert store.abort_incomplete_uploads() == 1001
+        data.assert_no_pending_responses()
+
+
+def test_a_server_without_conditional_writes_gives_a_best_effort_lock(aws: Aws, caplog: pytest.LogCaptureFixture):
+    from botocore.stub import Stubber
+
+    store = open_store(f"s3://{aws.bucket}/nocond")
+    lock._conditions_honoured.pop(store.server(), None)
+    with Stubber(store._control) as control:
+        control.add_client_error("put_object", service_error_code="NotImplemented", http_status_code=501)
+        with caplog.at_level(logging.WARNING):
+            assert lock._honours_conditions(store) is False
+    assert "does not honour conditional writes" in caplog.text
+    lock._conditions_honoured.pop(store.server(), None)
+
+
+def test_delete_objects_carries_content_md5_for_servers_that_require_it(aws: Aws):
+    """DeleteObjects needs Content-MD5 or an x-amz-checksum-* header; servers that predate the latter
+    refuse a request without the former (botocore >= 1.36 sends only the CRC32)."""
+    import base64
+    import hashlib
+
+    url = f"s3://{aws.bucket}/md5"
+    ckptbench.save(state(1), url)
+    store = open_store(url)
+    requests = Requests(store)
+    names = store.list()
+    store.remove(names)
+    deletes = [(headers, body) for (method, url, headers), body in zip(requests.sent, requests.bodies, strict=True)
+               if method == "POST" and url.endswith("?delete")]
+    assert deletes
+    for headers, body in deletes:
+        body = body.encode() if isinstance(body, str) else body
+        assert headers["content-md5"] == base64.b64encode(hashlib.md5(body).digest()).decode()
+    assert aws.stored() == []
+
