@@ -36,6 +36,10 @@ def clean(directory: str, dry_run: bool, output_format: str) -> None:
     link (a link named like a scratch directory is kept, and a link inside one is removed, never what
     it points to) and stays on DIR's filesystem (a mount point inside is left alone).
 
+    DIR may be an object-store location (s3://BUCKET/PREFIX): the scratch prefixes
+    (ckptbench-scratch-*/) under it that record an owner the same way; removing one deletes its objects
+    and aborts its open multipart uploads. Endpoint and credentials come from the AWS environment.
+
     Exit status: 0, or 1 when a leftover could not be removed (why is logged), or 2 when DIR is not a
     directory.
 
@@ -43,20 +47,27 @@ def clean(directory: str, dry_run: bool, output_format: str) -> None:
     Examples:
       ckptbench clean /var/tmp --dry-run
       ckptbench clean /mnt/nvme --json
+      ckptbench clean s3://bucket/bench --dry-run
     """
     from ckptbench.storage.local_target import NOT_REMOVED, remove_leftovers
 
-    path = Path(directory)
-    if not directory:
-        raise TargetError("the directory is empty", hint="give a directory path")
-    if not os.path.isdir(path):
-        what = "does not exist" if not os.path.lexists(path) else "is not a directory"
-        raise TargetError(f"{shown_path(directory)} {what}", hint="give the directory a benchmark ran in")
-    path = path.resolve()
-    try:
-        removed, kept = remove_leftovers(path, dry_run=dry_run)
-    except OSError as exc:
-        raise TargetError(f"{shown_path(directory)} cannot be read ({exc.strerror or exc})") from None
+    if "://" in directory:  # object storage: the scratch prefixes under it (credentials: the AWS environment)
+        from ckptbench.storage.object_target import remove_object_leftovers
+
+        removed, kept = remove_object_leftovers(directory, dry_run=dry_run)
+        path: Any = directory
+    else:
+        path = Path(directory)
+        if not directory:
+            raise TargetError("the directory is empty", hint="give a directory path")
+        if not os.path.isdir(path):
+            what = "does not exist" if not os.path.lexists(path) else "is not a directory"
+            raise TargetError(f"{shown_path(directory)} {what}", hint="give the directory a benchmark ran in")
+        path = path.resolve()
+        try:
+            removed, kept = remove_leftovers(path, dry_run=dry_run)
+        except OSError as exc:
+            raise TargetError(f"{shown_path(directory)} cannot be read ({exc.strerror or exc})") from None
     entries = [{**f.to_dict(), "action": "would remove" if dry_run else "removed"} for f in removed]
     entries += [{**f.to_dict(), "action": "kept"} for f in kept]
     document = {"schema": "ckptbench.clean/1", "directory": str(path), "dry_run": dry_run, "entries": entries,

@@ -3,21 +3,36 @@
 Benchmarks write only under a scratch prefix of their own (``PREFIX/ckptbench-scratch-PID-HEX/``)
 and delete everything under it on exit, Ctrl-C included: every object, and (S3) every multipart
 upload still open there, so no parts stay billed. Nothing outside the scratch prefix is touched.
+
+A scratch prefix records the process that made it (``.ckptbench-owner.json``, as a local scratch
+directory does, deleted last), so the prefixes of runs killed on this host (SIGKILL, a batch job's time
+limit) are found and removed by :func:`remove_object_leftovers` (``ckptbench clean s3://...``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ckptbench.storage.local_target import scratch_in_use, scratch_name
+from ckptbench.storage import owner as owners
+from ckptbench.storage.local_target import (
+    NOT_REMOVED,
+    SCRATCH_OWNER,
+    UNKNOWN_OWNER,
+    Leftover,
+    scratch_in_use,
+    scratch_name,
+)
 from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
 SCRATCH_PREFIX = "ckptbench-scratch-"
+_SCRATCH_NAME = re.compile(rf"^{SCRATCH_PREFIX}\d+-[0-9a-f]+$")
 
 
 def _remove_everything(store: Store) -> int:
@@ -61,6 +76,8 @@ class ObjectTarget:
         prefix another rank of a launch named."""
         scratch = ObjectScratch(self, shared_name or scratch_name(SCRATCH_PREFIX))
         log.info("scratch prefix %s", scratch.url)
+        if shared_name is None:  # ranks sharing one prefix record no single owner (``clean`` keeps it)
+            scratch.record_owner()
         with scratch_in_use(f"{scratch.url}/ (objects, incomplete multipart uploads)"):
             try:
                 yield scratch
@@ -91,13 +108,87 @@ class ObjectScratch:
     def remove(self, location: str) -> None:
         _remove_everything(open_store(location, self.target.storage_options))
 
+    def record_owner(self) -> None:
+        """Record this process as the prefix's owner; best effort (without it ``clean`` keeps the prefix)."""
+        try:
+            self.store().put_atomic(SCRATCH_OWNER, owners.ProcessOwner.me().encode())
+        except Exception as exc:  # noqa: BLE001 - the run goes on
+            log.info("could not record the owner of scratch prefix %s: %s", self.url, exc)
+
     def cleanup(self) -> None:
         """Delete every object under the scratch prefix and abort its open multipart uploads."""
         try:
-            store = self.store()
-            removed = _remove_everything(store)
-            aborted = store.abort_incomplete_uploads()
+            removed, aborted = _empty(self.store())
         except Exception as exc:  # noqa: BLE001 - cleanup must not hide the run's own error
             log.warning("could not clean the scratch prefix %s: %s", self.url, exc)
             return
         log.info("scratch prefix %s: %d object(s) deleted, %d upload(s) aborted", self.url, removed, aborted)
+
+
+def _empty(store: Store) -> tuple[int, int]:
+    """Delete every object under ``store``'s location, the owner record last (a kill on the way leaves it
+    for ``clean``), and abort its open multipart uploads (where the store has them). (objects, uploads)."""
+    names = store.list_recursive()
+    others = [name for name in names if name != SCRATCH_OWNER]
+    if others:
+        store.remove(others)
+    abort = getattr(store, "abort_incomplete_uploads", None)
+    aborted = abort() if abort is not None else 0
+    if SCRATCH_OWNER in names:
+        store.remove([SCRATCH_OWNER])
+    return len(names), aborted
+
+
+@dataclass(frozen=True)
+class ObjectLeftover(Leftover):
+    """A scratch prefix and whether a killed run of this host left it."""
+
+    path: str  # type: ignore[assignment] - the prefix's URL (a Path would fold its "//")
+
+
+def find_object_leftovers(url: str, storage_options: dict[str, Any] | None = None) -> list[ObjectLeftover]:
+    """The scratch prefixes directly under ``url`` (``URL/ckptbench-scratch-PID-HEX/``), each with its
+    owner's state (see ``owner.ProcessOwner.state``; none recorded: ``unknown owner``) and, where it may
+    be removed, its bytes."""
+    store = open_store(url, storage_options)
+    found: dict[str, list[str]] = {}
+    for name in store.list_recursive():
+        head, _, rest = name.partition("/")
+        if rest and _SCRATCH_NAME.match(head):
+            found.setdefault(head, []).append(rest)
+    leftovers = []
+    for name, inside in sorted(found.items()):
+        scratch = open_store(f"{store.url}/{name}", storage_options)
+        owner = None
+        if SCRATCH_OWNER in inside:
+            try:
+                owner = owners.ProcessOwner.decode(scratch.get(SCRATCH_OWNER))
+            except (OSError, ValueError):
+                owner = None
+        state = UNKNOWN_OWNER if owner is None else owner.state()
+        size = sum(scratch.size(n) or 0 for n in inside) if state == owners.DEAD else None
+        leftovers.append(ObjectLeftover(f"{store.url}/{name}", state, owner, size))
+    return leftovers
+
+
+def remove_object_leftovers(url: str, storage_options: dict[str, Any] | None = None, *,
+                            dry_run: bool = False) -> tuple[list[ObjectLeftover], list[ObjectLeftover]]:
+    """Remove the scratch prefixes that runs killed on this host left under ``url`` (``dry_run``: only
+    say which): their objects and open multipart uploads, nothing else. Returns (removed, kept)."""
+    removed: list[ObjectLeftover] = []
+    kept: list[ObjectLeftover] = []
+    for leftover in find_object_leftovers(url, storage_options):
+        if not leftover.removable:
+            kept.append(leftover)
+            continue
+        if not dry_run:
+            scratch = open_store(str(leftover.path), storage_options)
+            try:
+                _empty(scratch)
+            except Exception as exc:  # noqa: BLE001 - said, and the prefix kept
+                log.warning("could not remove the scratch prefix %s: %s", leftover.path, exc)
+            if scratch.list_recursive():
+                kept.append(replace(leftover, state=NOT_REMOVED))
+                continue
+        removed.append(leftover)
+    return removed, kept

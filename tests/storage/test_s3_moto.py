@@ -510,3 +510,48 @@ def test_delete_objects_carries_content_md5_for_servers_that_require_it(aws: Aws
         assert headers["content-md5"] == base64.b64encode(hashlib.md5(body).digest()).decode()
     assert aws.stored() == []
 
+
+
+# -- scratch prefixes of killed runs: ckptbench clean s3://... --------------------------------------
+
+#: A benchmark's scratch prefix: an object written, a multipart upload open, then SIGKILL.
+_KILLED_RUN = """
+import os, signal, sys
+from ckptbench.storage.object_target import ObjectTarget
+with ObjectTarget(sys.argv[1]).scratch() as scratch:
+    store = scratch.store("c0", part_size="5MiB")
+    store.put_atomic("shard-00000.bin", b"x" * 4096)
+    store.upload_in_parts("big.bin", 12 * 2**20).put(0, memoryview(bytes(5 * 2**20)))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_clean_removes_the_scratch_prefixes_of_killed_runs_only(aws: Aws, cli):
+    import signal
+    import subprocess
+
+    from ckptbench.storage.object_target import ObjectTarget
+
+    url = f"s3://{aws.bucket}/bench"
+    done = subprocess.run([sys.executable, "-c", _KILLED_RUN, url], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    (killed,) = {key.split("/")[1] for key in aws.stored()}
+    assert aws.uploads() and killed.startswith("ckptbench-scratch-")
+    client = aws.client()
+    client.put_object(Bucket=aws.bucket, Key="bench/ckptbench-scratch-1-00ff00ff/shard.bin", Body=b"?")  # no owner
+    client.put_object(Bucket=aws.bucket, Key="bench/step-1/manifest.json", Body=b"{}")  # not a scratch prefix
+    with ObjectTarget(url).scratch() as live:
+        live.store().put_atomic("in-use.bin", b"y")
+        dry = cli.json("clean", url, "--dry-run")
+        assert {e["path"]: e["action"] for e in dry["entries"]} == {
+            f"{url}/{killed}": "would remove", f"{url}/ckptbench-scratch-1-00ff00ff": "kept", live.url: "kept"}
+        assert f"bench/{killed}/c0/shard-00000.bin" in aws.stored("bench/")
+        doc = cli.json("clean", url)
+        removed = [e for e in doc["entries"] if e["action"] == "removed"]
+        assert [e["path"] for e in removed] == [f"{url}/{killed}"] and removed[0]["size_bytes"] > 4096
+        kept = {e["path"]: e["why_kept"] for e in doc["entries"] if e["action"] == "kept"}
+        assert "still runs" in kept[live.url] and "no owner" in kept[f"{url}/ckptbench-scratch-1-00ff00ff"]
+        assert not any(key.startswith(f"bench/{killed}/") for key in aws.stored())
+        assert aws.uploads() == []
+        assert f"bench/{live.name}/in-use.bin" in aws.stored()
+    assert sorted(aws.stored()) == ["bench/ckptbench-scratch-1-00ff00ff/shard.bin", "bench/step-1/manifest.json"]
