@@ -1077,8 +1077,9 @@ class S3Store(Store):
     def put_if(self, name: str, data: bytes, *, etag: str | None = None) -> str | None:
         """A conditional PutObject, the save lock's primitive (``checkpoint/lock.py``): store ``data``
         only if ``name`` does not exist (``etag`` None: ``If-None-Match: *``) or still has ``etag``
-        (``If-Match``). The new ETag, or None when the condition failed (412, or 409 for a racing
-        conditional write). NotImplementedError where the server refuses conditional writes."""
+        (``If-Match``). The new ETag, or None when the condition failed (412; 409 for a racing
+        conditional write; 304 from servers that answer an ``If-None-Match`` PUT as they would a GET,
+        as some MinIO releases do). NotImplementedError where the server refuses conditional writes."""
         from botocore.exceptions import ClientError
 
         # Ceph RGW 16 (Pacific, measured) matches If-Match only without the quotes; HTTP's quoted form second.
@@ -1090,7 +1091,7 @@ class S3Store(Store):
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                if status in (304, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                     continue
                 if status == 501 or code == "NotImplemented":
                     raise NotImplementedError(f"{self.endpoint} does not support conditional writes") from None

@@ -555,3 +555,15 @@ def test_clean_removes_the_scratch_prefixes_of_killed_runs_only(aws: Aws, cli):
         assert aws.uploads() == []
         assert f"bench/{live.name}/in-use.bin" in aws.stored()
     assert sorted(aws.stored()) == ["bench/ckptbench-scratch-1-00ff00ff/shard.bin", "bench/step-1/manifest.json"]
+
+
+def test_not_modified_to_a_conditional_put_is_a_failed_condition(aws: Aws):
+    """A server that answers an ``If-None-Match: *`` PUT over an existing object with 304 (RFC 7232's
+    answer to a GET, which some MinIO releases give) refuses the write as a 412 would."""
+    from botocore.stub import Stubber
+
+    store = open_store(f"s3://{aws.bucket}/notmodified")
+    with Stubber(store._control) as control:
+        control.add_client_error("put_object", service_error_code="304", service_message="Not Modified",
+                                 http_status_code=304)
+        assert store.put_if(".ckptbench.lock", b"x") is None
