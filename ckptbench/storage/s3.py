@@ -163,7 +163,8 @@ class S3Options:
     #: boto3: SHA-256 of every body in its SigV4 signature (botocore does it over http unless told not to).
     #: Off: UNSIGNED-PAYLOAD, as over https; what is stored is checked by ckptbench's CRC-32C per tensor.
     #: The hash cost ~2 s of client CPU per GiB uploaded (measured on the CI machines' 2 vCPUs).
-    sign_payload: bool = False
+    #: Default: the AWS profile's ``s3 = payload_signing_enabled`` where set, else off.
+    sign_payload: bool | None = None
     #: botocore's CRC32 of every upload's body (flexible checksums); off: only where S3 requires one
     #: (servers without ``x-amz-checksum-*`` support). Default: as AWS_REQUEST_CHECKSUM_CALCULATION or the
     #: profile's ``request_checksum_calculation`` say where set, else off.
@@ -427,7 +428,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         data = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
             retries={"total_max_attempts": opts.max_attempts, "mode": "standard"}, connect_timeout=opts.connect_timeout_s,
             max_pool_connections=max(opts.max_concurrency or 0, MAX_POOL_CONNECTIONS) + COMPLETING_AT_ONCE,
-            s3={**s3_config, "payload_signing_enabled": opts.sign_payload}, **common))
+            s3={**s3_config, **_payload_signing(opts, configured_s3)}, **common))
         control = session.client("s3", endpoint_url=endpoint, region_name=region, config=Config(
             retries={"total_max_attempts": min(CONTROL_MAX_ATTEMPTS, opts.max_attempts), "mode": "standard"},
             connect_timeout=min(CONTROL_CONNECT_TIMEOUT_S, opts.connect_timeout_s), s3=s3_config, **common))
@@ -442,6 +443,14 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region,
                        Aimd(opts.max_concurrency or DEFAULT_MIN_CONCURRENCY), RequestStats(), style or "auto",
                        checksums)
+
+
+def _payload_signing(opts: S3Options, configured_s3: Mapping[str, Any]) -> dict[str, Any]:
+    """The data client's ``payload_signing_enabled``: ``sign_payload`` where given; none where the
+    profile's ``s3`` settings have one (botocore reads it); else off."""
+    if opts.sign_payload is None and "payload_signing_enabled" in configured_s3:
+        return {}
+    return {"payload_signing_enabled": bool(opts.sign_payload)}
 
 
 def _checksum_setting(config: Any, opts: S3Options, core: Any) -> dict[str, str]:

@@ -567,3 +567,20 @@ def test_not_modified_to_a_conditional_put_is_a_failed_condition(aws: Aws):
         control.add_client_error("put_object", service_error_code="304", service_message="Not Modified",
                                  http_status_code=304)
         assert store.put_if(".ckptbench.lock", b"x") is None
+
+
+@pytest.mark.parametrize(("profile", "option", "signed"), [
+    ("true", None, True),
+    ("true", False, False),
+    (None, None, False),  # ckptbench's default: UNSIGNED-PAYLOAD (each tensor's CRC-32C is checked on load)
+])
+def test_payload_signing_follows_the_profile(aws: Aws, profile: str | None, option: bool | None, signed: bool):
+    if profile:
+        aws.config.write_text(f"[default]\ns3 =\n  payload_signing_enabled = {profile}\n")
+    options = {} if option is None else {"sign_payload": option}
+    url = f"s3://{aws.bucket}/signed"
+    requests = Requests(open_store(url, options))
+    ckptbench.save(state(1), url, storage_options=options)
+    shards = [headers for method, url, headers in requests.sent if method == "PUT" and "/shard-" in url]
+    assert shards
+    assert all((headers["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD") == signed for headers in shards)
