@@ -336,6 +336,8 @@ class _Connection:
     #: ``s3`` settings or the custom endpoint decided; the other clients address the bucket the same way.
     addressing_style: str = "auto"
     checksums: dict[str, str] = field(default_factory=dict)  # the clients' checksum setting (``_checksum_setting``)
+    #: The CA bundle botocore verifies TLS with (AWS_CA_BUNDLE, the profile's ca_bundle); None: the system's.
+    ca_bundle: str | None = None
     #: Buckets a ``prepare`` found (see there); ``S3Store._missing_bucket`` forgets one.
     buckets_found: set[str] = field(default_factory=set)
 
@@ -409,6 +411,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
         if endpoint is None:
             endpoint, endpoint_source = _configured_endpoint(core)
         configured_s3 = core.get_config_variable("s3") or {}
+        ca_bundle = core.get_config_variable("ca_bundle")
         checksums = _checksum_setting(Config, opts, core)
     except ProfileNotFound:
         named, where = next(((name, source) for name, source in (
@@ -442,7 +445,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     data.meta.events.register("before-send.s3", _note_send)
     return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region,
                        Aimd(opts.max_concurrency or DEFAULT_MIN_CONCURRENCY), RequestStats(), style or "auto",
-                       checksums)
+                       checksums, ca_bundle)
 
 
 def _payload_signing(opts: S3Options, configured_s3: Mapping[str, Any]) -> dict[str, Any]:
@@ -571,6 +574,7 @@ class S3Store(Store):
         self.stats = connection.stats
         self.addressing_style = connection.addressing_style
         self.checksums = connection.checksums
+        self.ca_bundle = connection.ca_bundle
         self._buckets_found = connection.buckets_found
         self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
         self._discovered = False  # whether this location was listed for them

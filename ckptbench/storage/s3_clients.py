@@ -328,7 +328,8 @@ class CrtData:
         frozen = None if self.store.options.anon else self.store.credentials()
         connections = self.store.pacing.ceiling if self.store.pacing is not None else self.store.concurrency(1)
         return _crt_client(self.host, self.store.region, self.tls, connections,
-                           None if frozen is None else (frozen.access_key, frozen.secret_key, frozen.token))
+                           None if frozen is None else (frozen.access_key, frozen.secret_key, frozen.token),
+                           self.store.ca_bundle if self.tls else None)
 
     def _request(self, method: str, key: str, headers: list[tuple[str, str]], query: str = "",
                  body: Any = None) -> Any:
@@ -455,9 +456,10 @@ def _crt_error(store: S3Store, exc: BaseException, action: str, name: str) -> Ba
 
 @functools.lru_cache(maxsize=8)
 def _crt_client(host: str, region: str, tls: bool, connections: int,
-                credentials: tuple[str, str, str | None] | None) -> Any:
+                credentials: tuple[str, str, str | None] | None, ca_bundle: str | None = None) -> Any:
     """One CRT S3 client per endpoint and setting (each has its event loop threads and connection
     pools), at most ``connections`` open, and no retries of its own (``CrtData.attempts`` makes them).
+    ``ca_bundle``: the certificates TLS is verified with instead of the system's (as botocore's).
     Per endpoint (``host``, the Host header with its port): a client keeps one connection pool per host
     name, port left out, so requests to 127.0.0.1:B would go to the 127.0.0.1:A it connected to first."""
     from awscrt import auth, s3
@@ -467,7 +469,12 @@ def _crt_client(host: str, region: str, tls: bool, connections: int,
     bootstrap = crt_io.ClientBootstrap(loops, crt_io.DefaultHostResolver(loops))
     provider = None if credentials is None else auth.AwsCredentialsProvider.new_static(*credentials)
     log.debug("CRT S3 client: %d connections", connections)
+    tls_options = None
+    if ca_bundle:
+        context = crt_io.TlsContextOptions()
+        context.override_default_trust_store_from_path(None, ca_bundle)
+        tls_options = crt_io.ClientTlsContext(context).new_connection_options()
     return s3.S3Client(bootstrap=bootstrap, region=region, credential_provider=provider,
-                       max_active_connections_override=connections,
+                       max_active_connections_override=connections, tls_connection_options=tls_options,
                        retry_config=s3.S3RetryConfig(retry_mode=s3.S3RetryMode.NONE),
                        tls_mode=s3.S3RequestTlsMode.ENABLED if tls else s3.S3RequestTlsMode.DISABLED)

@@ -584,3 +584,59 @@ def test_payload_signing_follows_the_profile(aws: Aws, profile: str | None, opti
     shards = [headers for method, url, headers in requests.sent if method == "PUT" and "/shard-" in url]
     assert shards
     assert all((headers["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD") == signed for headers in shards)
+
+
+@pytest.fixture(scope="module")
+def tls_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """moto's S3 over https with a self-signed certificate for localhost: (endpoint, the certificate)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    where = tmp_path_factory.mktemp("tls")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (where / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (where / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True,
+                         ssl_context=(str(where / "cert.pem"), str(where / "key.pem")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://localhost:{server.server_port}", where / "cert.pem"
+    server.shutdown()
+
+
+def test_aws_ca_bundle_reaches_every_client(aws: Aws, monkeypatch: pytest.MonkeyPatch, tls_endpoint):
+    """A server whose certificate only AWS_CA_BUNDLE vouches for (a private CA): boto3, s3fs and the
+    CRT all verify it with that bundle."""
+    import boto3
+
+    endpoint, certificate = tls_endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(certificate))
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=aws.bucket)
+    clients = ["boto3", "s3fs"]
+    with contextlib.suppress(ImportError):
+        import awscrt.s3  # noqa: F401
+
+        clients.append("crt")
+    for client in clients:
+        url, sd = f"s3://{aws.bucket}/{client}", state(len(client))
+        ckptbench.save(sd, url, storage_options={"client": client, "max_attempts": 2})
+        assert_same(sd, ckptbench.load(url, storage_options={"client": client, "max_attempts": 2}))
