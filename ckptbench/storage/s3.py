@@ -755,7 +755,8 @@ class S3Store(Store):
         return None
 
     def prepare(self) -> None:
-        """Check that the bucket exists and is accessible (create it only if ``create_bucket``). Without
+        """Check that the bucket exists and is accessible (create it only if ``create_bucket``): HeadBucket,
+        or where that is denied, a listing of this location (a policy may allow that alone). Without
         ``create_bucket`` a bucket found once is not checked again by the stores of this connection (a
         request less per save): one removed since fails the save's first request, as a missing bucket."""
         if self.bucket in self._buckets_found and not self.options.create_bucket:
@@ -767,6 +768,13 @@ class S3Store(Store):
                 raise self._missing_bucket() from None
             log.info("creating bucket %r at %s (create_bucket=true)", self.bucket, self.endpoint)
             self._call(self._control, "creating bucket", None, "create_bucket")
+        except TargetError as exc:
+            response = getattr(exc.__cause__, "response", None) or {}
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
+                raise
+            # HeadBucket needs s3:ListBucket on the whole bucket; a policy that grants it only under this
+            # prefix (s3:prefix condition) refuses it: listing the prefix is what ckptbench needs.
+            self._call(self._control, "checking bucket", None, "list_objects_v2", Prefix=self._key(""), MaxKeys=1)
         self._buckets_found.add(self.bucket)
 
     def concurrency(self, threads: int) -> int:

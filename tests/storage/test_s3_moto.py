@@ -640,3 +640,23 @@ def test_aws_ca_bundle_reaches_every_client(aws: Aws, monkeypatch: pytest.Monkey
         url, sd = f"s3://{aws.bucket}/{client}", state(len(client))
         ckptbench.save(sd, url, storage_options={"client": client, "max_attempts": 2})
         assert_same(sd, ckptbench.load(url, storage_options={"client": client, "max_attempts": 2}))
+
+
+@pytest.mark.parametrize("listing_allowed", [True, False])
+def test_a_policy_that_allows_listing_only_under_the_prefix(aws: Aws, listing_allowed: bool):
+    """HeadBucket needs s3:ListBucket on the whole bucket; a policy that grants it only with an s3:prefix
+    condition denies HeadBucket (403) and allows listing under the prefix: the save goes on."""
+    from botocore.stub import Stubber
+
+    store = S3Store(f"s3://{aws.bucket}/team/run")
+    with Stubber(store._control) as control:
+        control.add_client_error("head_bucket", service_error_code="403", http_status_code=403)
+        if listing_allowed:
+            control.add_response("list_objects_v2", {"KeyCount": 0},
+                                 {"Bucket": aws.bucket, "Prefix": "team/run/", "MaxKeys": 1})
+            store.prepare()
+        else:
+            control.add_client_error("list_objects_v2", service_error_code="AccessDenied", http_status_code=403)
+            with pytest.raises(TargetError, match="access denied"):
+                store.prepare()
+        control.assert_no_pending_responses()
