@@ -694,10 +694,10 @@ class S3Store(Store):
         (one retry with the region the server names) did not settle it."""
         headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
         region = headers.get("x-amz-bucket-region") or response.get("Error", {}).get("Region")
-        return TargetError(f"bucket {self.bucket!r} at {self.endpoint} is in "
-                           f"{f'region {region!r}' if region else 'another region'}, not {self.region!r}",
-                           hint=f"set AWS_DEFAULT_REGION={region or 'REGION'} (or the profile's region, or storage_options "
-                                "region) to the bucket's region")
+        where = f"region {region!r}" if region else "another region"
+        return TargetError(f"bucket {self.bucket!r} at {self.endpoint} is in {where}, not {self.region!r}",
+                           hint=f"set AWS_DEFAULT_REGION={region or 'REGION'} (or the profile's region, or "
+                                "storage_options region) to the bucket's region")
 
     def _missing_bucket(self) -> TargetError:
         self._buckets_found.discard(self.bucket)  # the next prepare looks again (and creates it if asked)

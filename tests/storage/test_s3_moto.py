@@ -153,7 +153,8 @@ class NotSent(Exception):
 # -- the library's S3 paths ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix", ["with space/a+b", "pct%2F%41/x=y&z;~'!", "ünïcødé/日本", "(parens)/[brackets]"])
+@pytest.mark.parametrize("prefix", ["with space/a+b", "pct%2F%41/x=y&z;~'!", "ünïcødé/日本",
+                                    "(parens)/[brackets]"])
 def test_round_trip_list_and_delete_with_keys_that_need_escaping(aws: Aws, prefix: str):
     url = f"s3://{aws.bucket}/{prefix}"
     sd = state(1)
