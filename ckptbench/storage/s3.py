@@ -198,12 +198,7 @@ class S3Options:
                    "read_timeout": "read_timeout_s", "endpoint": "endpoint_url"}
         known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
-        for raw_key, value in dict(options or {}).items():
-            if raw_key == "client_kwargs" and isinstance(value, Mapping):  # s3fs style
-                for sub_key in ("endpoint_url", "region_name"):
-                    if value.get(sub_key) is not None:
-                        values[sub_key] = value[sub_key]
-                continue
+        for raw_key, value in _flatten_s3fs_style(dict(options or {})).items():
             key = aliases.get(raw_key, raw_key)
             if key not in known:
                 raise UsageError(f"unknown storage option {raw_key!r} for s3://",
@@ -229,6 +224,48 @@ class S3Options:
             except UsageError:
                 raise UsageError(f"AWS_MAX_ATTEMPTS={raw!r} must be a whole number >= 1") from None
         return cls(**values)
+
+
+#: s3fs's nested storage options (``client_kwargs``, ``config_kwargs`` and botocore's ``s3`` and
+#: ``retries`` settings in it) that name a setting of ours.
+_S3FS_NESTED = {
+    "client_kwargs": ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"),
+    "config_kwargs": ("connect_timeout", "read_timeout", "s3", "retries"),
+    "config_kwargs['s3']": ("addressing_style", "payload_signing_enabled"),
+    "config_kwargs['retries']": ("total_max_attempts", "max_attempts"),
+}
+
+
+def _nested(where: str, value: Any) -> Mapping[str, Any]:
+    """``value`` (the s3fs-style option ``where``), checked to hold only what ckptbench applies."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UsageError(f"storage option {where} must be a mapping (as for s3fs), not {type(value).__name__}")
+    unknown = sorted(set(value) - set(_S3FS_NESTED[where]))
+    if unknown:
+        raise UsageError(f"storage option {where} holds {', '.join(map(repr, unknown))}, which s3:// does not apply",
+                         hint=f"{where} may hold: {', '.join(_S3FS_NESTED[where])}")
+    return value
+
+
+def _flatten_s3fs_style(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with s3fs's ``client_kwargs`` and ``config_kwargs`` (as given to fsspec for s3://)
+    turned into ours; a nested key that ckptbench would not apply is a UsageError, never ignored."""
+    flat = {k: v for k, v in options.items() if k not in ("client_kwargs", "config_kwargs")}
+    flat.update(_nested("client_kwargs", options.get("client_kwargs")))
+    config = dict(_nested("config_kwargs", options.get("config_kwargs")))
+    s3 = _nested("config_kwargs['s3']", config.pop("s3", None))
+    retries = _nested("config_kwargs['retries']", config.pop("retries", None))
+    flat.update(config)
+    for ours, botocores in (("addressing_style", "addressing_style"), ("sign_payload", "payload_signing_enabled")):
+        if s3.get(botocores) is not None:
+            flat[ours] = s3[botocores]
+    if retries.get("total_max_attempts") is not None:
+        flat["max_attempts"] = retries["total_max_attempts"]
+    elif retries.get("max_attempts") is not None:  # botocore's max_attempts counts the retries alone
+        flat["max_attempts"] = _as_number("max_attempts", retries["max_attempts"], int, 0) + 1
+    return flat
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

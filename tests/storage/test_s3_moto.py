@@ -664,3 +664,27 @@ def test_a_policy_that_allows_listing_only_under_the_prefix(aws: Aws, listing_al
             with pytest.raises(TargetError, match="access denied"):
                 store.prepare()
         control.assert_no_pending_responses()
+
+
+def test_s3fs_style_storage_options_are_applied_or_refused(aws: Aws):
+    """The storage options an fsspec user passes for s3:// (s3fs's client_kwargs and config_kwargs) reach
+    the same settings as ours; what ckptbench would not apply is one line, not silently dropped."""
+    from ckptbench.errors import UsageError
+    from ckptbench.storage.s3 import S3Options
+
+    options = S3Options.from_mapping({
+        "client_kwargs": {"endpoint_url": aws.endpoint, "region_name": "eu-central-1",
+                          "aws_access_key_id": "AKIDNESTED", "aws_secret_access_key": "s"},
+        "config_kwargs": {"s3": {"addressing_style": "virtual"}, "retries": {"max_attempts": 4},
+                          "read_timeout": 30}})
+    assert (options.endpoint_url, options.region_name, options.key) == (aws.endpoint, "eu-central-1", "AKIDNESTED")
+    assert (options.addressing_style, options.max_attempts, options.read_timeout_s) == ("virtual", 5, 30.0)
+    assert S3Options.from_mapping({"addressing_style": "path", "config_kwargs": {}}).addressing_style == "path"
+    for bad in ({"client_kwargs": {"verify": False}}, {"config_kwargs": {"proxies": {"https": "p:1"}}},
+                {"config_kwargs": {"retries": {"mode": "adaptive"}}}, {"client_kwargs": "http://h:1"}):
+        with pytest.raises(UsageError, match="storage option (client|config)_kwargs") as info:
+            S3Options.from_mapping(bad)
+        assert "\n" not in str(info.value)
+    store = open_store(f"s3://{aws.bucket}/nested", {"client_kwargs": {"endpoint_url": aws.endpoint}})
+    ckptbench.save(state(1), store.url, storage_options={"client_kwargs": {"endpoint_url": aws.endpoint}})
+    assert store.endpoint_source == "storage_options endpoint_url"
