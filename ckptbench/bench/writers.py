@@ -518,9 +518,7 @@ class S3TorchConnectorContender(_TemplateLoads):
         from ckptbench.storage.store import open_store
 
         store = open_store(url, self._options)
-        path_style = (store.options.addressing_style or ("path" if store.endpoint_source != "the default"
-                                                         else "virtual")) == "path"
-        config = S3ClientConfig(part_size=store.options.part_size, force_path_style=path_style,
+        config = S3ClientConfig(part_size=store.options.part_size, force_path_style=store.addressing_style == "path",
                                 profile=store.options.profile)
         endpoint = None if store.endpoint_source == "the default" else store.endpoint
         client = S3Client(store.region, endpoint=endpoint, s3client_config=config)
