@@ -146,11 +146,25 @@ def _location(path: str | os.PathLike) -> Path | _Url:
 
 
 def _valid_checkpoint_id(checkpoint_id: str | os.PathLike) -> bool:
-    """A URL (object storage), or what torch's FileSystem accepts (a directory it can create)."""
-    if scheme_of(os.fspath(checkpoint_id)) != "file":
-        return True
+    """A URL that ckptbench can store to (``s3://``, or a protocol fsspec knows), or what torch's
+    FileSystem accepts (a directory it can create)."""
+    text = os.fspath(checkpoint_id)
+    scheme = scheme_of(text)
+    if scheme != "file":
+        from ckptbench.storage.store import STORES
+
+        if scheme in STORES:
+            return True
+        try:
+            import fsspec
+            from fsspec.registry import known_implementations
+        except ImportError:
+            return False
+        return scheme in known_implementations or scheme in fsspec.registry
     from torch.distributed.checkpoint.filesystem import FileSystem
 
+    if text.startswith("file://"):  # ours (``_location``), not torch's: it refuses anything with ``://``
+        checkpoint_id = text.removeprefix("file://")
     return FileSystem.validate_checkpoint_id(checkpoint_id)
 
 
@@ -804,6 +818,15 @@ class _Writer:
         """``.metadata``, or ``__{rank}.metadata`` when ranks save without collectives."""
         return METADATA_NAME if self._use_collectives or self._rank is None else f"__{self._rank}{METADATA_NAME}"
 
+    def _committed_names(self) -> tuple[str, str]:
+        """The metadata whose presence means a checkpoint is already here, for ``overwrite=False``:
+        ``.metadata``, and rank 0's in a collective save (every per-rank save has one) or this rank's
+        own in a per-rank save (not rank 0's: with no collectives rank 0 may have committed this very
+        save before this rank gets here)."""
+        if self._rank is not None and not self._use_collectives:
+            return METADATA_NAME, self._metadata_name()
+        return METADATA_NAME, f"__0{METADATA_NAME}"
+
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         store = self._store
         if not store.is_dir_like():
@@ -813,7 +836,7 @@ class _Writer:
         except OSError as exc:
             raise TargetError(f"cannot create the checkpoint directory {self.path}: {exc.strerror or exc}",
                               hint="save to a writable directory") from exc
-        if any(store.size(name) is not None for name in (METADATA_NAME, f"__0{METADATA_NAME}")):
+        if any(store.size(name) is not None for name in self._committed_names()):
             if not self.overwrite:
                 # torch's FileSystemWriter's words, so code matching them works with either writer
                 raise DcpCheckpointExistsError(f"Checkpoint already exists and self.overwrite={self.overwrite}.",
@@ -1060,7 +1083,10 @@ class _Writer:
     def storage_meta(self) -> StorageMeta | None:
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
+        # A directory as a Path, as FileSystemWriter records it; a URL as a plain str (no class of ours
+        # in the pickle, so any DCP reader can unpickle it).
+        checkpoint_id = self.path if isinstance(self.path, Path) else str(self.path)
+        return StorageMeta(checkpoint_id=checkpoint_id, save_id=self.save_id)
 
     @property
     def checkpoint_id(self) -> str | os.PathLike:
