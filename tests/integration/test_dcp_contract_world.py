@@ -1,0 +1,130 @@
+"""ckptbench's DCP Writer/Reader across world sizes, as training jobs that change their parallelism use them:
+a checkpoint saved by one process is loaded by two gloo ranks into DTensor and ShardedTensor shards, and one
+saved by two ranks (sharded, replicated and ShardedTensor values) is loaded by one process into whole tensors,
+each with our writer and torch's FileSystemWriter, read by our reader and torch's. The two ranks also save
+with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the writer and the staged state cross a process
+boundary) and per rank with ``use_collectives=False, overwrite=False`` where rank 1 starts only once rank 0
+has committed.
+
+This file is also the worker of the two-rank part (``torchrun ... test_dcp_contract_world.py OUT_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from ckptbench.integrations.dcp import Reader, Writer, extension_registry
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+FULL = torch.arange(16 * 12, dtype=torch.float32).reshape(16, 12)  # sharded by DTensor
+ROWS = torch.arange(10 * 4, dtype=torch.int32).reshape(10, 4)  # sharded by rows as a ShardedTensor
+WRITERS = {"ours": Writer, "torch": FileSystemWriter}
+READERS = {"ours": Reader, "torch": lambda path: FileSystemReader(path, _extension_registry=extension_registry())}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # two ranks and the async checkpoint process each import torch: 25-50 s on two shared cores
+def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path: Path) -> None:
+    for name, writer in WRITERS.items():
+        dcp.save({"d": FULL.clone(), "rows": ROWS.clone(), "step": 6}, storage_writer=writer(tmp_path / f"one_{name}"))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(Path(__file__).resolve()), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert (tmp_path / "rank0.ok").exists() and (tmp_path / "rank1.ok").exists()
+
+    for writer in WRITERS:
+        for reader in READERS:
+            target = {"d": torch.zeros(16, 12), "r": torch.zeros(2, 12), "rows": torch.zeros(10, 4, dtype=torch.int32),
+                      "step": None}
+            dcp.load(target, storage_reader=READERS[reader](tmp_path / f"two_{writer}"))
+            assert torch.equal(target["d"], FULL) and torch.equal(target["r"], FULL[:2]), (writer, reader)
+            assert torch.equal(target["rows"], ROWS) and target["step"] == 5, (writer, reader)
+
+
+def _worker(out: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor import Shard as TensorShard
+    from torch.distributed._shard.sharded_tensor import ShardMetadata, init_from_local_shards
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    rows = ROWS.shape[0] // world
+
+    def row_shards(full: torch.Tensor) -> object:
+        local = full[rank * rows:(rank + 1) * rows].clone()
+        return init_from_local_shards([TensorShard(local, ShardMetadata([rank * rows, 0], [rows, 4], f"rank:{rank}/cpu"))],
+                                      list(full.shape))
+
+    # One process's checkpoint, loaded into two ranks' shards (DTensor by columns, ShardedTensor by rows).
+    for name in WRITERS:
+        for reader in READERS:
+            target = {"d": distribute_tensor(torch.zeros(16, 12), mesh, [Shard(1)]),
+                      "rows": row_shards(torch.zeros_like(ROWS)), "step": None}
+            dcp.load(target, storage_reader=READERS[reader](out / f"one_{name}"))
+            assert torch.equal(target["d"].full_tensor(), FULL), (name, reader)
+            assert torch.equal(target["rows"].local_shards()[0].tensor, ROWS[rank * rows:(rank + 1) * rows]), name
+            assert target["step"] == 6
+
+    def state() -> dict:
+        return {"d": distribute_tensor(FULL.clone(), mesh, [Shard(0)]),
+                "r": distribute_tensor(FULL[:2].clone(), mesh, [Replicate()]), "rows": row_shards(ROWS), "step": 5}
+
+    for name, writer in WRITERS.items():
+        dcp.save(state(), storage_writer=writer(out / f"two_{name}"))
+
+    # The process-based async checkpointer pickles the writer and the staged state to its own process.
+    dcp.async_save(state(), storage_writer=Writer(out / "process"),
+                   async_checkpointer_type=AsyncCheckpointerType.PROCESS).result()
+    target = {"d": distribute_tensor(torch.zeros(16, 12), mesh, [Shard(1)]), "step": None}
+    dcp.load(target, storage_reader=Reader(out / "process"))
+    assert torch.equal(target["d"].full_tensor(), FULL) and target["step"] == 5
+
+    # Per-rank saves (no collectives): rank 1 plans its save after rank 0 committed __0.metadata; with
+    # overwrite=False that is no checkpoint already there.
+    if rank == 1:
+        deadline = time.monotonic() + 60
+        while not (out / "per_rank" / "__0.metadata").exists():
+            assert time.monotonic() < deadline, "rank 0 never committed its per-rank metadata"
+            time.sleep(0.05)
+    mine = torch.full((5,), rank + 1, dtype=torch.int64)
+    dcp.save({"mine": mine, "step": 7}, storage_writer=Writer(out / "per_rank", overwrite=False), use_collectives=False)
+    target = {"mine": torch.zeros(5, dtype=torch.int64), "step": None}
+    dcp.load(target, storage_reader=Reader(out / "per_rank"))
+    assert torch.equal(target["mine"], mine) and target["step"] == 7
+
+    dist.barrier()
+    dist.destroy_process_group()
+    (out / f"rank{rank}.ok").touch()
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
+    # Skip interpreter teardown: after a dcp.async_save over gloo, torch 2.13 sometimes aborts there
+    # ("terminate called without an active exception"), FileSystemWriter's saves too.
+    os._exit(0)
