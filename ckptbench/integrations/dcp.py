@@ -20,7 +20,8 @@ alike; ranks must see one shared directory, as with ``FileSystemWriter``.
 is stored. With ``serialization="raw"`` (the default) it is its bytes, row-major in the chunk's shape,
 starting 64-byte aligned, with the descriptor ``ckptbench-raw/1;DTYPE;SHAPE;crc32c=BLOCK:CRC,...``:
 no pickling, no zip, nothing to parse, and CRC-32C per 64 MiB verified on load. Non-tensor values
-(``BYTE_IO`` items) are stored exactly as DCP stores them (their ``torch.save`` bytes). With
+(``BYTE_IO`` items) are stored exactly as DCP stores them (their ``torch.save`` bytes), and so are
+tensors that are more than their bytes (quantized: scale and zero point; sparse, nested). With
 ``serialization="torch_save"`` every tensor is a ``torch.save`` blob as FileSystemWriter writes it,
 so the checkpoint is byte-for-byte stock format.
 
@@ -315,8 +316,17 @@ def _distributed_tensor_types() -> tuple[type, type]:
     return DTensor, ShardedTensor
 
 
+def _raw_storable(tensor: torch.Tensor) -> bool:
+    """Whether a tensor is its values' bytes: dense and strided, not quantized (a quantized tensor's
+    scale and zero point, a sparse one's indices live outside them). Others go as ``torch.save``."""
+    import torch
+
+    return tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_nested
+
+
 def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The local tensors of a state_dict, in the order :func:`_rebuild` consumes them."""
+    """The local tensors of a state_dict that staging copies as bytes, in the order :func:`_rebuild`
+    consumes them."""
     import torch
 
     DTensor, ShardedTensor = _distributed_tensor_types()
@@ -326,7 +336,8 @@ def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
         for shard in obj.local_shards():
             yield shard.tensor
     elif isinstance(obj, torch.Tensor):
-        yield obj
+        if _raw_storable(obj):
+            yield obj
     elif isinstance(obj, Mapping):
         for value in obj.values():
             yield from _local_tensors(value)
@@ -349,7 +360,7 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
             shard.tensor = next(staged)
         return out
     if isinstance(obj, torch.Tensor):
-        return next(staged)
+        return next(staged) if _raw_storable(obj) else obj.detach().clone()
     if isinstance(obj, Mapping):
         return {key: _rebuild(value, staged) for key, value in obj.items()}
     if isinstance(obj, list):
@@ -902,6 +913,10 @@ class _Writer:
                 placed.append(_Placed(i, 0, 0, len(blobs[i])))
                 continue
             chunk = _chunk_of(data, item)
+            if not _raw_storable(chunk):  # as FileSystemWriter stores it, whatever the serialization
+                blobs[i] = _torch_save_bytes(chunk)
+                placed.append(_Placed(i, 0, 0, len(blobs[i])))
+                continue
             owner = next((s for s in stagings if s.contains(chunk)), None)
             if owner is not None and owner not in used:
                 with self._stage_lock:

@@ -30,7 +30,9 @@ from ckptbench.integrations.dcp import Reader, Writer, extension_registry
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled",
                                         "ignore:torch.distributed is unavailable or uninitialized",
                                         "ignore:Detected an existing checkpoint",
-                                        "ignore:ComplexHalf support is experimental")
+                                        "ignore:ComplexHalf support is experimental",
+                                        "ignore:torch.quantize_per_tensor, torch.quantize_per_channel",
+                                        "ignore:TypedStorage is deprecated")
 
 WRITERS: dict[str, Callable[..., Any]] = {
     "torch": lambda path, **kw: FileSystemWriter(path, **kw),
@@ -113,6 +115,37 @@ def test_views_are_saved_as_their_values(tmp_path: Path, writer: str, reader: st
     dcp.load(target, storage_reader=READERS[reader](tmp_path))
     for key, value in state.items():
         assert torch.equal(bits(target[key]), bits(value)), key
+
+
+@pytest.mark.parametrize("how", ["save", "async_save"])
+@pytest.mark.parametrize(("writer", "reader"), [p for p in PAIRS if p[0] != "torch"])
+def test_quantized_tensors_load_as_torchs_writer_stores_them(tmp_path: Path, writer: str, reader: str, how: str) -> None:
+    # A quantized tensor's bytes are its integers only: stored as raw bytes it would load without its
+    # quantizer, or not at all. It is stored as FileSystemWriter stores it (torch.save).
+    state = {
+        "per_tensor": torch.quantize_per_tensor(torch.linspace(-1, 1, 16).reshape(4, 4), 0.05, 3, torch.qint8),
+        "per_channel": torch.quantize_per_channel(torch.linspace(-2, 2, 12).reshape(3, 4),
+                                                  torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0, 1, 2]), 0,
+                                                  torch.quint8),
+        "plain": torch.arange(3.0),
+    }
+    if how == "save":
+        dcp.save(state, storage_writer=WRITERS[writer](tmp_path))
+    else:
+        dcp.async_save(state, storage_writer=WRITERS[writer](tmp_path)).result()
+    # Zeros with the same quantizers (DCP copies the stored integers into the destination, which keeps
+    # its own scale and zero point, with torch's writer and reader too).
+    target = {
+        "per_tensor": torch.quantize_per_tensor(torch.zeros(4, 4), 0.05, 3, torch.qint8),
+        "per_channel": torch.quantize_per_channel(torch.zeros(3, 4), torch.tensor([0.1, 0.2, 0.3]),
+                                                  torch.tensor([0, 1, 2]), 0, torch.quint8),
+        "plain": torch.zeros(3),
+    }
+    dcp.load(target, storage_reader=READERS[reader](tmp_path))
+    for key in ("per_tensor", "per_channel"):
+        assert torch.equal(target[key].int_repr(), state[key].int_repr()), key
+        assert torch.equal(target[key].dequantize(), state[key].dequantize()), key
+    assert torch.equal(target["plain"], state["plain"])
 
 
 # -- torch.distributed.checkpoint.state_dict ----------------------------------------------------
