@@ -1,7 +1,8 @@
 """ckptbench's DCP Writer/Reader across world sizes, as training jobs that change their parallelism use them:
 a checkpoint saved by one process is loaded by two gloo ranks into DTensor and ShardedTensor shards, and one
-saved by two ranks (sharded, replicated and ShardedTensor values) is loaded by one process into whole tensors,
-each with our writer and torch's FileSystemWriter, read by our reader and torch's. The two ranks also save
+saved by two ranks (sharded evenly, unevenly and with an empty shard, replicated, ShardedTensor) is loaded by
+one process into whole tensors, each with our writer and torch's FileSystemWriter, read by our reader and
+torch's. The two ranks also save
 with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the writer and the staged state cross a process
 boundary) and per rank with ``use_collectives=False, overwrite=False`` where rank 1 starts only once rank 0
 has committed.
@@ -31,6 +32,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 FULL = torch.arange(16 * 12, dtype=torch.float32).reshape(16, 12)  # sharded by DTensor
 ROWS = torch.arange(10 * 4, dtype=torch.int32).reshape(10, 4)  # sharded by rows as a ShardedTensor
+UNEVEN = torch.arange(15 * 3, dtype=torch.float64).reshape(15, 3)  # 8 rows on rank 0, 7 on rank 1
+ONE_ROW = torch.arange(4, dtype=torch.bfloat16).reshape(1, 4)  # rank 1's shard of it is empty
 WRITERS = {"ours": Writer, "torch": FileSystemWriter}
 READERS = {"ours": Reader, "torch": lambda path: FileSystemReader(path, _extension_registry=extension_registry())}
 
@@ -56,9 +59,10 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path: Path) -> N
     for writer in WRITERS:
         for reader in READERS:
             target = {"d": torch.zeros(16, 12), "r": torch.zeros(2, 12), "rows": torch.zeros(10, 4, dtype=torch.int32),
-                      "step": None}
+                      "uneven": torch.zeros_like(UNEVEN), "one_row": torch.zeros_like(ONE_ROW), "step": None}
             dcp.load(target, storage_reader=READERS[reader](tmp_path / f"two_{writer}"))
             assert torch.equal(target["d"], FULL) and torch.equal(target["r"], FULL[:2]), (writer, reader)
+            assert torch.equal(target["uneven"], UNEVEN) and torch.equal(target["one_row"], ONE_ROW), (writer, reader)
             assert torch.equal(target["rows"], ROWS) and target["step"] == 5, (writer, reader)
 
 
@@ -93,7 +97,9 @@ def _worker(out: Path) -> None:
 
     def state() -> dict:
         return {"d": distribute_tensor(FULL.clone(), mesh, [Shard(0)]),
-                "r": distribute_tensor(FULL[:2].clone(), mesh, [Replicate()]), "rows": row_shards(ROWS), "step": 5}
+                "r": distribute_tensor(FULL[:2].clone(), mesh, [Replicate()]), "rows": row_shards(ROWS),
+                "uneven": distribute_tensor(UNEVEN.clone(), mesh, [Shard(0)]),
+                "one_row": distribute_tensor(ONE_ROW.clone(), mesh, [Shard(0)]), "step": 5}
 
     for name, writer in WRITERS.items():
         dcp.save(state(), storage_writer=writer(out / f"two_{name}"))
@@ -101,9 +107,12 @@ def _worker(out: Path) -> None:
     # The process-based async checkpointer pickles the writer and the staged state to its own process.
     dcp.async_save(state(), storage_writer=Writer(out / "process"),
                    async_checkpointer_type=AsyncCheckpointerType.PROCESS).result()
-    target = {"d": distribute_tensor(torch.zeros(16, 12), mesh, [Shard(1)]), "step": None}
+    target = {"d": distribute_tensor(torch.zeros(16, 12), mesh, [Shard(1)]),
+              "uneven": distribute_tensor(torch.zeros_like(UNEVEN), mesh, [Shard(1)]),
+              "one_row": distribute_tensor(torch.zeros_like(ONE_ROW), mesh, [Replicate()]), "step": None}
     dcp.load(target, storage_reader=Reader(out / "process"))
     assert torch.equal(target["d"].full_tensor(), FULL) and target["step"] == 5
+    assert torch.equal(target["uneven"].full_tensor(), UNEVEN) and torch.equal(target["one_row"].full_tensor(), ONE_ROW)
 
     # Per-rank saves (no collectives): rank 1 plans its save after rank 0 committed __0.metadata; with
     # overwrite=False that is no checkpoint already there.
