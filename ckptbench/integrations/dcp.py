@@ -125,9 +125,10 @@ _READ_MERGE_GAP_BYTES = 1 * 2**20
 #: Default bound of the reader's aligned buffer; bigger checkpoints are read in batches of this size.
 READ_BUFFER_BYTES = 1 * 2**30
 
-#: Files a save of ours creates: data files named by rank and save, and the metadata's temp name.
-_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.[0-9a-f]{8}\.distcp$")
-_TMP_METADATA = re.compile(r"^\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}$")
+#: Data files of a DCP checkpoint: ours, named by rank and save, and FileSystemWriter's (``__{rank}_{n}.distcp``,
+#: left by a checkpoint of torch's that a save of ours replaced); the metadata's temp names, ours and torch's.
+_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+(\.[0-9a-f]{8})?\.distcp$")
+_TMP_METADATA = re.compile(r"^(\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}|(__(?P<torch_rank>\d+))?\.metadata\.tmp)$")
 #: Committed metadata: ``.metadata`` (collective saves) or ``__{rank}.metadata`` (per-rank saves).
 _METADATA_FILE = re.compile(r"^(__(?P<rank>\d+))?\.metadata$")
 
@@ -1075,7 +1076,7 @@ class _Writer:
         self._remove_stale(store, {info.relative_path for info in storage_data.values()})
 
     def _remove_stale(self, store: Store, keep: set[str]) -> None:
-        """Data files (and metadata temps) of earlier or crashed saves of ours; with per-rank
+        """Data files (and metadata temps) of earlier or crashed saves, ours or FileSystemWriter's; with per-rank
         metadata a rank removes only its own. Metadata of the other mode goes too: it names files
         this sweep removes, and DCP's loaders read ``.metadata`` first, so a collective one left
         behind a per-rank save would make the directory load the replaced checkpoint, or fail."""
@@ -1088,7 +1089,9 @@ class _Writer:
                     stale.append(name)  # the other mode's
                 continue
             match = _DATA_FILE.match(name) or _TMP_METADATA.match(name)
-            if match is None or name in keep or (own is not None and match.group("rank") != own):
+            if match is None or name in keep:
+                continue
+            if own is not None and (match.group("rank") or match.groupdict().get("torch_rank")) != own:
                 continue
             stale.append(name)
         if stale:

@@ -309,6 +309,22 @@ def test_validate_checkpoint_id_accepts_what_it_can_store_to(tmp_path: Path, sto
     assert storage.validate_checkpoint_id(str(tmp_path)) == FileSystemWriter.validate_checkpoint_id(str(tmp_path))
 
 
+@pytest.mark.parametrize("serialization", ["raw", "torch_save"])
+def test_a_save_over_torchs_checkpoint_removes_its_files_once_committed(tmp_path: Path, serialization: str) -> None:
+    dcp.save({"w": torch.ones(1000), "step": 1}, storage_writer=FileSystemWriter(tmp_path, thread_count=2))
+    (tmp_path / ".metadata.tmp").write_bytes(b"a crashed save of torch's")
+    torch_files = {p.name for p in tmp_path.iterdir()} - {".metadata"}
+    assert {"__0_0.distcp", "__0_1.distcp"} <= torch_files
+
+    dcp.save({"w": torch.full((1000,), 2.0), "step": 2}, storage_writer=Writer(tmp_path, serialization=serialization))
+    names = {p.name for p in tmp_path.iterdir()}
+    assert not names & torch_files and ".metadata" in names
+    assert all(re.fullmatch(r"__0_\d+\.[0-9a-f]{8}\.distcp", n) for n in names - {".metadata"}), names
+    target = {"w": torch.zeros(1000), "step": None}
+    dcp.load(target, storage_reader=FileSystemReader(tmp_path, _extension_registry=extension_registry()))
+    assert torch.equal(target["w"], torch.full((1000,), 2.0)) and target["step"] == 2
+
+
 # -- overwrite=False in per-rank saves --------------------------------------------------------
 
 
