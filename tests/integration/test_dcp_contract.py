@@ -380,3 +380,18 @@ def test_dcp_to_torch_save_reads_torch_save_serialization_and_names_the_raw_form
     target = {"w": torch.zeros(2, 3), "step": None}
     dcp.load(target, storage_reader=Reader(tmp_path / "from_torch_save"))
     assert torch.equal(target["w"], state["w"]) and target["step"] == 4
+
+
+def test_torchs_fsspec_reader_reads_torch_save_serialization_and_names_the_raw_format(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 4}
+    dcp.save(state, storage_writer=Writer(tmp_path / "torch_save", serialization="torch_save"))
+    target = {"w": torch.zeros(2, 3), "step": None}
+    dcp.load(target, storage_reader=FsspecReader(str(tmp_path / "torch_save")))
+    assert torch.equal(target["w"], state["w"]) and target["step"] == 4
+
+    dcp.save(state, storage_writer=Writer(tmp_path / "raw"))  # FsspecReader takes no extension registry
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.load({"w": torch.zeros(2, 3), "step": None}, storage_reader=FsspecReader(str(tmp_path / "raw")))
+    assert "ckptbench-raw" in str(failure_of(excinfo))
