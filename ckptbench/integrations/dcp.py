@@ -127,7 +127,7 @@ READ_BUFFER_BYTES = 1 * 2**30
 
 #: Data files of a DCP checkpoint: ours, named by rank and save, and FileSystemWriter's (``__{rank}_{n}.distcp``,
 #: left by a checkpoint of torch's that a save of ours replaced); the metadata's temp names, ours and torch's.
-_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+(\.[0-9a-f]{8})?\.distcp$")
+_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+(\.(?P<tag>[0-9a-f]{8}))?\.distcp$")
 _TMP_METADATA = re.compile(r"^(\.(__(?P<rank>\d+))?\.metadata\.tmp-[0-9a-f]{8}|(__(?P<torch_rank>\d+))?\.metadata\.tmp)$")
 #: Committed metadata: ``.metadata`` (collective saves) or ``__{rank}.metadata`` (per-rank saves).
 _METADATA_FILE = re.compile(r"^(__(?P<rank>\d+))?\.metadata$")
@@ -657,6 +657,23 @@ class SaveStats:
 # -- the writer -------------------------------------------------------------------------------
 
 
+@dataclass
+class _SaveTarget:
+    """Where one save through a Writer goes, and as which rank: what ``reset`` and
+    ``set_up_storage_writer`` set. DCP calls every step of a save on one thread, so a Writer keeps one
+    per thread: a second save through it (an ``async_save`` started before the last one ended) never
+    moves the files or the commit of the first."""
+
+    path: Path | _Url
+    save_id: str
+    rank: int | None = None
+    use_collectives: bool = True
+    tag: str = ""
+    set_up: bool = False  # set_up_storage_writer ran for this save
+    done: bool = False  # this rank's part of the save ended (write_data, or finish on the coordinator)
+    coordinator: bool = False
+
+
 class _Writer:
     """A DCP StorageWriter that writes through ckptbench's engine (and an AsyncStager for async_save).
 
@@ -712,8 +729,14 @@ class _Writer:
     a new ``Writer(path)`` per save is as fast as one Writer kept (pass ``checkpoint_id=`` to each
     save). Idle arenas are freed after ``CKPTBENCH_DCP_ARENA_IDLE_S`` (300 s), by :meth:`close`, or by
     :func:`release_staging_memory`. A second arena is taken only while the first is still in use
-    (see :meth:`stage`). One save at a time per Writer, as with FileSystemWriter: wait for an async
-    save's future before the next save with it.
+    (see :meth:`stage`).
+
+    Saves through one Writer may overlap in a process (an ``async_save`` started before the last one's
+    future completed): each goes where its own ``checkpoint_id`` said, since what ``reset`` and
+    ``set_up_storage_writer`` set is kept per thread (DCP runs every step of a save on one thread; see
+    ``_SaveTarget``); their ``write_data`` calls take turns, and a save's sweep of stale files spares
+    those of a save still being written. (FileSystemWriter's ``reset`` repoints a save in flight.)
+    Under a process group, DCP's own collectives still need one save at a time: wait for the future.
     """
 
     _synchronize_after_execute: bool = False  # stage() returns only when its copy is complete
@@ -742,7 +765,9 @@ class _Writer:
         from ckptbench.checkpoint import tuning
 
         tuning.check_direct(direct)
-        self.path = _location(path)
+        # Where a save goes unless its own reset says otherwise (see _SaveTarget).
+        self._shared = _SaveTarget(_location(path), secrets.token_hex(8), tag=secrets.token_hex(4))
+        self._saves: dict[int, _SaveTarget] = {}  # this writer's saves, by the thread that runs each
         self.storage_options = dict(storage_options or {})
         threads = _same_setting("thread_count", thread_count, "threads", threads)
         serialization = _same_setting("serialization_format", _serialization_of(serialization_format),
@@ -773,11 +798,7 @@ class _Writer:
         self.checksum = checksum
         self.serialization = serialization
         self.overwrite = overwrite
-        self.save_id = secrets.token_hex(8)
         self.last_stats: SaveStats | None = None
-        self._rank: int | None = None
-        self._use_collectives = True
-        self._tag = secrets.token_hex(4)
         self._adopt_memory()
         self._write_lock = threading.Lock()  # one write_data at a time uses the arena
         self._stage_lock = threading.Lock()  # guards the staging arenas and their state
@@ -785,12 +806,13 @@ class _Writer:
     # The arenas and locks stay in this process (DCP's process-based async executor pickles the writer).
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for transient in ("_memory", "_write_lock", "_stage_lock"):
+        for transient in ("_memory", "_write_lock", "_stage_lock", "_saves"):
             state.pop(transient)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._saves = {}
         self._adopt_memory()
         self._write_lock, self._stage_lock = threading.Lock(), threading.Lock()
 
@@ -813,18 +835,65 @@ class _Writer:
     def _store(self) -> Store:
         return open_store(self.path, self.storage_options)
 
+    # -- where the save of the calling thread goes (_SaveTarget) -----------------------------
+
+    def _current(self) -> _SaveTarget:
+        """The save this thread runs through the writer; between saves, where the next one goes."""
+        target = self._saves.get(threading.get_ident())
+        return target if target is not None and not target.done else self._shared
+
+    def _end_save(self) -> None:
+        target = self._saves.get(threading.get_ident())
+        if target is not None:
+            target.done = True
+
+    @property
+    def path(self) -> Path | _Url:
+        return self._current().path
+
+    @path.setter
+    def path(self, value: str | os.PathLike) -> None:
+        self._shared.path = _location(value)
+
+    @property
+    def save_id(self) -> str:
+        return self._current().save_id
+
+    @property
+    def _rank(self) -> int | None:
+        return self._current().rank
+
+    @property
+    def _use_collectives(self) -> bool:
+        return self._current().use_collectives
+
+    @property
+    def _tag(self) -> str:
+        return self._current().tag
+
     # -- StorageWriter ----------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        """Point the next save at ``checkpoint_id`` (a directory or URL) when given; draws a new save id."""
-        if checkpoint_id:
-            self.path = _location(checkpoint_id)
-        self.save_id = secrets.token_hex(8)
+        """Point the next save at ``checkpoint_id`` (a directory or URL) when given; draws a new save id.
+        A save of another thread still running through this writer goes on where it was going."""
+        path = _location(checkpoint_id) if checkpoint_id else self._shared.path
+        self._shared = dataclasses.replace(self._shared, path=path, save_id=secrets.token_hex(8))
+        self._saves[threading.get_ident()] = _SaveTarget(path, self._shared.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self._rank = kwargs.get("rank")
-        self._use_collectives = kwargs.get("use_collectives", True)
-        self._tag = secrets.token_hex(4)
+        ident = threading.get_ident()
+        target = self._saves.get(ident)
+        if target is None or target.set_up or target.done:  # no reset in this save: where the writer points
+            target = _SaveTarget(self._shared.path, self._shared.save_id)
+        target.rank = kwargs.get("rank")
+        target.use_collectives = kwargs.get("use_collectives", True)
+        target.tag = secrets.token_hex(4)
+        target.coordinator = is_coordinator
+        target.set_up = True
+        alive = {thread.ident for thread in threading.enumerate()}
+        for gone in [key for key in self._saves if key not in alive]:  # saves of threads that ended
+            self._saves.pop(gone, None)
+        self._saves[ident] = target
 
     def _metadata_name(self) -> str:
         """``.metadata``, or ``__{rank}.metadata`` when ranks save without collectives."""
@@ -887,6 +956,9 @@ class _Writer:
                     for staging in used:
                         staging.pending = False
                     self._keep_one_idle()
+                target = self._current()
+                if target.use_collectives and not target.coordinator:  # else its save ends in finish
+                    self._end_save()
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -1070,10 +1142,13 @@ class _Writer:
         name = self._metadata_name()
         store = self._store
         try:
-            store.put_atomic(name, pickle.dumps(metadata))
-        except OSError as exc:
-            raise StorageIOError(f"committing {self.path / name} failed: {exc}") from exc
-        self._remove_stale(store, {info.relative_path for info in storage_data.values()})
+            try:
+                store.put_atomic(name, pickle.dumps(metadata))
+            except OSError as exc:
+                raise StorageIOError(f"committing {self.path / name} failed: {exc}") from exc
+            self._remove_stale(store, {info.relative_path for info in storage_data.values()})
+        finally:
+            self._end_save()
 
     def _remove_stale(self, store: Store, keep: set[str]) -> None:
         """Data files (and metadata temps) of earlier or crashed saves, ours or FileSystemWriter's; with per-rank
@@ -1081,6 +1156,9 @@ class _Writer:
         this sweep removes, and DCP's loaders read ``.metadata`` first, so a collective one left
         behind a per-rank save would make the directory load the replaced checkpoint, or fail."""
         own = None if self._use_collectives or self._rank is None else str(self._rank)
+        # files of saves through this writer that other threads are still writing (an async_save started
+        # before this one ended, to the same directory)
+        writing = {t.tag for t in list(self._saves.values()) if t.set_up and not t.done and t is not self._current()}
         stale = []
         for name in store.list():
             committed = _METADATA_FILE.match(name)
@@ -1089,7 +1167,7 @@ class _Writer:
                     stale.append(name)  # the other mode's
                 continue
             match = _DATA_FILE.match(name) or _TMP_METADATA.match(name)
-            if match is None or name in keep:
+            if match is None or name in keep or match.groupdict().get("tag") in writing:
                 continue
             if own is not None and (match.group("rank") or match.groupdict().get("torch_rank")) != own:
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -254,6 +255,78 @@ def test_saves_with_the_planners_plan_cache(tmp_path: Path, writer: str) -> None
         target = {"w": torch.zeros(100), "step": None}
         dcp.load(target, storage_reader=Reader(checkpoint_id))
         assert torch.equal(target["w"], state["w"]) and target["step"] == step, checkpoint_id
+
+
+# -- saves through one writer that overlap -----------------------------------------------------
+
+
+class HeldPlanner(DefaultSavePlanner):
+    """Holds its save once planned (before write_data) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
+        self.reached.set()
+        assert self.release.wait(60)
+        return super().finish_plan(new_plan)
+
+
+def full_state(value: float) -> dict:
+    return {"w": torch.full((256, 64), value), "step": int(value)}
+
+
+def loaded_step(path: Path) -> int:
+    target = {"w": torch.zeros(256, 64), "step": None}
+    dcp.load(target, storage_reader=Reader(path))
+    assert torch.equal(target["w"], torch.full((256, 64), float(target["step"])))
+    return target["step"]
+
+
+def test_an_async_save_started_before_the_last_one_ended_moves_nothing_of_it(tmp_path: Path) -> None:
+    # The second save's reset(checkpoint_id) must not repoint the first, which is still running.
+    writer, held = Writer(tmp_path / "unused"), HeldPlanner()
+    first = dcp.async_save(full_state(1), storage_writer=writer, checkpoint_id=tmp_path / "a", planner=held)
+    try:
+        assert held.reached.wait(60)
+        dcp.async_save(full_state(2), storage_writer=writer, checkpoint_id=tmp_path / "b").result()
+    finally:
+        held.release.set()
+    first.result()
+    assert (loaded_step(tmp_path / "a"), loaded_step(tmp_path / "b")) == (1, 2)
+    assert writer.path == tmp_path / "b"  # where the writer points now, as after FileSystemWriter's reset
+    dcp.save(full_state(3), storage_writer=writer)
+    assert loaded_step(tmp_path / "b") == 3
+
+
+def test_overlapping_saves_to_one_directory_never_remove_each_others_files(tmp_path: Path) -> None:
+    class HeldCommit(Writer):
+        """Holds the first commit it is asked for until released."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.committing, self.commit = threading.Event(), threading.Event()
+
+        def finish(self, metadata: Any, results: Any) -> None:
+            if not self.committing.is_set():
+                self.committing.set()
+                assert self.commit.wait(60)
+            super().finish(metadata, results)
+
+    writer, held = HeldCommit(tmp_path), HeldPlanner()
+    first = dcp.async_save(full_state(1), storage_writer=writer, planner=held)
+    try:
+        assert held.reached.wait(60)
+        second = dcp.async_save(full_state(2), storage_writer=writer)
+        assert writer.committing.wait(60)  # the second save's files are written, its metadata not yet
+        held.release.set()
+        first.result()  # commits, then sweeps the directory: the second save's files are not stale
+    finally:
+        held.release.set()
+        writer.commit.set()
+    second.result()
+    assert loaded_step(tmp_path) == 2
 
 
 # -- checkpoint_id, storage_meta, validate_checkpoint_id ----------------------------------------
