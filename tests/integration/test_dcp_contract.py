@@ -1,9 +1,11 @@
 """ckptbench's DCP Writer/Reader against what torch 2.13's own DCP code does with a storage writer and reader,
-beyond the conformance suite: every dtype torch saves (and conjugate/negative views), optimizer state through
-``get_state_dict``/``set_state_dict``, loads of some keys and of every key (``_load_state_dict_from_keys``),
-torch's ``DefaultStager`` as the stager of our writer, saves with the planner's plan cache, ``checkpoint_id``
-as str/Path/PathLike/``file://``, ``storage_meta`` and ``validate_checkpoint_id`` as FileSystemWriter's,
-``overwrite=False`` in per-rank saves, and ``dcp_to_torch_save``.
+beyond the conformance suite: every dtype torch saves (and conjugate/negative views, quantized tensors),
+optimizer state through ``get_state_dict``/``set_state_dict``, loads of some keys and of every key
+(``_load_state_dict_from_keys``), torch's ``DefaultStager`` as the stager of our writer, saves with the
+planner's plan cache, async saves through one writer that overlap, ``checkpoint_id`` as
+str/Path/PathLike/``file://``, ``storage_meta`` and ``validate_checkpoint_id`` as FileSystemWriter's, a save
+over a FileSystemWriter checkpoint, ``overwrite=False`` in per-rank saves, and torch's own tools
+(``dcp_to_torch_save``, ``FsspecReader``) on our checkpoints.
 """
 
 from __future__ import annotations
