@@ -2,7 +2,8 @@
 a checkpoint saved by one process is loaded by two gloo ranks into DTensor and ShardedTensor shards, and one
 saved by two ranks (sharded evenly, unevenly and with an empty shard, replicated, ShardedTensor) is loaded by
 one process into whole tensors, each with our writer and torch's FileSystemWriter, read by our reader and
-torch's. The two ranks also save
+torch's; an FSDP2 (``fully_shard``) model and its optimizer, through ``get_state_dict``, saved by the two
+ranks, go back into FSDP2 and into one process's plain model. The two ranks also save
 with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the writer and the staged state cross a process
 boundary) and per rank with ``use_collectives=False, overwrite=False`` where rank 1 starts only once rank 0
 has committed.
@@ -37,6 +38,20 @@ WRITERS = {"ours": Writer, "torch": FileSystemWriter}
 READERS = {"ours": Reader, "torch": lambda path: FileSystemReader(path, _extension_registry=extension_registry())}
 
 
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _trained(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        optim.step()
+        optim.zero_grad()
+    return optim
+
+
 @pytest.mark.slow  # two ranks and the async checkpoint process each import torch: 25-50 s on two shared cores
 def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path: Path) -> None:
     for name, writer in WRITERS.items():
@@ -56,6 +71,24 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path: Path) -> N
             assert torch.equal(target["d"], FULL) and torch.equal(target["r"], FULL[:2]), (writer, reader)
             assert torch.equal(target["uneven"], UNEVEN) and torch.equal(target["one_row"], ONE_ROW), (writer, reader)
             assert torch.equal(target["rows"], ROWS) and target["step"] == 5, (writer, reader)
+
+    # An FSDP2 model and its optimizer, saved by two ranks through get_state_dict, into one process's.
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    expected = torch.load(tmp_path / "fsdp_full.pt", weights_only=True)
+    for reader in READERS:
+        model = _model()
+        optim = _trained(model, lr=1.0)
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, storage_reader=READERS[reader](tmp_path / "fsdp"))
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, expected["model"][name]), (reader, name)
+        exp_avg = {k: v["exp_avg"] for k, v in optim.state_dict()["state"].items()}
+        assert exp_avg.keys() == expected["exp_avg"].keys(), reader
+        assert all(torch.equal(exp_avg[k], v) for k, v in expected["exp_avg"].items()), reader
+        assert optim.param_groups[0]["lr"] == 0.01, reader
 
 
 def _worker(out: Path, rank: int, world: int) -> None:
@@ -101,6 +134,34 @@ def _worker(out: Path, rank: int, world: int) -> None:
     dcp.load(target, storage_reader=Reader(out / "process"))
     assert torch.equal(target["d"].full_tensor(), FULL) and target["step"] == 5
     assert torch.equal(target["uneven"].full_tensor(), UNEVEN) and torch.equal(target["one_row"].full_tensor(), ONE_ROW)
+
+    # FSDP2 (fully_shard): model and optimizer through get_state_dict, loaded into another sharded model.
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded_model() -> torch.nn.Module:
+        model = _model()
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=mesh)
+        return model
+
+    model = sharded_model()
+    optim = _trained(model, lr=0.01)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=Writer(out / "fsdp"))
+    full = {"model": {k: v.full_tensor() for k, v in model.state_dict().items()},
+            "exp_avg": {k: v["exp_avg"].full_tensor() for k, v in optim.state_dict()["state"].items()}}
+    if rank == 0:
+        torch.save(full, out / "fsdp_full.pt")
+    again = sharded_model()
+    again_optim = _trained(again, lr=1.0)
+    model_sd, optim_sd = get_state_dict(again, again_optim)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=Reader(out / "fsdp"))
+    set_state_dict(again, again_optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert all(torch.equal(v.full_tensor(), full["model"][k]) for k, v in again.state_dict().items())
+    probe = torch.randn(3, 8)
+    assert torch.equal(again(probe), model(probe))
 
     # Per-rank saves (no collectives): rank 1 plans its save after rank 0 committed __0.metadata; with
     # overwrite=False that is no checkpoint already there.
