@@ -92,6 +92,7 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path: Path) -> N
 
 
 def _worker(out: Path, rank: int, world: int) -> None:
+    import torch.distributed as dist
     from torch.distributed._shard.sharded_tensor import Shard as TensorShard
     from torch.distributed._shard.sharded_tensor import ShardMetadata, init_from_local_shards
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -147,12 +148,19 @@ def _worker(out: Path, rank: int, world: int) -> None:
 
     model = sharded_model()
     optim = _trained(model, lr=0.01)
-    model_sd, optim_sd = get_state_dict(model, optim)
-    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=Writer(out / "fsdp"))
+    model_sd, optim_sd = get_state_dict(model, optim)  # the live parameters and optimizer state
     full = {"model": {k: v.full_tensor() for k, v in model.state_dict().items()},
             "exp_avg": {k: v["exp_avg"].full_tensor() for k, v in optim.state_dict()["state"].items()}}
+    probe = torch.randn(3, 8)
+    expected = model(probe)
     if rank == 0:
         torch.save(full, out / "fsdp_full.pt")
+    # The save's collectives run on a group of their own (as torchtitan does): training's all-gathers go
+    # on in the meantime on the default one.
+    saved = dcp.async_save({"model": model_sd, "optim": optim_sd}, storage_writer=Writer(out / "fsdp"),
+                           process_group=dist.new_group(backend="gloo"))
+    _trained(model, lr=0.5)  # training goes on: the save keeps what was staged
+    saved.result()
     again = sharded_model()
     again_optim = _trained(again, lr=1.0)
     model_sd, optim_sd = get_state_dict(again, again_optim)
@@ -160,8 +168,7 @@ def _worker(out: Path, rank: int, world: int) -> None:
     dcp.load(state, storage_reader=Reader(out / "fsdp"))
     set_state_dict(again, again_optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     assert all(torch.equal(v.full_tensor(), full["model"][k]) for k, v in again.state_dict().items())
-    probe = torch.randn(3, 8)
-    assert torch.equal(again(probe), model(probe))
+    assert torch.equal(again(probe), expected)
 
     # Per-rank saves (no collectives): rank 1 plans its save after rank 0 committed __0.metadata; with
     # overwrite=False that is no checkpoint already there.
