@@ -160,8 +160,8 @@ class _CkptbenchCheckpointIO:
         there (``ModelCheckpoint(save_last="link")``'s ``last.ckpt``) is removed itself, never what it points to."""
         self._wait_for(path)
         store = open_store(path, self.storage_options)
-        if store.local_path is not None and os.path.islink(path):
-            os.unlink(path)
+        if store.local_path is not None and store.local_path.is_symlink():  # also as "link/" or file://link
+            store.local_path.unlink()
             return
         if store.size(mf.MANIFEST_NAME) is None and not store.list():
             return

@@ -275,6 +275,18 @@ def test_removing_a_link_to_a_checkpoint_removes_the_link_only(tmp_path: Path):
     assert torch.equal(io.load_checkpoint(tmp_path / "epoch=1-step=8.ckpt")["w"], torch.ones(2))
 
 
+@pytest.mark.parametrize("form", ["trailing slash", "file URL"])
+def test_removing_a_link_named_in_another_form_removes_the_link_only(tmp_path: Path, form: str):
+    """A link given as ``link/`` or ``file:///.../link`` is still the link, not the checkpoint it points to."""
+    io = CkptbenchCheckpointIO()
+    io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "epoch=1-step=8.ckpt")
+    link = tmp_path / "last.ckpt"
+    link.symlink_to("epoch=1-step=8.ckpt")
+    io.remove_checkpoint(f"{link}/" if form == "trailing slash" else f"file://{link}")
+    assert not link.is_symlink()
+    assert torch.equal(io.load_checkpoint(tmp_path / "epoch=1-step=8.ckpt")["w"], torch.ones(2))
+
+
 def test_save_last_link_with_a_changing_last_name_keeps_every_checkpoint(tmp_path: Path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last="link", save_top_k=-1)
     checkpoint.CHECKPOINT_NAME_LAST = "last-{epoch}"  # each epoch's last link replaces the one before
