@@ -148,6 +148,20 @@ class CorruptCheckpointError(CkptbenchError):
     """A committed checkpoint whose data does not match its manifest (checksum or size)."""
 
 
+class NotReadableHereError(CkptbenchError):
+    """A checkpoint that may well be intact but that this ckptbench or torch cannot read: raised as
+    :class:`UnknownFormatError` or :class:`UnknownTorchValueError`. A CheckpointManager never counts such a
+    step as damaged (it is not replaced without ``overwrite``)."""
+
+
+class UnknownFormatError(NotACheckpointError, NotReadableHereError):
+    """A manifest of another ckptbench checkpoint format (a newer ckptbench's)."""
+
+
+class UnknownTorchValueError(CorruptCheckpointError, NotReadableHereError):
+    """A torch dtype or device (saved as a value) that this torch does not have."""
+
+
 class CheckpointLockedError(CkptbenchError):
     """Another save (another process, or another Checkpointer here) is writing to the same location."""
 

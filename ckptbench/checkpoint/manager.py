@@ -41,6 +41,7 @@ from ckptbench.checkpoint.lock import LOCK_NAME, CheckpointLockedError, acquire_
 from ckptbench.errors import (
     CorruptCheckpointError,
     NotACheckpointError,
+    NotReadableHereError,
     StepNotFoundError,
     StorageIOError,
     UsageError,
@@ -207,7 +208,9 @@ class CheckpointManager:
     failing its checksum; ``load()`` then falls back to an older step) no longer counts among the
     ``keep_last`` (so retention keeps that many loadable steps) and is not removed by it; the loop that
     resumed from the older step replaces it when it saves that step again (no ``overwrite`` needed;
-    logged). In one process only: under a launch a load does not fall back, so nothing is marked.
+    logged). In one process only: under a launch a load does not fall back, so nothing is marked. A step
+    that this ckptbench or torch cannot read (a newer manifest format, a torch dtype or device this torch
+    lacks: :class:`~ckptbench.errors.NotReadableHereError`) may be intact: it is skipped, never marked.
 
     **Two tiers.** With ``remote``, saves still go to ``root`` (the fast, local tier) and return as
     before; every ``remote_every``-th step this manager commits there is then copied to ``remote``
@@ -525,7 +528,8 @@ class CheckpointManager:
                                                storage_options=tier.storage_options, distributed=self.distributed,
                                                allow_pickle=self.allow_pickle)
             except _DAMAGED as exc:
-                if world is None and tier is self._tier and isinstance(exc, _DAMAGED_DATA):
+                if world is None and tier is self._tier and isinstance(exc, _DAMAGED_DATA) \
+                        and not isinstance(exc, NotReadableHereError):
                     self._damaged.add(s)
                 if n == len(candidates) - 1:
                     raise
@@ -600,7 +604,8 @@ class CheckpointManager:
 
 #: What a copy that fails to load raises: the next copy (the remote one, an older step) is tried.
 _DAMAGED = (CorruptCheckpointError, NotACheckpointError, StorageIOError, OSError)
-#: What says a step's own data is damaged, so that saving the step again may replace it (an I/O error may pass).
+#: What says a step's own data is damaged, so that saving the step again may replace it (an I/O error may pass;
+#: a NotReadableHereError, a step of a newer torch or ckptbench, may be intact).
 _DAMAGED_DATA = (CorruptCheckpointError, NotACheckpointError)
 
 

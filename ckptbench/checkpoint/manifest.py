@@ -20,6 +20,7 @@ from ckptbench.errors import (
     CorruptCheckpointError,
     InsufficientSpaceError,
     NotACheckpointError,
+    UnknownFormatError,
     UnsafeFileError,
     UsageError,
 )
@@ -80,7 +81,10 @@ def read_manifest(store: Store) -> dict[str, Any]:
         raise NotACheckpointError(f"{path} is not a valid manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise NotACheckpointError(f"{path} has format {found!r}; this ckptbench reads {FORMAT!r}")
+        # another version of ours (a newer ckptbench wrote it) is not damage
+        error = UnknownFormatError if isinstance(found, str) and found.startswith("ckptbench.checkpoint/") \
+            else NotACheckpointError
+        raise error(f"{path} has format {found!r}; this ckptbench reads {FORMAT!r}")
     return manifest
 
 

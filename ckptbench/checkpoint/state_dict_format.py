@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ckptbench.checkpoint.routing import Sources, route_for
-from ckptbench.errors import CorruptCheckpointError, PickleNotAllowedError, UsageError
+from ckptbench.errors import PickleNotAllowedError, UnknownTorchValueError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ def _as_dtype(name: str) -> Any:
     """The torch dtype saved by its name (``bfloat16``); a name that is none in this torch is damage."""
     dtype = getattr(_torch(), name, None)
     if not isinstance(dtype, _torch().dtype):
-        raise CorruptCheckpointError(f"the checkpoint holds a torch dtype {name!r} this torch does not have",
+        raise UnknownTorchValueError(f"the checkpoint holds a torch dtype {name!r} this torch does not have",
                                      hint="load it with the torch version that saved it")
     return dtype
 
@@ -426,7 +426,7 @@ def _as_device(name: str) -> Any:
     try:
         return _torch().device(name)
     except RuntimeError as exc:
-        raise CorruptCheckpointError(f"the checkpoint holds a torch device {name!r} this torch cannot name: {exc}",
+        raise UnknownTorchValueError(f"the checkpoint holds a torch device {name!r} this torch cannot name: {exc}",
                                      hint="load it with the torch version that saved it") from None
 
 

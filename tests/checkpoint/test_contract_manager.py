@@ -67,6 +67,27 @@ def test_an_explicit_load_of_a_damaged_step_raises_and_marks_it(tmp_path: Path):
         assert torch.equal(manager.load(5)["model"]["b"], state(5)["model"]["b"])
 
 
+@pytest.mark.parametrize(("saved", "unknown"), [
+    ('{"__dtype__":"bfloat16"}', '{"__dtype__":"float8_e9m9"}'),  # a dtype of a newer torch
+    ('"format":"ckptbench.checkpoint/1"', '"format":"ckptbench.checkpoint/2"'),  # a newer ckptbench's manifest
+])
+def test_a_step_this_torch_or_ckptbench_cannot_read_is_never_replaced(tmp_path: Path, saved: str, unknown: str):
+    """Such a step may well be intact (the hint says to load it with the version that wrote it): the resumed
+    loop's save of it needs overwrite, as for any committed step."""
+    with ckptbench.CheckpointManager(tmp_path) as manager:
+        manager.save(10, state(10))
+        manager.save(20, {**state(20), "dtype": torch.bfloat16})
+    manifest = tmp_path / step_dirname(20) / "manifest.json"
+    text = manifest.read_text()
+    assert saved in text
+    manifest.write_text(text.replace(saved, unknown))
+    with ckptbench.CheckpointManager(tmp_path) as manager:
+        assert manager.load()["step"] == 10
+        with pytest.raises(ckptbench.CheckpointExistsError):
+            manager.save(20, state(20))
+    assert manifest.read_text() == text.replace(saved, unknown)
+
+
 def test_map_location_of_a_manager_load(tmp_path: Path):
     with ckptbench.CheckpointManager(tmp_path) as manager:
         manager.save(3, state(3))
