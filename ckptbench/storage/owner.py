@@ -79,7 +79,7 @@ class ProcessOwner:
         """The owner in ``data``; None for anything else (empty, half-written, foreign)."""
         try:
             owner = cls(**json.loads(data))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # RecursionError: JSON nested past the parser's depth
             return None
         fields = (owner.host, owner.process_start, owner.boot_id, owner.machine_id, owner.pid_namespace)
         if not all(isinstance(f, str) for f in fields) or type(owner.pid) is not int or owner.pid <= 0:

@@ -157,6 +157,13 @@ def test_a_record_that_is_not_one_is_an_unknown_owner(tmp_path: Path, planted) -
     assert remove_leftovers(tmp_path)[0] == []
 
 
+def test_a_record_nested_past_the_json_parsers_depth_is_an_unknown_owner(tmp_path: Path, planted) -> None:
+    path = planted(tmp_path, "1-nested", None)
+    (path / SCRATCH_OWNER).write_bytes(b"[" * 4000)
+    assert [f.state for f in find_leftovers(tmp_path)] == [UNKNOWN_OWNER]
+    assert remove_leftovers(tmp_path)[0] == [] and path.exists()
+
+
 def test_a_symlink_named_like_a_scratch_directory_redirects_no_delete(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
