@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 SCRATCH_PREFIX = "ckptbench-scratch-"
 _SCRATCH_NAME = re.compile(rf"^{SCRATCH_PREFIX}\d+-[0-9a-f]+$")
+#: The most bytes of an owner record read (one is about 250): a larger object is no record.
+_MAX_OWNER_BYTES = 4096
 
 
 def _remove_everything(store: Store) -> int:
@@ -131,11 +133,11 @@ def _empty(store: Store) -> tuple[int, int]:
     names = store.list_recursive()
     others = [name for name in names if name != SCRATCH_OWNER]
     if others:
-        store.remove(others)
+        store.remove(others)  # best effort: what it could not delete is logged, and listed below
     abort = getattr(store, "abort_incomplete_uploads", None)
     aborted = abort() if abort is not None else 0
-    if SCRATCH_OWNER in names:
-        store.remove([SCRATCH_OWNER])
+    if SCRATCH_OWNER in names and not (others and [n for n in store.list_recursive() if n != SCRATCH_OWNER]):
+        store.remove([SCRATCH_OWNER])  # only once nothing else is left: the record says whose the rest is
     return len(names), aborted
 
 
@@ -160,7 +162,7 @@ def find_object_leftovers(url: str, storage_options: dict[str, Any] | None = Non
     for name, inside in sorted(found.items()):
         scratch = open_store(f"{store.url}/{name}", storage_options)
         owner = None
-        if SCRATCH_OWNER in inside:
+        if SCRATCH_OWNER in inside and (scratch.size(SCRATCH_OWNER) or 0) <= _MAX_OWNER_BYTES:
             try:
                 owner = owners.ProcessOwner.decode(scratch.get(SCRATCH_OWNER))
             except (OSError, ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import logging
 import os
 import socket
@@ -688,3 +689,49 @@ def test_s3fs_style_storage_options_are_applied_or_refused(aws: Aws):
     store = open_store(f"s3://{aws.bucket}/nested", {"client_kwargs": {"endpoint_url": aws.endpoint}})
     ckptbench.save(state(1), store.url, storage_options={"client_kwargs": {"endpoint_url": aws.endpoint}})
     assert store.endpoint_source == "storage_options endpoint_url"
+
+
+def _plant_dead_scratch(aws: Aws, name: str, record: bytes | None = None) -> str:
+    """A scratch prefix ``bench/NAME/`` with one object and an owner record (by default one of this host
+    whose process is gone: this pid with another start time); its URL."""
+    import dataclasses
+
+    from ckptbench.storage import owner
+    from ckptbench.storage.local_target import SCRATCH_OWNER
+
+    if record is None:
+        record = dataclasses.replace(owner.ProcessOwner.me(), process_start="1").encode()
+    client = aws.client()
+    client.put_object(Bucket=aws.bucket, Key=f"bench/{name}/shard-00000.bin", Body=b"x" * 100)
+    client.put_object(Bucket=aws.bucket, Key=f"bench/{name}/{SCRATCH_OWNER}", Body=record)
+    return f"s3://{aws.bucket}/bench/{name}"
+
+
+def test_clean_keeps_the_owner_record_while_objects_it_could_not_delete_remain(aws: Aws, cli, monkeypatch):
+    """A prefix whose objects could not all be deleted keeps its owner record, so that the next
+    ``clean`` still knows whose it is and removes it then."""
+    from ckptbench.storage.local_target import SCRATCH_OWNER
+    from ckptbench.storage.s3 import S3Store
+
+    url = _plant_dead_scratch(aws, "ckptbench-scratch-7-0a0a0a0a")
+    delete_keys = S3Store._delete_keys
+    monkeypatch.setattr(S3Store, "_delete_keys",  # the server refuses to delete the data objects
+                        lambda self, keys: delete_keys(self, [k for k in keys if k.endswith(SCRATCH_OWNER)]))
+    failed = cli("clean", f"s3://{aws.bucket}/bench", "--json")
+    assert failed.exit_code == 1
+    assert [e["action"] for e in json.loads(failed.stdout)["entries"]] == ["kept"]
+    assert f"bench/ckptbench-scratch-7-0a0a0a0a/{SCRATCH_OWNER}" in aws.stored()
+    monkeypatch.setattr(S3Store, "_delete_keys", delete_keys)
+    doc = cli.json("clean", f"s3://{aws.bucket}/bench")
+    assert [(e["path"], e["action"]) for e in doc["entries"]] == [(url, "removed")]
+    assert aws.stored() == []
+
+
+@pytest.mark.parametrize("record", [b"[" * 4000, b'{"host": "' + b"h" * (8 << 20) + b'"}'])
+def test_clean_keeps_a_prefix_whose_owner_record_is_hostile(aws: Aws, cli, record: bytes):
+    """An owner record nested past the JSON parser's depth, or far larger than any record, is no owner:
+    the prefix is kept, and ``clean`` goes on."""
+    _plant_dead_scratch(aws, "ckptbench-scratch-8-0b0b0b0b", record)
+    doc = cli.json("clean", f"s3://{aws.bucket}/bench")
+    assert [(e["action"], e["state"]) for e in doc["entries"]] == [("kept", "unknown owner")]
+    assert len(aws.stored()) == 2
