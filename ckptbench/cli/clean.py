@@ -49,14 +49,16 @@ def clean(directory: str, dry_run: bool, output_format: str) -> None:
       ckptbench clean /mnt/nvme --json
       ckptbench clean s3://bucket/bench --dry-run
     """
+    from ckptbench.storage import scheme_of
     from ckptbench.storage.local_target import NOT_REMOVED, remove_leftovers
 
-    if "://" in directory:  # object storage: the scratch prefixes under it (credentials: the AWS environment)
+    if scheme_of(directory) != "file":  # object storage: its scratch prefixes (credentials: the AWS environment)
         from ckptbench.storage.object_target import remove_object_leftovers
 
         removed, kept = remove_object_leftovers(directory, dry_run=dry_run)
         path: Any = directory
     else:
+        directory = directory.removeprefix("file://")  # as bench takes a directory
         path = Path(directory)
         if not directory:
             raise TargetError("the directory is empty", hint="give a directory path")

@@ -85,3 +85,13 @@ def test_clean_bad_input_is_one_line_exit_2(cli, tmp_path: Path, kind: str) -> N
 def test_clean_json_is_one_document(cli, leftovers) -> None:
     out = cli("clean", str(leftovers["target"]), "--dry-run", "--format", "json")
     assert json.loads(out.stdout)["schema"] == "ckptbench.clean/1"
+
+
+def test_clean_of_a_file_url_cleans_that_directory(cli, leftovers, tmp_path: Path) -> None:
+    """``file://DIR`` (as ``bench`` takes it) is the directory DIR: its leftovers found and removed, and a
+    directory that is not there is bad input."""
+    doc = cli.json("clean", f"file://{leftovers['target']}")
+    assert [e["path"] for e in doc["entries"] if e["action"] == "removed"] == [str(leftovers["dead"])]
+    assert not leftovers["dead"].exists()
+    out = cli("clean", f"file://{tmp_path / 'absent'}")
+    assert out.exit_code == 2 and "does not exist" in out.stderr and len(out.stderr.strip().splitlines()) == 1
