@@ -674,6 +674,11 @@ class _SaveTarget:
     coordinator: bool = False
 
 
+#: Every Writer of this process: a save's sweep spares the files that saves through any of them are writing.
+_WRITERS: weakref.WeakSet[_Writer] = weakref.WeakSet()
+_WRITERS_LOCK = threading.Lock()
+
+
 class _Writer:
     """A DCP StorageWriter that writes through ckptbench's engine (and an AsyncStager for async_save).
 
@@ -802,6 +807,8 @@ class _Writer:
         self._adopt_memory()
         self._write_lock = threading.Lock()  # one write_data at a time uses the arena
         self._stage_lock = threading.Lock()  # guards the staging arenas and their state
+        with _WRITERS_LOCK:
+            _WRITERS.add(self)
 
     # The arenas and locks stay in this process (DCP's process-based async executor pickles the writer).
     def __getstate__(self) -> dict[str, Any]:
@@ -815,6 +822,8 @@ class _Writer:
         self._saves = {}
         self._adopt_memory()
         self._write_lock, self._stage_lock = threading.Lock(), threading.Lock()
+        with _WRITERS_LOCK:
+            _WRITERS.add(self)
 
     def _adopt_memory(self) -> None:
         """This writer's staging memory: a copy arena and the staging arenas (those in use by saves in
@@ -1156,9 +1165,13 @@ class _Writer:
         this sweep removes, and DCP's loaders read ``.metadata`` first, so a collective one left
         behind a per-rank save would make the directory load the replaced checkpoint, or fail."""
         own = None if self._use_collectives or self._rank is None else str(self._rank)
-        # files of saves through this writer that other threads are still writing (an async_save started
-        # before this one ended, to the same directory)
-        writing = {t.tag for t in list(self._saves.values()) if t.set_up and not t.done and t is not self._current()}
+        # files of saves that other threads are still writing (an async_save started before this one ended,
+        # to the same directory), through this writer or another one of this process
+        with _WRITERS_LOCK:
+            writers = list(_WRITERS)
+        current = self._current()
+        writing = {t.tag for w in writers for t in list(w._saves.values())
+                   if t.set_up and not t.done and t is not current}
         stale = []
         for name in store.list():
             committed = _METADATA_FILE.match(name)

@@ -331,6 +331,35 @@ def test_overlapping_saves_to_one_directory_never_remove_each_others_files(tmp_p
     assert loaded_step(tmp_path) == 2
 
 
+def test_overlapping_saves_through_two_writers_never_remove_each_others_files(tmp_path: Path) -> None:
+    """As above with a Writer per save (as the Writer's docstring allows): the first save's sweep spares
+    the files of the second, written but not yet committed by another Writer of this process."""
+
+    class HeldCommit(Writer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.committing, self.commit = threading.Event(), threading.Event()
+
+        def finish(self, metadata: Any, results: Any) -> None:
+            self.committing.set()
+            assert self.commit.wait(60)
+            super().finish(metadata, results)
+
+    held, second_writer = HeldPlanner(), HeldCommit(tmp_path)
+    first = dcp.async_save(full_state(1), storage_writer=Writer(tmp_path), planner=held)
+    try:
+        assert held.reached.wait(60)
+        second = dcp.async_save(full_state(2), storage_writer=second_writer)
+        assert second_writer.committing.wait(60)  # the second save's files are written, its metadata not yet
+        held.release.set()
+        first.result()
+    finally:
+        held.release.set()
+        second_writer.commit.set()
+    second.result()
+    assert loaded_step(tmp_path) == 2
+
+
 # -- checkpoint_id, storage_meta, validate_checkpoint_id ----------------------------------------
 
 
