@@ -740,7 +740,7 @@ class _Writer:
     future completed): each goes where its own ``checkpoint_id`` said, since what ``reset`` and
     ``set_up_storage_writer`` set is kept per thread (DCP runs every step of a save on one thread; see
     ``_SaveTarget``); their ``write_data`` calls take turns, and a save's sweep of stale files spares
-    those of a save still being written. (FileSystemWriter's ``reset`` repoints a save in flight.)
+    those of a save still being written (through any Writer of the process). (FileSystemWriter's ``reset`` repoints a save in flight.)
     Under a process group, DCP's own collectives still need one save at a time: wait for the future.
     """
 
