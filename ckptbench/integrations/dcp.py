@@ -1170,8 +1170,12 @@ class _Writer:
         with _WRITERS_LOCK:
             writers = list(_WRITERS)
         current = self._current()
-        writing = {t.tag for w in writers for t in list(w._saves.values())
-                   if t.set_up and not t.done and t is not current}
+        in_flight = [t for w in writers for t in list(w._saves.values()) if t.set_up and not t.done and t is not current]
+        writing = {t.tag for t in in_flight}
+        # While a save to this directory is in flight, its files on other ranks carry tags of their own (unknown
+        # in this process) and its commit may be writing a metadata temp: those wait for the sweep of a commit
+        # with none in flight.
+        wait = any(t.path == current.path for t in in_flight)
         stale = []
         for name in store.list():
             committed = _METADATA_FILE.match(name)
@@ -1181,6 +1185,8 @@ class _Writer:
                 continue
             match = _DATA_FILE.match(name) or _TMP_METADATA.match(name)
             if match is None or name in keep or match.groupdict().get("tag") in writing:
+                continue
+            if wait and (match.re is _TMP_METADATA or match.groupdict().get("tag")):
                 continue
             if own is not None and (match.group("rank") or match.groupdict().get("torch_rank")) != own:
                 continue

@@ -331,6 +331,28 @@ def test_overlapping_saves_to_one_directory_never_remove_each_others_files(tmp_p
     assert loaded_step(tmp_path) == 2
 
 
+def test_a_sweep_while_a_save_is_in_flight_spares_other_ranks_files_and_metadata_temps(tmp_path: Path) -> None:
+    """Under a launch another rank names its files of a save with a tag of its own, which this process does not
+    know, and a metadata temp may be a commit in progress on another thread: a sweep while a save is in flight
+    leaves both (here planted as rank 1's file of the held save and its commit's temp); the sweep of a commit
+    with no save in flight removes them."""
+    writer, held = Writer(tmp_path), HeldPlanner()
+    first = dcp.async_save(full_state(1), storage_writer=writer, planner=held)
+    other_rank, temp = tmp_path / "__1_0.0badc0de.distcp", tmp_path / "..metadata.tmp-0badc0de"
+    try:
+        assert held.reached.wait(60)
+        other_rank.write_bytes(b"rank 1")
+        temp.write_bytes(b"commit")
+        dcp.save(full_state(2), storage_writer=writer)
+        assert other_rank.exists() and temp.exists()
+        assert loaded_step(tmp_path) == 2
+    finally:
+        held.release.set()
+    first.result()
+    assert not other_rank.exists() and not temp.exists()
+    assert loaded_step(tmp_path) == 1
+
+
 def test_overlapping_saves_through_two_writers_never_remove_each_others_files(tmp_path: Path) -> None:
     """As above with a Writer per save (as the Writer's docstring allows): the first save's sweep spares
     the files of the second, written but not yet committed by another Writer of this process."""
