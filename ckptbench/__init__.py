@@ -23,6 +23,7 @@ from ckptbench.errors import (
     LockLostError,
     MissingDependencyError,
     NotACheckpointError,
+    NotReadableHereError,
     OutcomeUnknownError,
     PickleNotAllowedError,
     RankFailedError,
@@ -30,6 +31,8 @@ from ckptbench.errors import (
     StepNotFoundError,
     StorageIOError,
     TargetError,
+    UnknownFormatError,
+    UnknownTorchValueError,
     UnsafeFileError,
     UsageError,
 )
@@ -58,6 +61,7 @@ __all__ = [
     "LockLostError",
     "MissingDependencyError",
     "NotACheckpointError",
+    "NotReadableHereError",
     "OutcomeUnknownError",
     "PickleNotAllowedError",
     "RankFailedError",
@@ -65,6 +69,8 @@ __all__ = [
     "StepNotFoundError",
     "StorageIOError",
     "TargetError",
+    "UnknownFormatError",
+    "UnknownTorchValueError",
     "UnsafeFileError",
     "UsageError",
 ]
