@@ -24,6 +24,15 @@ from ckptbench.integrations.lightning import CkptbenchCheckpointIO, load_from_ch
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 
+@pytest.fixture(autouse=True)
+def _restore_determinism():
+    """Trainer(deterministic=True) turns torch's deterministic algorithms on for the whole process: restored
+    after each test, or tests run after these in the same process fill new tensors (no kernel for some dtypes)."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 class Net(LightningModule):
     def __init__(self, lr: float = 0.05, dtype: torch.dtype = torch.float32, device_hint: torch.device | None = None,
                  width: int = 4) -> None:
