@@ -340,7 +340,8 @@ NOT_REMOVED = "not removed"
 _WHY_KEPT = {
     owners.LIVE: "its process still runs",
     owners.OTHER_HOST: "made on another host (or pid namespace): whether its process runs cannot be told here",
-    owners.OTHER_BOOT: "made on a host of this name before its last restart, or on another machine of this name",
+    owners.OTHER_BOOT: "made on a host of this name in another boot: before its last restart, or on another machine "
+                       "of this name (on storage other machines reach, a clone of this one)",
     UNKNOWN_OWNER: "it records no owner (an older ckptbench made it, or its record is unreadable): remove it by "
                    "hand once no run uses it",
     NOT_A_DIRECTORY: "not a directory (a symbolic link or a file): ckptbench never makes one",
@@ -381,8 +382,10 @@ def _record_owner(directory: safeio.Directory) -> None:
         log.info("could not record the owner of scratch directory %s: %s", directory.shown, exc)
 
 
-def _inspect(target: safeio.Directory, name: str) -> tuple[str, owners.ProcessOwner | None, safeio.Directory | None]:
-    """(state, owner, the directory held open unless it is not one) of the entry ``name``."""
+def _inspect(target: safeio.Directory, name: str, *,
+             shared: bool) -> tuple[str, owners.ProcessOwner | None, safeio.Directory | None]:
+    """(state, owner, the directory held open unless it is not one) of the entry ``name``; ``shared``: the
+    target is on a network filesystem, which other machines reach too (``ProcessOwner.state``)."""
     try:
         directory = target.subdir(name)
     except (UnsafeFileError, NotADirectoryError):
@@ -395,7 +398,7 @@ def _inspect(target: safeio.Directory, name: str) -> tuple[str, owners.ProcessOw
         owner = owners.ProcessOwner.decode(directory.read(SCRATCH_OWNER, 4096, what="owner record"))
     except (OSError, UnsafeFileError):
         owner = None
-    return (UNKNOWN_OWNER if owner is None else owner.state()), owner, directory
+    return (UNKNOWN_OWNER if owner is None else owner.state(shared=shared)), owner, directory
 
 
 @contextmanager
@@ -403,13 +406,15 @@ def _leftovers_open(path: Path) -> Iterator[tuple[safeio.Directory, list[tuple[L
     """``path`` open, and the leftovers in it, each with its directory held open while the block runs."""
     in_use = {Path(p).name for p in SCRATCH_IN_USE}
     held: list[tuple[Leftover, safeio.Directory | None]] = []
+    mount = mount_of(path)
+    shared = mount is None or is_network(mount.fstype)
     with safeio.Directory.open(path) as target:
         try:
             for name in sorted(target.listdir()):
                 if not name.startswith(SCRATCH_PREFIX) or name in in_use:
                     continue
                 try:
-                    state, owner, directory = _inspect(target, name)
+                    state, owner, directory = _inspect(target, name, shared=shared)
                 except FileNotFoundError:
                     continue
                 size = None

@@ -167,7 +167,7 @@ def find_object_leftovers(url: str, storage_options: dict[str, Any] | None = Non
                 owner = owners.ProcessOwner.decode(scratch.get(SCRATCH_OWNER))
             except (OSError, ValueError):
                 owner = None
-        state = UNKNOWN_OWNER if owner is None else owner.state()
+        state = UNKNOWN_OWNER if owner is None else owner.state(shared=True)
         size = sum(scratch.size(n) or 0 for n in inside) if state == owners.DEAD else None
         leftovers.append(ObjectLeftover(f"{store.url}/{name}", state, owner, size))
     return leftovers

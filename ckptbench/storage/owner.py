@@ -86,15 +86,19 @@ class ProcessOwner:
             return None
         return owner
 
-    def state(self) -> str:
+    def state(self, *, shared: bool = False) -> str:
         """:data:`LIVE`, :data:`DEAD` (this host, namespace and boot, and its process is gone or another
-        one has its pid; or this machine restarted since), :data:`OTHER_HOST` (its pids mean nothing
-        here) or :data:`OTHER_BOOT` (this host's name but an earlier boot, and the machine cannot be told
-        apart from another one of the same name)."""
+        one has its pid; or, on storage only this machine reaches, this machine restarted since),
+        :data:`OTHER_HOST` (its pids mean nothing here) or :data:`OTHER_BOOT` (this host's name but
+        another boot, and the machine cannot be told apart from another one of the same name).
+
+        ``shared``: the record lies where other machines reach it too (an object store, a network
+        filesystem). Machines cloned from one image share the host name, the machine id and the initial
+        pid namespace, so there another boot may be another machine running now: OTHER_BOOT, never DEAD."""
         here = ProcessOwner.me()
         if (self.host, self.pid_namespace) != (here.host, here.pid_namespace) or not self.boot_id \
                 or (self.machine_id and here.machine_id and self.machine_id != here.machine_id):
             return OTHER_HOST
         if self.boot_id != here.boot_id:
-            return DEAD if self.machine_id and self.machine_id == here.machine_id else OTHER_BOOT
+            return DEAD if not shared and self.machine_id and self.machine_id == here.machine_id else OTHER_BOOT
         return DEAD if process_gone(self.pid, self.process_start) else LIVE

@@ -735,3 +735,17 @@ def test_clean_keeps_a_prefix_whose_owner_record_is_hostile(aws: Aws, cli, recor
     doc = cli.json("clean", f"s3://{aws.bucket}/bench")
     assert [(e["action"], e["state"]) for e in doc["entries"]] == [("kept", "unknown owner")]
     assert len(aws.stored()) == 2
+
+
+def test_clean_keeps_a_prefix_of_another_boot_of_a_machine_like_this_one(aws: Aws, cli):
+    """A record with this host's name and machine id but another boot may come from a clone of this machine
+    (one image: same name, same machine id) sharing the bucket and running now: kept, never removed."""
+    import dataclasses
+
+    from ckptbench.storage import owner
+
+    clone = dataclasses.replace(owner.ProcessOwner.me(), boot_id="another-boot").encode()
+    _plant_dead_scratch(aws, "ckptbench-scratch-9-0c0c0c0c", clone)
+    doc = cli.json("clean", f"s3://{aws.bucket}/bench")
+    assert [(e["action"], e["state"]) for e in doc["entries"]] == [("kept", "other boot")]
+    assert len(aws.stored()) == 2

@@ -149,6 +149,21 @@ def test_another_pid_namespace_is_another_host(tmp_path: Path, planted) -> None:
     assert found.state == owner.OTHER_HOST
 
 
+@pytest.mark.skipif(not owner.machine_id(), reason="this machine has no /etc/machine-id")
+def test_another_boot_of_this_machine_is_dead_only_where_no_other_machine_reaches(tmp_path: Path, planted,
+                                                                                monkeypatch) -> None:
+    """This host's name and machine id, another boot: on a local disk this machine restarted since the run, so
+    it is dead; on a network filesystem it may be a clone of this machine (one image) running now: kept."""
+    earlier = dataclasses.replace(owner.ProcessOwner.me(), boot_id="an-earlier-boot")
+    planted(tmp_path, "5-rebooted", earlier)
+    monkeypatch.setattr(local_target, "mount_of", lambda path: local_target.MountInfo("/", "srv:/x", "nfs4", ""))
+    (found,) = find_leftovers(tmp_path)
+    assert found.state == owner.OTHER_BOOT and remove_leftovers(tmp_path)[0] == []
+    monkeypatch.setattr(local_target, "mount_of", lambda path: local_target.MountInfo("/", "/dev/vda", "ext4", ""))
+    removed, _ = remove_leftovers(tmp_path)
+    assert [f.state for f in removed] == [owner.DEAD]
+
+
 def test_a_record_that_is_not_one_is_an_unknown_owner(tmp_path: Path, planted) -> None:
     for i, body in enumerate([b"", b"{", b'{"host": 1}', b"[]", b'{"pid": -1}']):
         path = planted(tmp_path, f"{i}-bad", None)
