@@ -205,7 +205,8 @@ class CheckpointManager:
     always kept) and the leftovers of saves that never committed are removed then, never earlier.
 
     **Damaged steps.** A local step that a :meth:`load` of this manager found damaged (a shard missing or
-    failing its checksum; ``load()`` then falls back to an older step) no longer counts among the
+    failing its checksum twice: a step that loads when read again is returned, as a flaky read's; ``load()``
+    then falls back to an older step) no longer counts among the
     ``keep_last`` (so retention keeps that many loadable steps) and is not removed by it; the loop that
     resumed from the older step replaces it when it saves that step again (no ``overwrite`` needed;
     logged). In one process only: under a launch a load does not fall back, so nothing is marked. A step
@@ -522,15 +523,27 @@ class CheckpointManager:
                 raise StepNotFoundError(f"step {step} is not a committed checkpoint under {where}; "
                                         f"{_describe_steps(self.steps())}")
             raise StepNotFoundError(f"no committed step under {where}", hint="save one first, or check the root")
+        def load_from(s: int, tier: _Tier) -> dict:
+            return self._checkpointer.load(tier.step_url(s), map_location, device=device, verify=verify, into=into,
+                                           storage_options=tier.storage_options, distributed=self.distributed,
+                                           allow_pickle=self.allow_pickle)
+
         for n, (s, tier) in enumerate(candidates):
             try:
-                return self._checkpointer.load(tier.step_url(s), map_location, device=device, verify=verify, into=into,
-                                               storage_options=tier.storage_options, distributed=self.distributed,
-                                               allow_pickle=self.allow_pickle)
+                return load_from(s, tier)
             except _DAMAGED as exc:
                 if world is None and tier is self._tier and isinstance(exc, _DAMAGED_DATA) \
                         and not isinstance(exc, NotReadableHereError):
-                    self._damaged.add(s)
+                    # read once more before the step is marked (its next save replaces it): a flaky read
+                    # (a bit flipped in transit, a network filesystem's hiccup) must not cost a good step
+                    try:
+                        state = load_from(s, tier)
+                    except _DAMAGED:
+                        self._damaged.add(s)
+                    else:
+                        log.warning("step %d under %s did not load (%s), then loaded when read again", s, tier.url,
+                                    exc)
+                        return state
                 if n == len(candidates) - 1:
                     raise
                 following = candidates[n + 1]

@@ -67,6 +67,31 @@ def test_an_explicit_load_of_a_damaged_step_raises_and_marks_it(tmp_path: Path):
         assert torch.equal(manager.load(5)["model"]["b"], state(5)["model"]["b"])
 
 
+def test_a_step_that_failed_one_read_but_loads_again_is_returned_and_never_replaced(tmp_path: Path, monkeypatch,
+                                                                                    caplog):
+    """A flaky read (a bit flipped in transit) fails a step's checksum once: read again, it loads, and the
+    manager neither falls back to an older step nor lets the next save of that step replace it."""
+    from ckptbench.checkpoint.api import Checkpointer
+
+    with ckptbench.CheckpointManager(tmp_path) as manager:
+        manager.save(1, state(1))
+        manager.save(2, state(2))
+    real, failed = Checkpointer.load, []
+
+    def flaky(self, path, *args, **kwargs):
+        if not failed:
+            failed.append(path)
+            raise ckptbench.CorruptCheckpointError(f"{path}: checksum mismatch (a flaky read)")
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "load", flaky)
+    with ckptbench.CheckpointManager(tmp_path) as manager:
+        assert manager.load()["step"] == 2 and failed
+        with pytest.raises(ckptbench.CheckpointExistsError, match="overwrite=True"):
+            manager.save(2, state(2))  # the good step is not replaced without overwrite
+    assert "then loaded when read again" in caplog.text
+
+
 @pytest.mark.parametrize(("saved", "unknown"), [
     ('{"__dtype__":"bfloat16"}', '{"__dtype__":"float8_e9m9"}'),  # a dtype of a newer torch
     ('"format":"ckptbench.checkpoint/1"', '"format":"ckptbench.checkpoint/2"'),  # a newer ckptbench's manifest
