@@ -42,14 +42,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import stat
 import threading
 import types
 from typing import TYPE_CHECKING, Any
 
+from ckptbench import safeio
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import Checkpointer, SaveHandle
 from ckptbench.checkpoint.manager import remove_checkpoint
-from ckptbench.errors import MissingDependencyError, PickleNotAllowedError, UsageError
+from ckptbench.errors import MissingDependencyError, PickleNotAllowedError, UnsafeFileError, UsageError
 from ckptbench.storage.store import open_store
 
 __all__ = ["CkptbenchCheckpointIO", "load_from_checkpoint"]
@@ -157,12 +159,23 @@ class _CkptbenchCheckpointIO:
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first). A symlink
-        there (``ModelCheckpoint(save_last="link")``'s ``last.ckpt``) is removed itself, never what it points to."""
+        there (``ModelCheckpoint(save_last="link")``'s ``last.ckpt``) is removed itself, never what it points to;
+        so is a file ``torch.save`` wrote there (a ``.ckpt`` of ``TorchCheckpointIO`` from before a run switched
+        to this plugin, which ``ModelCheckpoint`` still tracks), as ``TorchCheckpointIO`` would remove it. Any
+        other file, a FIFO or a device is left alone, with a warning."""
         self._wait_for(path)
         store = open_store(path, self.storage_options)
-        if store.local_path is not None and store.local_path.is_symlink():  # also as "link/" or file://link
-            store.local_path.unlink()
-            return
+        if store.local_path is not None:
+            try:
+                mode = os.lstat(store.local_path).st_mode
+            except FileNotFoundError:
+                return
+            if stat.S_ISLNK(mode) or (stat.S_ISREG(mode) and _written_by_torch_save(store.local_path)):
+                store.local_path.unlink()  # a link also as "link/" or file://link
+                return
+            if not stat.S_ISDIR(mode):
+                log.warning("not removing %s: neither a checkpoint nor a file torch.save wrote", store.local_path)
+                return
         if store.size(mf.MANIFEST_NAME) is None and not store.list():
             return
         # A save of it may still run on another thread (Lightning's AsyncCheckpointIO): removed after it.
@@ -192,6 +205,23 @@ class _CkptbenchCheckpointIO:
             self.teardown()
         finally:
             self._checkpointer.close()
+
+
+#: How a file ``torch.save`` wrote begins: its zip format (torch >= 1.6), or the legacy pickle's protocol 2.
+_TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80\x02")
+
+
+def _written_by_torch_save(path: os.PathLike) -> bool:
+    """Whether the regular file ``path`` begins as a ``torch.save`` file does (read without following a link
+    or blocking on a FIFO swapped in)."""
+    try:
+        fd = safeio.open_regular(path)
+    except (OSError, UnsafeFileError):
+        return False
+    try:
+        return os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC)
+    finally:
+        os.close(fd)
 
 
 def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_location: Any | None = None,

@@ -6,6 +6,7 @@ TorchCheckpointIO raises. Skipped where Lightning is not installed."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,19 @@ def test_save_last_link_with_a_changing_last_name_keeps_every_checkpoint(tmp_pat
     assert names == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "last-epoch=2.ckpt"]
     for name, step in zip(names, (4, 8, 12, 12), strict=True):  # save_top_k=-1 keeps them all, whole
         assert ckptbench.load(tmp_path / "ckpt" / name)["global_step"] == step, name
+
+
+def test_removing_a_torch_save_file_removes_it_and_a_fifo_stays(tmp_path: Path):
+    """A run that switched to this plugin still has ModelCheckpoint tracking .ckpt files TorchCheckpointIO wrote:
+    removing one removes the file, as TorchCheckpointIO would. A FIFO there is neither: left alone (and any other
+    file: see test_errors_as_torch_checkpoint_io_raises_them)."""
+    old = tmp_path / "epoch=0-step=4.ckpt"
+    torch.save({"w": torch.ones(2)}, old)
+    io = CkptbenchCheckpointIO()
+    io.remove_checkpoint(old)
+    assert not old.exists()
+    fifo = tmp_path / "fifo.ckpt"
+    os.mkfifo(fifo)
+    io.remove_checkpoint(fifo)
+    assert fifo.exists()
+    io.remove_checkpoint(tmp_path / "never-saved.ckpt")  # nothing there: nothing to do, as TorchCheckpointIO
