@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ckptbench.errors import StorageIOError
 from ckptbench.storage import owner as owners
 from ckptbench.storage.local_target import (
     NOT_REMOVED,
@@ -134,9 +135,12 @@ def _empty(store: Store) -> tuple[int, int]:
     others = [name for name in names if name != SCRATCH_OWNER]
     if others:
         store.remove(others)  # best effort: what it could not delete is logged, and listed below
-    abort = getattr(store, "abort_incomplete_uploads", None)
-    aborted = abort() if abort is not None else 0
-    if SCRATCH_OWNER in names and not (others and [n for n in store.list_recursive() if n != SCRATCH_OWNER]):
+    try:
+        aborted, uploads_left = store.abort_incomplete_uploads(strict=True), False
+    except StorageIOError:  # logged: parts may still be open, billed
+        aborted, uploads_left = 0, True
+    if SCRATCH_OWNER in names and not uploads_left \
+            and not (others and [n for n in store.list_recursive() if n != SCRATCH_OWNER]):
         store.remove([SCRATCH_OWNER])  # only once nothing else is left: the record says whose the rest is
     return len(names), aborted
 

@@ -956,12 +956,13 @@ class S3Store(Store):
         if self.on_request is not None:
             self.on_request(nbytes, time.perf_counter() - started)
 
-    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None) -> int:
+    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None, *, strict: bool = False) -> int:
         """Abort every multipart upload in progress directly under this location whose name ``owned``
-        accepts (all when None); best effort, returns how many. A crash, or an outage through a failed
-        save's own aborts, can leave parts billed forever: scratch cleanup and every commit sweep them."""
+        accepts (all when None); best effort, returns how many (``strict``: StorageIOError when any could
+        not be listed or aborted). A crash, or an outage through a failed save's own aborts, can leave
+        parts billed forever: scratch cleanup and every commit sweep them."""
         prefix = f"{self.prefix}/" if self.prefix else ""
-        aborted = 0
+        aborted = failed = 0
         uploads: list[dict[str, Any]] = []
         marker: dict[str, str] = {}
         try:
@@ -974,8 +975,7 @@ class S3Store(Store):
                 marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page.get("NextUploadIdMarker", "")}
         except Exception as exc:  # noqa: BLE001 - cleanup never raises
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
-            if not uploads:
-                return 0
+            failed += 1
         for upload in uploads:
             relative = upload["Key"][len(prefix):]
             head, _, rest = relative.partition("/")
@@ -988,6 +988,9 @@ class S3Store(Store):
                 aborted += 1
             except Exception as exc:  # noqa: BLE001
                 log.warning("could not abort the multipart upload of %s: %s", upload["Key"], self._error(exc, "aborting"))
+                failed += 1
+        if strict and failed:
+            raise StorageIOError(f"{self.url}: {failed} multipart upload step(s) failed (logged)")
         return aborted
 
     def list_recursive(self) -> list[str]:

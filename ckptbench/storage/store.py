@@ -208,9 +208,10 @@ class Store:
         """Every name under the location, those under sub-prefixes too (as paths relative to it)."""
         return self.list()
 
-    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None) -> int:
+    def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None, *, strict: bool = False) -> int:
         """Abort the multipart uploads left open under the location (of the names ``owned`` accepts);
-        how many. Stores without multipart uploads have none."""
+        how many. Best effort, unless ``strict``: then StorageIOError when any could not be listed or
+        aborted. Stores without multipart uploads have none."""
         return 0
 
     def describe(self) -> dict[str, Any]:

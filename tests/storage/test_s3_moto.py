@@ -749,3 +749,29 @@ def test_clean_keeps_a_prefix_of_another_boot_of_a_machine_like_this_one(aws: Aw
     doc = cli.json("clean", f"s3://{aws.bucket}/bench")
     assert [(e["action"], e["state"]) for e in doc["entries"]] == [("kept", "other boot")]
     assert len(aws.stored()) == 2
+
+
+def test_clean_keeps_the_owner_record_while_uploads_it_could_not_list_may_be_open(aws: Aws, cli, monkeypatch):
+    """Open multipart uploads bill their parts: a prefix whose uploads could not be listed (so not aborted)
+    keeps its owner record, and the next ``clean`` aborts them and removes it."""
+    from ckptbench.storage.local_target import SCRATCH_OWNER
+    from ckptbench.storage.s3 import S3Store
+
+    url = _plant_dead_scratch(aws, "ckptbench-scratch-10-0d0d0d0d")
+    key = "bench/ckptbench-scratch-10-0d0d0d0d/shard-00001.bin"
+    aws.client().create_multipart_upload(Bucket=aws.bucket, Key=key)
+    call = S3Store._call
+
+    def refuse_listing_uploads(self, client, action, name, method, **kwargs):
+        if method == "list_multipart_uploads":
+            raise ckptbench.errors.StorageIOError("listing uploads refused")
+        return call(self, client, action, name, method, **kwargs)
+
+    monkeypatch.setattr(S3Store, "_call", refuse_listing_uploads)
+    failed = cli("clean", f"s3://{aws.bucket}/bench", "--json")
+    assert failed.exit_code == 1
+    assert f"bench/ckptbench-scratch-10-0d0d0d0d/{SCRATCH_OWNER}" in aws.stored()
+    monkeypatch.setattr(S3Store, "_call", call)
+    doc = cli.json("clean", f"s3://{aws.bucket}/bench")
+    assert [(e["path"], e["action"]) for e in doc["entries"]] == [(url, "removed")]
+    assert aws.stored() == [] and not aws.client().list_multipart_uploads(Bucket=aws.bucket).get("Uploads")
