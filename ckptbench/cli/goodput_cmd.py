@@ -298,7 +298,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     if preflight is not None:
         job = preflight[1]
         if failures is None:
-            failures = FailureModel(job.mtbf_s, source=f"{job.failure_source} (the job of {opts['from_result']})")
+            failures = job.failure_model(opts['from_result'])
         opts = {**opts, **_cost_from(opts, preflight[0])}
     assert failures is not None  # checked with the other missing inputs
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],

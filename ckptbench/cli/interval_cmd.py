@@ -310,7 +310,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     job = measured.job if measured is not None and size_info is not None and opts["size_bytes"] == measured.node_bytes \
         else None  # a preflight's job, where its own checkpoint is the one asked about
     if job is not None and failures is None:
-        failures = FailureModel(job.mtbf_s, source=f"{job.failure_source} (the job of {opts['from_result']})")
+        failures = job.failure_model(opts['from_result'])
     if job is not None and opts["restart_s"] is None and failures is not None:
         restart_s = job.restart_s
         notes.append(f"restart {format_duration(restart_s)} from {opts['from_result']}: the job's restart plus the "

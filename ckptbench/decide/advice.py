@@ -11,6 +11,7 @@ from typing import Any
 
 from ckptbench.bench.layout import implication
 from ckptbench.errors import UsageError, reading_document
+from ckptbench.model.failures import FailureModel
 from ckptbench.units import format_duration, format_rate, format_size
 
 
@@ -168,6 +169,10 @@ class PreflightJob:
     failure_source: str
     restart_s: float
     interval_s: float | None
+
+    def failure_model(self, where: str) -> FailureModel:
+        """The job's failures, their source naming the result file ``where`` they came from."""
+        return FailureModel(self.mtbf_s, source=f"{self.failure_source} (the job of {where})")
 
     def describe(self) -> str:
         size = self.model or f"{self.params / 1e9:.3g}B parameters"

@@ -369,6 +369,11 @@ def effective_replace_s(run: TrainingRun, failures: FailureModel, recovery: Reco
     return erlang_b(hot_spare_nodes, failures.rate_per_s * recovery.replace_s) * recovery.replace_s
 
 
+def recovery_per_fault_s(run: TrainingRun, failures: FailureModel, recovery: Recovery, hot_spare_nodes: int) -> float:
+    """One fault's detect + replace (after ``hot_spare_nodes`` spares: :func:`effective_replace_s`) + resume."""
+    return recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+
+
 def check_recovery_keeps_up(recovery: Recovery, replace_s: float, mtbf_s: float) -> None:
     """Raise ``UsageError`` when one recovery (``replace_s``: the replace time after hot spares) takes as
     long as the MTBF: most recoveries would then be struck by further faults, which this model lets the
@@ -391,7 +396,7 @@ def first_order_ratio(
     hot_spare_nodes: int = 0,
 ) -> float:
     """``(tau + s + P + recovery)/M``: the relative size of the terms the first-order accounting drops."""
-    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    recovery_s = recovery_per_fault_s(run, failures, recovery, hot_spare_nodes)
     return (checkpoint.interval_s + checkpoint.cost.durable_s + recovery_s) / failures.mtbf_s
 
 
@@ -405,7 +410,7 @@ def exact_wall_hours(
     and ``restart_can_fail=False``; it also ends with a durable checkpoint and splits the work into
     whole intervals, which :func:`estimate` does not.
     """
-    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    recovery_s = recovery_per_fault_s(run, failures, recovery, hot_spare_nodes)
     wall_s = expected_wall_time_s(run.planned_s, checkpoint.interval_s, checkpoint.cost, failures.mtbf_s, recovery_s,
                                   restart_can_fail=False)
     return wall_s / SECONDS_PER_HOUR
@@ -470,7 +475,7 @@ def _tied_with_the_optimum(run: TrainingRun, failures: FailureModel, recovery: R
     """Why moving to the optimal interval is no what-if ('' when it is one): the interval given already
     wastes within the optimum plateau's tolerance of the minimum, so the difference is below what the
     model can tell apart (``interval.optimum_plateau``, as ``interval`` and ``preflight`` report it)."""
-    recovery_s = recovery.detect_s + effective_replace_s(run, failures, recovery, hot_spare_nodes) + recovery.resume_s
+    recovery_s = recovery_per_fault_s(run, failures, recovery, hot_spare_nodes)
     low, high = optimum_plateau(checkpoint.cost, failures.mtbf_s, recovery_s)
     if not low <= checkpoint.interval_s <= high:
         return ""
