@@ -83,6 +83,19 @@ class WriterResult:
 
 
 @dataclass(frozen=True)
+class WriterFailure:
+    """A competitor that failed during the run (``during``: what it was doing, e.g. "save warm-up 1/1"):
+    left out of the later rounds and of the results, the others measured on."""
+
+    writer: str
+    during: str
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"writer": self.writer, "during": self.during, "error": self.error}
+
+
+@dataclass(frozen=True)
 class AsyncResult:
     """Asynchronous saves of one writer: ``stall`` (the call blocks), ``persist`` (return -> durable),
     ``total``; then the same save with the compute probe running during persist (``interference``)."""
@@ -209,6 +222,7 @@ class CheckpointBenchReport:
     probe: dict[str, Any] | None
     rss_method: str
     environment: dict[str, Any]
+    failed: tuple[WriterFailure, ...] = ()
     created: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
     def result(self, writer: str) -> WriterResult | None:
@@ -280,6 +294,10 @@ class CheckpointBenchReport:
                 "nothing to do if this is a FUSE/network filesystem; results stay durable",
             ))
         out += setup_warnings(self.target, self.environment, self.spec.repeat, "writer")
+        for f in self.failed:
+            out.append(BenchWarning(
+                "writer-failed", f"{f.writer} failed during {f.during}, so it has no results: {f.error}",
+                "see the error; the other writers' results are complete"))
         for r in self.results:
             for t in (r.save, r.load):
                 spread = relative_spread(t.runs_gbps)
@@ -320,6 +338,7 @@ class CheckpointBenchReport:
             "data_verified": self.data_verified,
             "results": [r.to_dict(self.memcpy_bps) for r in self.results],
             "async": [a.to_dict() for a in self.async_results],
+            "failed_writers": [f.to_dict() for f in self.failed],
             "probe": self.probe,
             "rss_method": self.rss_method,
             "memory": self.memory.to_dict() if self.memory else None,

@@ -38,7 +38,14 @@ from typing import Any
 from ckptbench import interrupts, knobs, native, safeio
 from ckptbench.bench.environment import collect_environment
 from ckptbench.bench.progress import Progress
-from ckptbench.bench.records_ckpt import AsyncResult, CheckpointBenchReport, MemoryResult, Timings, WriterResult
+from ckptbench.bench.records_ckpt import (
+    AsyncResult,
+    CheckpointBenchReport,
+    MemoryResult,
+    Timings,
+    WriterFailure,
+    WriterResult,
+)
 from ckptbench.bench.timeline import LatencyHistogram, Timeline, from_engine_calls, merge_histograms
 from ckptbench.bench.workloads import CheckpointWorkload, build_state_dict, check_device, plan_workload, to_device
 from ckptbench.bench.writers import (
@@ -54,7 +61,7 @@ from ckptbench.checkpoint.host_memory import available_memory_bytes
 from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
-from ckptbench.storage.local_target import LocalDirectory
+from ckptbench.storage.local_target import LocalDirectory, space_failure
 from ckptbench.storage.object_target import ObjectScratch, ObjectTarget
 from ckptbench.storage.s3_pacing import Counts, totals
 from ckptbench.storage.store import engine_calls
@@ -249,6 +256,10 @@ class LocalPlaces:
     def remove(self, location: Path) -> None:
         shutil.rmtree(location, ignore_errors=True)
 
+    def out_of_space(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by a writer here, is the filesystem running out of space or inodes."""
+        return space_failure(exc, self._scratch) is not None
+
 
 class ObjectPlaces:
     """Where the runs' checkpoints go on object storage: prefixes under the scratch prefix. Every
@@ -271,6 +282,10 @@ class ObjectPlaces:
 
     def remove(self, location: str) -> None:
         self._scratch.remove(location)
+
+    def out_of_space(self, exc: BaseException) -> bool:
+        """An object store does not fill up."""
+        return False
 
 
 @contextlib.contextmanager
@@ -385,20 +400,27 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
     samples = {w.name: _Samples() for w in writers}
     async_samples = {w.name: _AsyncSamples() for w in async_writers}
     memory = None
+    failed: list[WriterFailure] = []
     with _places(target, workload) as places:
         for round_ in range(rounds):
             measured = round_ >= spec.warmup
             label = f"{round_ - spec.warmup + 1}/{spec.repeat}" if measured else f"warm-up {round_ + 1}/{spec.warmup}"
-            for w in _rotated(writers, round_):
-                _sync_round(w, state_dict, places, f"{w.name}-{round_}", samples[w.name], measured, label,
-                            rss, progress, nbytes)
-            for w in _rotated(async_writers, round_):
-                _async_round(w, state_dict, places, f"{w.name}-async-{round_}", async_samples[w.name],
-                             measured, label, probe, progress, nbytes)  # type: ignore[arg-type]
+            for w in _rotated(_running(writers, failed), round_):
+                name = f"{w.name}-{round_}"
+                with _competitor(w, f"its save/load round {label}", places, failed, [name]):
+                    _sync_round(w, state_dict, places, name, samples[w.name], measured, label, rss, progress, nbytes)
+            for w in _rotated(_running(async_writers, failed), round_):
+                name = f"{w.name}-async-{round_}"
+                with _competitor(w, f"its async round {label}", places, failed, [name, f"{name}-probe"]):
+                    _async_round(w, state_dict, places, name, async_samples[w.name],
+                                 measured, label, probe, progress, nbytes)  # type: ignore[arg-type]
+        if not _running(writers, failed):  # nothing to report: the failures are the outcome
+            raise StorageIOError("; ".join(f"{f.writer}: {f.error}" for f in failed))
         ours = next((w for w in writers if isinstance(w, CkptbenchContender)), None)
         if ours is not None and memory_saves:
             ours.close()  # its arena goes; the memory measurement starts from a fresh Checkpointer
             memory = _memory(ours, state_dict, places, memory_saves, rss, progress, nbytes)
+    writers, async_writers = _running(writers, failed), _running(async_writers, failed)
     results = []
     for w in writers:
         s = samples[w.name]
@@ -424,8 +446,50 @@ def _run(spec: CheckpointBenchSpec, target: LocalDirectory | ObjectTarget, workl
         target=str(target), spec=spec, workload=workload, memcpy_bps=memcpy_bps, results=tuple(results),
         async_results=async_results, memory=memory, cache_drop=places.cache_drop,
         probe=probe.describe() if probe else None, rss_method=rss.method,
-        environment=_environment(target),
+        environment=_environment(target), failed=tuple(failed),
     )
+
+
+def _running(writers: list[Contender], failed: list[WriterFailure]) -> list[Contender]:
+    """``writers`` less those that failed."""
+    out = {f.writer for f in failed}
+    return [w for w in writers if w.name not in out]
+
+
+@contextlib.contextmanager
+def _competitor(w: Contender, during: str, places: LocalPlaces | ObjectPlaces, failed: list[WriterFailure],
+                names: list[str]) -> Iterator[None]:
+    """A competitor's round: its failure (``writer_failures``' StorageIOError, a load that did not match)
+    is recorded in ``failed`` and its files removed, and the run goes on without it; a server quirk or a
+    missing feature of one writer does not take the others' results with it. ckptbench's own failures,
+    and a disk that filled up (every writer needs the space), end the run."""
+    if isinstance(w, CkptbenchContender):
+        yield
+        return
+    try:
+        yield
+    except StorageIOError as exc:
+        if isinstance(exc, InsufficientSpaceError) or places.out_of_space(exc):
+            raise
+        message = str(exc).removeprefix(f"{w.name}: ")
+        hint = _known_failure(message)
+        failed.append(WriterFailure(w.name, during, f"{message}{f' ({hint})' if hint else ''}"))
+        log.warning("%s failed during %s; the run goes on without it: %s", w.name, during, failed[-1].error)
+        for name in names:
+            with contextlib.suppress(Exception):
+                places.remove(places.location(name))
+
+
+#: Failures of competitors whose cause is known, and what it means (matched in the error's text).
+_KNOWN_FAILURES = (
+    ('Header "ETag" not found',
+     "the server answered a multipart upload's completion without an ETag, as Ceph RGW 16 does; "
+     "the AWS CRT client that s3torchconnector uses needs one"),
+)
+
+
+def _known_failure(message: str) -> str:
+    return next((meaning for text, meaning in _KNOWN_FAILURES if text in message), "")
 
 
 def _environment(target: LocalDirectory | ObjectTarget) -> dict[str, Any]:

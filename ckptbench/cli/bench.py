@@ -18,7 +18,7 @@ from ckptbench.cli.launch import LAUNCH_ONLY, bench_under_launch, launch_from_en
 from ckptbench.cli.options import checked_device
 from ckptbench.cli.render import best_or_tied, open_output, run_and_emit, stdout_console
 from ckptbench.config import MAX_FILES, FsBenchSpec
-from ckptbench.errors import UsageError
+from ckptbench.errors import StorageIOError, UsageError
 from ckptbench.storage.s3_clients import CLIENTS as S3_CLIENTS
 from ckptbench.storage.s3_clients import DEFAULT_CLIENT as S3_DEFAULT_CLIENT
 from ckptbench.units import count_text, format_size, percentiles_text, range_text, runs_text
@@ -551,12 +551,18 @@ def _bench_checkpoint(target: str, given: set[str], *, size: int, threads: list[
     )
     storage = resolve_target(target, storage_options, force=force)
     workload = plan(spec)
+    reports: list[Any] = []
     run_and_emit(
-        lambda progress: run_checkpoint_bench(spec, storage, progress=progress, workload=workload),
+        lambda progress: reports.append(run_checkpoint_bench(spec, storage, progress=progress, workload=workload))
+        or reports[-1],
         output=open_output(output_dir, "bench-checkpoint"), plot_path=plot_path, output_format=output_format,
         plot=_plot_shootout,
         print_tables=lambda report, doc: _print_checkpoint_tables(doc),
     )
+    failed = [f.writer for f in reports[-1].failed]
+    if failed:  # the results of the others are out; the exit status says the run was not all it was asked
+        raise StorageIOError(f"{len(failed)} of {len(spec.writers)} writers failed ({', '.join(failed)}); "
+                             "the others' results are complete")
 
 
 def _seconds(value: float | None) -> str:
@@ -596,6 +602,8 @@ def _print_checkpoint_tables(document: dict[str, Any]) -> None:
                       str(r["files"]), format_size(r["disk_bytes"]), verified,
                       style="bold green" if r["writer"] == "ckptbench" and len(document["results"]) > 1 else None)
     console.print(table)
+    for f in document.get("failed_writers", ()):
+        console.print(f"[red]{f['writer']}: failed during {f['during']}, no results (the warning below says why)[/]")
     for r in document["results"]:
         if (r.get("details") or {}).get("s3_requests"):
             console.print(f"{r['writer']} {_throttling([r['details']['s3_requests']])}")

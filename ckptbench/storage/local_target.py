@@ -305,7 +305,7 @@ class LocalDirectory:
         """Turn a run's failure that ran out of space into one InsufficientSpaceError saying what the
         run needs (``needs_bytes``, when given) and what was free as it started. Use it inside
         :meth:`scratch`, so the failed run's files still take their space when it looks
-        (:func:`_space_failure`). Other failures pass through unchanged.
+        (:func:`space_failure`). Other failures pass through unchanged.
 
         The free-space check before a run (:meth:`require_free`) passed, so the disk filled up meanwhile:
         something else wrote there, or the filesystem holds less than it reported."""
@@ -315,7 +315,7 @@ class LocalDirectory:
         except BaseException as exc:  # dcp's CheckpointException is a BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
-            reason = _space_failure(exc, self.path)
+            reason = space_failure(exc, self.path)
             if reason is None:
                 raise
             if reason.startswith("no free inodes"):
@@ -506,7 +506,7 @@ def _out_of_inodes(path: Path) -> str | None:
         else None
 
 
-def _space_failure(exc: BaseException, path: Path) -> str | None:
+def space_failure(exc: BaseException, path: Path) -> str | None:
     """Why ``exc`` (raised while writing under ``path``) is a full disk, or None if it is not.
 
     Full when an error in its chain is ENOSPC/EDQUOT (also as text: writers like safetensors and fio

@@ -164,6 +164,29 @@ def test_writers_side_by_side_on_s3(cli, s3_server, s3_bucket):
 
 
 @pytest.mark.s3
+@pytest.mark.slow
+def test_all_four_writers_side_by_side_on_s3(cli, s3_server, s3_bucket, monkeypatch):
+    """ckptbench, DCP over s3fs, torch.save through s3fs and DCP with s3torchconnector (the AWS CRT), on one
+    state_dict, every load verified. Through the relay that fills the empty ETag Ceph RGW 16 answers a
+    multipart completion with, which the CRT needs (elsewhere a no-op); s3torchconnector takes its
+    credentials from the environment only."""
+    pytest.importorskip("s3fs", reason="the dcp and torch writers on s3:// go through s3fs")
+    pytest.importorskip("s3torchconnector.dcp", reason="pip install 'ckptbench[s3torch]'")
+    import faultproxy
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    with faultproxy.FaultProxy(s3_server.endpoint, fill_etag=True) as relay:
+        doc = cli.json("bench", f"s3://{s3_bucket}/ckpt", "--endpoint-url", relay.endpoint, "--workload", "checkpoint",
+                       "--size", "24MiB", "--repeat", "1", "--warmup", "0",
+                       "--writers", "ckptbench,dcp,torch,s3torchconnector")
+    assert [r["writer"] for r in doc["results"]] == ["ckptbench", "dcp", "torch", "s3torchconnector"]
+    assert all(r["verified"] is True for r in doc["results"]) and doc["failed_writers"] == []
+    assert _leftovers(s3_server.client(), s3_bucket) == ([], [])
+
+
+@pytest.mark.s3
 def test_s3torchconnector_writer_needs_its_package(cli, s3_server, s3_bucket, monkeypatch):
     monkeypatch.setitem(sys.modules, "s3torchconnector.dcp", None)  # as if it were not installed
     result = cli("bench", f"s3://{s3_bucket}/x", *_options(s3_server), "--workload", "checkpoint",
