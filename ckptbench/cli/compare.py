@@ -4,6 +4,7 @@ overhead and waste at the job's failure rate, $ per run where the tier has price
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,14 @@ class _TwoLevelReport:
         return {**self.report.to_dict(), "two_level": self.decision}
 
 
+def _per_round(ratios: list[float]) -> str:
+    """A ratio taken round by round (each pair measured minutes apart on a shared machine): its median and
+    spread, which the medians of the two sides printed beside it need not divide into."""
+    if len(ratios) < 2:
+        return f"{ratios[0]:.2f}x" if ratios else "-"
+    return f"{statistics.median(ratios):.2f}x, the median of {len(ratios)} rounds' {min(ratios):.2f}–{max(ratios):.2f}x"
+
+
 def _print_two_levels(document: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -248,7 +257,7 @@ def _print_two_levels(document: dict[str, Any]) -> None:
         f"[dim]{min(drain['runs_drain_gbps']):.2f}–{max(drain['runs_drain_gbps']):.2f}[/], "
         f"{drain['drain_vs_direct']:.2f}x a save straight to the remote tier ({drain['direct_save_gbps']:.2f} GB/s)"
         f"  ·  local save stall {format_duration(drain['stall_alone_s'])} alone, "
-        f"{format_duration(drain['stall_during_s'])} during a drain ({drain['stall_ratio']:.2f}x)")
+        f"{format_duration(drain['stall_during_s'])} during a drain ({_per_round(drain['stall_ratio_by_round'])})")
     table = Table(header_style="bold")
     for column in ("schedule", "local every", "remote every", "waste", "range"):
         table.add_column(column, justify="left" if column == "schedule" else "right")

@@ -147,3 +147,12 @@ def test_the_pessimistic_end_counts_the_stall_measured_during_a_drain():
     assert busy["stall_scale_pessimistic"] == pytest.approx(3.0)
     assert busy["two_level"]["waste_fraction"] == calm["two_level"]["waste_fraction"]
     assert busy["two_level"]["waste_fraction_range"][1] > calm["two_level"]["waste_fraction_range"][1]
+
+
+def test_the_stall_ratio_is_printed_as_what_it_is_a_median_of_the_rounds_ratios():
+    """The medians of the stalls alone and during a drain need not divide into the median of the rounds'
+    ratios (each pair measured together): the line says which it is, with the rounds' spread."""
+    from ckptbench.cli.compare import _per_round
+
+    assert _per_round([1.7, 0.93, 1.26]) == "1.26x, the median of 3 rounds' 0.93–1.70x"
+    assert _per_round([1.1]) == "1.10x" and _per_round([]) == "-"
