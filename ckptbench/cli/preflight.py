@@ -504,8 +504,10 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         **_interference(spec.device, async_),
         memcpy_bps=report.memcpy_bps, shared_storage=not local or fstype.startswith(SHARED_FILESYSTEMS),
         free_bytes=storage.free_bytes() if local else None, host_memory_bytes=env.get("memory_bytes"),
-        threads=ours.details.get("threads", 0), direct=bool(ours.details.get("direct")),
-        block_size_bytes=ours.details.get("block_size_bytes"), shape="sample",
+        threads=ours.details.get("threads", 0),
+        # O_DIRECT and the block size are a filesystem's settings: on object storage the unit is the part
+        direct=bool(ours.details.get("direct")) if local else None,
+        block_size_bytes=ours.details.get("block_size_bytes") if local else None, shape="sample",
         bottleneck=bottleneck(ours.save.gbps * 1e9, ceiling), writers=writers, sampled_bytes=largest_bytes,
         per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes, device=spec.device,
         fresh_memory_bps=fresh.bps if fresh is not None else None,

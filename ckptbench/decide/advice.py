@@ -344,10 +344,12 @@ def _from_checkpoint(doc: dict[str, Any], where: str) -> list[Advice]:
     save_gbps = _rate(ours["save"]["gbps"])
     details = ours["details"]
     why = f"{where}: ckptbench saved at {save_gbps:.2f} GB/s with this configuration"
+    # O_DIRECT and the block size are a filesystem's settings (on object storage the unit is the part)
+    on_files = "url" not in ((doc.get("environment") or {}).get("target") or {})
     out = [Advice("threads", details.get("threads"), why),
-           Advice("block_size_bytes", details.get("block_size_bytes"), why),
+           Advice("block_size_bytes", details.get("block_size_bytes") if on_files else None, why),
            Advice("shard_size_bytes", details.get("shard_size_bytes"), why)]
-    if isinstance(details.get("direct"), bool):
+    if on_files and isinstance(details.get("direct"), bool):
         out.append(Advice("direct", details["direct"], why))
     mine = next((a for a in doc.get("async") or [] if a["writer"] == "ckptbench"), None)
     if mine is not None:

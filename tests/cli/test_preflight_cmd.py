@@ -322,3 +322,13 @@ def test_the_fresh_memory_probe_can_be_turned_off(cli, tmp_path: Path, monkeypat
     m = doc["measurements"]
     assert m["fresh_memory"] is None and m["hypervisor_reclaims"] == reports_free_memory()
     assert not any("fresh memory" in a for a in doc["assumptions"])
+
+
+def test_on_object_storage_the_recommendation_has_no_filesystem_settings(cli):
+    """O_DIRECT and the block size are a filesystem's: a preflight of an object store (memory:// here, as
+    s3://) recommends neither (it recommended "direct = False: O_DIRECT is not available here")."""
+    doc = cli.json("preflight", "memory://preflight", "--measure-size", "8MiB", "--repeat", "1",
+                   "--measure-time", "0")
+    settings = [a["setting"] for a in doc["recommendation"]]
+    assert "threads" in settings and "interval_s" in settings
+    assert "direct" not in settings and "block_size_bytes" not in settings

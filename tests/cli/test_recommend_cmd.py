@@ -233,3 +233,15 @@ def test_a_lustre_result_says_what_its_stripes_imply_for_the_threads_advised(cli
 
 def test_no_layout_no_notes(cli):
     assert cli.json("recommend", str(FS))["notes"] == []
+
+
+def test_a_checkpoint_result_on_object_storage_recommends_no_filesystem_settings(cli, tmp_path: Path):
+    """O_DIRECT and the block size are a filesystem's: from a writer shoot-out on an object store (memory://
+    here, as s3://) recommend names neither, and its snippet passes neither."""
+    cli("bench", "memory://rec", "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1", "--warmup", "0",
+        "--output", str(tmp_path))
+    [result] = tmp_path.glob("bench-checkpoint-*.json")
+    doc = cli.json("recommend", str(result))
+    assert "threads" in doc["settings"] and "shard_size_bytes" in doc["settings"]
+    assert "direct" not in doc["settings"] and "block_size_bytes" not in doc["settings"]
+    assert "direct" not in doc["code"] and "block_size" not in doc["code"]
