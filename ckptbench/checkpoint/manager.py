@@ -186,6 +186,8 @@ def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
         except OSError as exc:
             log.warning("could not remove the directory %s: %s", store.local_path, exc)
             return False
+    else:
+        store.remove_location()
     log.info("removed %s (%s)", store.url, why)
     return True
 

@@ -181,6 +181,24 @@ class FsspecStore(Store):
         root = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         return [self.fs._strip_protocol(path).removeprefix(root) for path in found]
 
+    def remove_location(self) -> None:
+        """The location's directory, where the filesystem keeps one (memory, sftp, hdfs, ...) and it is
+        empty. Never a top-level one: on object-store filesystems (s3fs, gcsfs) that is a bucket, which
+        their ``rmdir`` deletes."""
+        if "/" not in self.root.strip("/"):
+            return
+        try:
+            if self.fs.ls(self.root, detail=False):
+                return
+            self.fs.rmdir(self.root)
+        except FileNotFoundError:
+            return
+        except (OSError, NotImplementedError) as exc:
+            log.warning("could not remove the empty directory %s: %s", self.url, exc)
+
+    def abandon(self) -> None:
+        self.remove_location()
+
     def remove(self, names: list[str]) -> None:
         for name in names:
             try:

@@ -321,3 +321,40 @@ def test_removing_a_torch_save_file_removes_it_and_a_fifo_stays(tmp_path: Path):
     io.remove_checkpoint(fifo)
     assert fifo.exists()
     io.remove_checkpoint(tmp_path / "never-saved.ckpt")  # nothing there: nothing to do, as TorchCheckpointIO
+
+
+def test_on_object_storage_top_k_removal_and_resume_match_torch_checkpoint_io():
+    """default_root_dir and dirpath on storage reached by URL (memory://, an fsspec filesystem with directories):
+    Lightning lists and checks names through fsspec, the plugin saves, loads and removes through its store.
+    The same fit resumed from last.ckpt ends bit for bit as through TorchCheckpointIO, and the same
+    checkpoints remain: a removed one leaves no empty directory that Lightning would take for a checkpoint
+    (it named the next save of that name "-v1")."""
+    import uuid
+
+    import fsspec
+
+    def run(root: str, plugin_factory) -> tuple[Net, Trainer]:
+        def callbacks() -> list:
+            return [ModelCheckpoint(dirpath=f"{root}/ckpt", monitor="val_loss", save_top_k=2, save_last=True,
+                                    every_n_epochs=1)]
+
+        torch.manual_seed(0)
+        make_trainer(root, plugin_factory(), 3, callbacks()).fit(Net())
+        torch.manual_seed(1)
+        model = Net()
+        second = make_trainer(root, plugin_factory(), 5, callbacks())
+        second.fit(model, ckpt_path=f"{root}/ckpt/last.ckpt")  # ("last" looks on the local disk only)
+        return model, second
+
+    base = f"memory://lightning-{uuid.uuid4().hex[:8]}"
+    ours, our_trainer = run(f"{base}/ours", CkptbenchCheckpointIO)
+    theirs, their_trainer = run(f"{base}/torch", TorchCheckpointIO)
+    assert our_trainer.global_step == their_trainer.global_step == 20
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    fs = fsspec.filesystem("memory")
+    names = {side: sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{base}/{side}/ckpt", detail=False))
+             for side in ("ours", "torch")}
+    assert names["ours"] == names["torch"] and len(names["ours"]) == 3, names  # top 2 + last
+    assert ckptbench.load(f"{base}/ours/ckpt/last.ckpt")["global_step"] == 20
+    fs.rm(base, recursive=True)

@@ -235,3 +235,41 @@ def test_load_without_manifest_refuses(backend: Backend):
     store.put_atomic("shard-0123abcd-00000.bin", b"x" * 10)
     with pytest.raises(NotACheckpointError, match="no committed checkpoint"):
         backend.load()
+
+
+def test_a_removed_checkpoint_leaves_nothing_at_its_location(backend: Backend):
+    """What removes a checkpoint (CheckpointManager's retention, Lightning's remove_checkpoint) leaves no trace
+    that a tool listing the parent would take for one: no object, and no empty directory where the storage
+    has directories (a mount, or fsspec's memory://, which keeps the one ``prepare`` made)."""
+    import fsspec
+
+    from ckptbench.checkpoint.manager import remove_checkpoint
+
+    backend.save(state(1))
+    store = backend.store()
+    assert remove_checkpoint(store, "test") is True
+    assert store.list_recursive() == []
+    if backend.name in ("local", "cephfs"):
+        assert not Path(backend.url).exists()
+    elif backend.name == "memory":
+        memory = fsspec.filesystem("memory")
+        assert not memory.exists(backend.url) and memory.exists(backend.url.rsplit("/", 1)[0])
+
+
+def test_a_top_level_location_is_never_removed_as_a_directory():
+    """On object-store filesystems reached through fsspec (s3fs, gcsfs) a top-level location is a bucket, and
+    their ``rmdir`` deletes it: removing a checkpoint saved there leaves the location itself alone."""
+    import fsspec
+
+    from ckptbench.checkpoint.manager import remove_checkpoint
+
+    top = f"/ckptbench-top-{uuid.uuid4().hex[:12]}"
+    memory = fsspec.filesystem("memory")
+    try:
+        Checkpointer(threads=1).save(state(1), f"memory://{top}")
+        store = open_store(f"memory://{top}")
+        assert remove_checkpoint(store, "test") is True and store.list() == []
+        assert memory.exists(top)
+    finally:
+        if memory.exists(top):
+            memory.rm(top, recursive=True)
