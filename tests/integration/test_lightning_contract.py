@@ -343,7 +343,7 @@ def test_on_object_storage_top_k_removal_and_resume_match_torch_checkpoint_io():
         torch.manual_seed(1)
         model = Net()
         second = make_trainer(root, plugin_factory(), 5, callbacks())
-        second.fit(model, ckpt_path=f"{root}/ckpt/last.ckpt")  # ("last" looks on the local disk only)
+        second.fit(model, ckpt_path=f"{root}/ckpt/last.ckpt")  # ("last" finds nothing under a URL)
         return model, second
 
     base = f"memory://lightning-{uuid.uuid4().hex[:8]}"
