@@ -59,10 +59,13 @@ THREAD_CANDIDATES = (2, 4, 8)
 #: ``FileSystemWriter`` writes with 4 by default.
 DIRECT_MIN_THREADS = 4
 BLOCK_CANDIDATES = (1 << 20, 4 << 20, 16 << 20)
-#: Samples per candidate: two or more say something about the noise (``stats.beats``).
+#: Samples per durable mode, and per thread count and block size in the sweeps. ``stats.beats`` asks every
+#: sample of one to be faster than every sample of the other: between two settings that are really equal,
+#: one is faster by chance with probability n!²/(2n)! for n samples a side, 1/6 at two (so two of three
+#: processes on one mount could choose differently, seen here) and 1/20 at three.
 REPEATS = 3
 #: A measured setting replaces the default only when, beyond the noise, its median is also this much faster:
-#: two or three samples a side (all a short sweep affords) part by chance often enough on a busy host that
+#: three samples a side (all a short sweep affords) part by chance often enough on a busy host that
 #: a switch for less would follow the noise, run to run.
 MATERIAL_GAIN = 1.10
 #: The smallest request of a buffered read on a network or FUSE mount (``read_settings``).
@@ -410,7 +413,7 @@ def _sweep(probe: _Probe, name: str, candidates: Sequence[int], default: int, de
     if name == "block_size":
         values = [v for v in values if v <= probe.per_file_max]
     samples: dict[int, list[float]] = {v: [] for v in values}
-    for _ in range(REPEATS - 1):
+    for _ in range(REPEATS):
         for value in values:
             if time.perf_counter() > deadline:
                 break
@@ -419,6 +422,10 @@ def _sweep(probe: _Probe, name: str, candidates: Sequence[int], default: int, de
     measured[f"{name}_gbps"] = {str(k): v for k, v in samples.items()}
     if len(samples) < 2 or default not in samples:
         return Choice(default, "default", f"no time left to compare {name} on {where} (CKPTBENCH_TUNE_SECONDS)")
+    if min(len(v) for v in samples.values()) < REPEATS:  # fewer samples would leave the default by chance
+        shown = ", ".join(f"{k}: {_median(v):.3f}" for k, v in samples.items())
+        return Choice(default, "default", f"{where}: no time for {REPEATS} samples of every {name} "
+                                          f"(CKPTBENCH_TUNE_SECONDS), the default kept ({shown} GB/s)")
     value, why = pick(samples, default)
     return Choice(value, "measured", f"{where}: {why}")
 

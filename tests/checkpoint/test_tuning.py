@@ -457,3 +457,23 @@ def _launch_worker(out: Path) -> None:
 if __name__ == "__main__":
     _launch_worker(Path(sys.argv[2]))
     os._exit(0)  # skip interpreter teardown with a live gloo group
+
+
+def test_a_sweep_takes_three_samples_of_each_and_one_cut_short_keeps_the_default(clock):
+    """Between equal settings, two samples a side part by chance one time in six (two of three processes on one
+    mount chose differently); three samples each are asked for, and a sweep the time budget cut before every
+    candidate had them keeps the default, however the samples it has look."""
+    def trial(threads: int) -> float:
+        clock.now += 1.0
+        return 2.0 if threads == 8 else 1.0
+
+    measured: dict = {}
+    chosen = tuning._sweep(None, "threads", (2, 4, 8), 2, 100.0, measured, trial, "here")
+    assert chosen.value == 8 and chosen.source == "measured"
+    assert [len(v) for v in measured["threads_gbps"].values()] == [tuning.REPEATS] * 3 == [3] * 3
+
+    clock.now = 0.0
+    measured = {}
+    chosen = tuning._sweep(None, "threads", (2, 4, 8), 2, 7.5, measured, trial, "here")  # 8 trials of 9
+    assert (chosen.value, chosen.source) == (2, "default") and "no time for 3 samples of every threads" in chosen.reason
+    assert measured["threads_gbps"]["8"] == [2.0, 2.0]
