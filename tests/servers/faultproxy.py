@@ -10,6 +10,9 @@ In a test::
         proxy.stall(1, kind="UploadPart")             # never answer: the client's read timeout fires
         proxy.down_on(kind="UploadPart", skip=2)      # the 3rd part upload stops the "server"
         proxy.down(for_s=1.5); proxy.up()             # refuse connections (and reset open ones)
+        proxy.fail(None, status=501, code="NotImplemented", kind="DeleteObjects")  # an S3 error of choice
+        proxy.rewrite(None, drop_headers=("If-Match",), kind="PutObject")  # a server that ignores a header
+        proxy.rewrite(None, add_query="max-keys=2", answer=fn, kind="ListObjectsV2")  # alter what goes or comes
         proxy.clear()                                 # pass-through again
         proxy.count("UploadPart"), proxy.injected("status", "UploadPart"), proxy.requests
 
@@ -28,6 +31,13 @@ How faults look on the wire:
   ``down()``, ``stop()`` or ``stall_s``; then the connection is reset.
 - ``down``: the listening socket is closed (new connections are refused, like a stopped server) and
   every open connection is reset, requests in flight included; ``up()`` listens on the same port again.
+- ``rewrite``: the request goes upstream without the header fields ``drop_headers`` and with
+  ``add_query`` appended to its query string, and its answer's body passes through ``answer`` (bytes to
+  bytes; its Content-Length set to match) and without the header fields ``drop_answer_headers``. This is how a test plays a server that ignores a header or
+  answers in its own way; a server that checks signatures refuses the altered request (moto checks none).
+
+A ``fail`` or ``rewrite`` rule with ``header`` matches only requests carrying a header field whose name
+starts with it (``header="x-amz-checksum-"``): a server refusing what a client sends.
 
 Every request is classified by its S3 operation (``UploadPart``, ``CompleteMultipartUpload``,
 ``PutObject``, ...: see :func:`s3_operation`) and recorded in :attr:`FaultProxy.requests` with what
@@ -67,7 +77,7 @@ _ERRORS = {
     503: ("Slow Down", "SlowDown", "Please reduce your request rate."),
     500: ("Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
 }
-ACTIONS = ("status", "reset", "stall", "down")
+ACTIONS = ("status", "reset", "stall", "down", "rewrite")
 
 
 class _Closed(Exception):
@@ -256,8 +266,10 @@ def _discard_body(src: _Stream, framing: tuple[str, int]) -> None:
     _relay_body(src, framing, lambda data: None)
 
 
-def _error_response(status: int, resource: str, request_id: str, *, head_only: bool, close: bool) -> bytes:
-    reason, code, message = _ERRORS.get(status, ("Error", f"Http{status}", f"Injected HTTP {status}."))
+def _error_response(status: int, resource: str, request_id: str, *, head_only: bool, close: bool,
+                    code: str | None = None, message: str | None = None) -> bytes:
+    reason, default_code, default_message = _ERRORS.get(status, ("Error", f"Http{status}", f"Injected HTTP {status}."))
+    code, message = code or default_code, message or default_message
     body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
             f"<Resource>{resource}</Resource><RequestId>{request_id}</RequestId></Error>").encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
@@ -279,6 +291,10 @@ class Request:
     query: dict[str, list[str]]
     outcome: str = "passed"
     started: float = field(default_factory=time.monotonic)
+    #: The request's header field names, lower case.
+    header_names: tuple[str, ...] = ()
+    #: Its Content-Length (None: chunked or no body).
+    content_length: int | None = None
 
     @property
     def part_number(self) -> int | None:
@@ -302,6 +318,16 @@ class Rule:
     after_bytes: int = 0
     stall_s: float | None = None
     down_for_s: float | None = None
+    #: "status": the S3 error code and message of the answer (default: by status, see ``_ERRORS``).
+    code: str | None = None
+    message: str | None = None
+    #: Matches only requests with a header field whose name starts with this (case-insensitive).
+    header: str | None = None
+    #: "rewrite": header fields removed from the request, text appended to its query, its answer's body altered.
+    drop_headers: tuple[str, ...] = ()
+    add_query: str = ""
+    answer: Callable[[bytes], bytes] | None = None
+    drop_answer_headers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -311,7 +337,8 @@ class Rule:
         return ((self.kind is None or request.kind == self.kind)
                 and (self.method is None or request.method == self.method.upper())
                 and all(name in request.query for name in self.query)
-                and (self.path is None or self.path in request.path))
+                and (self.path is None or self.path in request.path)
+                and (self.header is None or any(name.startswith(self.header.lower()) for name in request.header_names)))
 
     @property
     def spent(self) -> bool:
@@ -476,6 +503,14 @@ class FaultProxy:
         self._released.clear()
         return self.add(Rule("stall", times, stall_s=stall_s, **match))
 
+    def rewrite(self, times: int | None = 1, *, drop_headers: Iterable[str] = (), add_query: str = "",
+                answer: Callable[[bytes], bytes] | None = None, drop_answer_headers: Iterable[str] = (),
+                **match: Any) -> Rule:
+        """Forward matching requests without ``drop_headers``, with ``add_query`` appended to the query,
+        and their answers without ``drop_answer_headers`` and with their bodies through ``answer``."""
+        return self.add(Rule("rewrite", times, drop_headers=tuple(drop_headers), add_query=add_query, answer=answer,
+                             drop_answer_headers=tuple(drop_answer_headers), **match))
+
     def down_on(self, *, skip: int = 0, for_s: float | None = None, **match: Any) -> Rule:
         """Go down when a matching request arrives after ``skip`` of them passed (up after ``for_s``)."""
         return self.add(Rule("down", 1, skip=skip, down_for_s=for_s, **match))
@@ -620,7 +655,10 @@ class FaultProxy:
         split = urlsplit(target)
         query = parse_qs(split.query, keep_blank_values=True)
         path = unquote(split.path)
-        request = Request(s3_operation(method, path, query, head.headers), method, path, query)
+        length = head.headers.get("content-length")
+        request = Request(s3_operation(method, path, query, head.headers), method, path, query,
+                          header_names=tuple(key.lower() for key, _ in head.headers.items),
+                          content_length=int(length) if length is not None and length.isdigit() else None)
         chosen = None
         with self._changed:
             self.requests.append(request)
@@ -653,6 +691,9 @@ class FaultProxy:
         if rule is None:
             return self._forward(connection, client, head, expects, framing, budget=None,
                                  complete=request.kind == "CompleteMultipartUpload")
+        if rule.action == "rewrite":
+            return self._forward(connection, client, _rewritten(head, rule), expects, framing, budget=None,
+                                 answer=rule.answer or (lambda body: body), drop_answer=rule.drop_answer_headers)
         if rule.action == "reset":
             self._forward(connection, client, head, expects, framing, budget=rule.after_bytes)
             raise _ResetNow  # the body was shorter than the budget: reset before the answer
@@ -668,12 +709,14 @@ class FaultProxy:
         request_id = f"faultproxy-{self._ids}"
         if expects:
             connection.client.sendall(_error_response(rule.status, request.path, request_id,
-                                                      head_only=request.method == "HEAD", close=True))
+                                                      head_only=request.method == "HEAD", close=True,
+                                                      code=rule.code, message=rule.message))
             _lingering_close(connection.client)
             return False
         _discard_body(client, framing)
         connection.client.sendall(_error_response(rule.status, request.path, request_id,
-                                                  head_only=request.method == "HEAD", close=False))
+                                                  head_only=request.method == "HEAD", close=False,
+                                                  code=rule.code, message=rule.message))
         return True
 
     def _wait_stalled(self, connection: _Connection, stall_s: float | None) -> None:
@@ -687,7 +730,8 @@ class FaultProxy:
                 return  # the client timed out and closed
 
     def _forward(self, connection: _Connection, client: _Stream, head: _Head, expects: bool,
-                 framing: tuple[str, int], budget: int | None, complete: bool = False) -> bool:
+                 framing: tuple[str, int], budget: int | None, complete: bool = False,
+                 answer: Callable[[bytes], bytes] | None = None, drop_answer: tuple[str, ...] = ()) -> bool:
         upstream = socket.create_connection(self.upstream, timeout=UPSTREAM_CONNECT_TIMEOUT_S)
         upstream.settimeout(None)
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -700,7 +744,7 @@ class FaultProxy:
         _relay_body(client, framing, _Sink(upstream, budget).send)
         if budget is not None:
             raise _ResetNow
-        answer = _Stream(upstream)
+        answer_fn, answer = answer, _Stream(upstream)
         method = head.start_line.split(" ", 1)[0]
         while True:
             raw = answer.read_head()
@@ -709,6 +753,18 @@ class FaultProxy:
             response = _Head.parse(raw)
             status = int(response.start_line.split(" ", 2)[1])
             response_framing = _framing(response.headers, request=False, method=method, status=status)
+            if answer_fn is not None and not 100 <= status < 200:
+                body = bytearray()
+                _relay_body(answer, response_framing, body.extend)
+                body = answer_fn(bytes(body))
+                dropped = {"content-length", "transfer-encoding", *(name.lower() for name in drop_answer)}
+                items = [(k, v) for k, v in response.headers.items if k.lower() not in dropped]
+                if response_framing[0] != "none":
+                    items.append(("Content-Length", str(len(body))))
+                connection.client.sendall(_Head(response.start_line, _Headers(items)).encode() + body)
+                connection.close_upstream()
+                return response_framing[0] != "close" and not response.headers.has_token("connection", "close") \
+                    and not head.headers.has_token("connection", "close")
             if self.fill_etag and complete and status == 200 and response_framing[0] == "length":
                 body = b""
                 while len(body) < response_framing[1]:
@@ -734,6 +790,16 @@ class FaultProxy:
         connection.close_upstream()
         return (response_framing[0] != "close" and not response.headers.has_token("connection", "close")
                 and not head.headers.has_token("connection", "close"))
+
+
+def _rewritten(head: _Head, rule: Rule) -> _Head:
+    """``head`` without the rule's ``drop_headers`` and with its ``add_query`` appended."""
+    method, target, version = (head.start_line.split(" ", 2) + ["", ""])[:3]
+    if rule.add_query:
+        target += ("&" if "?" in target else "?") + rule.add_query
+    dropped = {name.lower() for name in rule.drop_headers}
+    return _Head(f"{method} {target} {version}", _Headers([(k, v) for k, v in head.headers.items
+                                                          if k.lower() not in dropped]))
 
 
 # -- by hand ------------------------------------------------------------------------------------
