@@ -73,6 +73,8 @@ READ_CHUNK_BYTES = 2**20
 MAX_POOL_CONNECTIONS = 64
 #: ``write_files``: objects whose CompleteMultipartUpload may be in flight beside the part uploads.
 COMPLETING_AT_ONCE = 4
+#: DeleteObject requests in flight where a server refuses DeleteObjects (``S3Store._delete_each``).
+DELETE_EACH_AT_ONCE = 16
 #: The most hashed sub-prefixes ``prefix_spread`` accepts; their names: ``_spread_dir``.
 MAX_PREFIX_SPREAD = 4096
 _SPREAD_DIR = re.compile(r"^[0-9a-f]{1,3}-spread$")
@@ -377,6 +379,21 @@ class _Connection:
     ca_bundle: str | None = None
     #: Buckets a ``prepare`` found (see there); ``S3Store._missing_bucket`` forgets one.
     buckets_found: set[str] = field(default_factory=set)
+    #: What this endpoint was found to answer otherwise than S3 does (``_Quirks``), learnt on first use.
+    quirks: _Quirks = field(default_factory=lambda: _Quirks())
+
+
+@dataclass
+class _Quirks:
+    """How a server that differs from S3 is talked to, found out from its answers and remembered per
+    connection (so per endpoint and options): each flag is set once, with a log line, and never unset."""
+
+    #: DeleteObjects refused (501 NotImplemented from GCS's XML API, 400 MalformedXML or a refused
+    #: checksum header elsewhere): one DeleteObject per key instead.
+    delete_each: bool = False
+    #: ListObjectsV2 refused, or answered without a NextContinuationToken on a truncated page (a server
+    #: that answers it as ListObjects V1): ListObjects with a Marker instead.
+    list_v1: bool = False
 
 
 def _credential_source(session: Any, opts: S3Options) -> str:
@@ -583,6 +600,56 @@ def _note_attempt(response: Any = None, caught_exception: BaseException | None =
         tracked.errors += 1
 
 
+def _answer(exc: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and S3 error code of a refused request (``exc`` a botocore ClientError, or the
+    ckptbench error ``S3Store._call`` made of one); (None, "") for anything else."""
+    from botocore.exceptions import ClientError
+
+    cause = exc if isinstance(exc, ClientError) else exc.__cause__
+    if not isinstance(cause, ClientError):
+        return None, ""
+    return (cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+            str(cause.response.get("Error", {}).get("Code", "")))
+
+
+#: Answers that say a server does not take an operation (or our form of it), rather than that it failed.
+_REFUSED_STATUSES = {400, 405, 411, 501}
+_REFUSED_CODES = {"NotImplemented", "MalformedXML", "MethodNotAllowed", "InvalidRequest", "InvalidArgument",
+                  "MissingContentMD5", "MissingContentLength", "XNotImplemented"}
+
+
+def _refused(exc: BaseException) -> bool:
+    status, code = _answer(exc)
+    return code in _REFUSED_CODES or status in _REFUSED_STATUSES
+
+
+@dataclass
+class _Progress:
+    """What the pages of one listing brought so far: the greatest key, and the common prefixes."""
+
+    greatest_key: str | None = None
+    prefixes: set[str] = field(default_factory=set)
+
+    def advanced(self, page: Mapping[str, Any]) -> bool:
+        """Whether ``page`` lists a key past every key before it or a common prefix not seen before (a
+        server may repeat a common prefix on every page)."""
+        keys = [item["Key"] for item in page.get("Contents", [])]
+        prefixes = {p["Prefix"] for p in page.get("CommonPrefixes", [])}
+        newer = bool(keys) and (self.greatest_key is None or max(keys) > self.greatest_key)
+        advanced = newer or bool(prefixes - self.prefixes)
+        if newer:
+            self.greatest_key = max(keys)
+        self.prefixes |= prefixes
+        return advanced
+
+
+def _last_listed(page: Mapping[str, Any]) -> str | None:
+    """The greatest key or common prefix of a listing page (S3 lists in UTF-8 byte order, which is the
+    order of Python's str comparison), None for an empty page."""
+    listed = [item["Key"] for item in page.get("Contents", [])] + [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    return max(listed, default=None)
+
+
 def _spread_dir(name: str, spread: int) -> str:
     """The hashed sub-prefix of ``name`` among ``spread`` (SHA-1: the same in every process, and names
     that differ in one digit land far apart)."""
@@ -613,6 +680,7 @@ class S3Store(Store):
         self.checksums = connection.checksums
         self.ca_bundle = connection.ca_bundle
         self._buckets_found = connection.buckets_found
+        self._quirks = connection.quirks
         self._placed: dict[str, str] = {}  # name -> key of objects found under a spread sub-prefix
         self._discovered = False  # whether this location was listed for them
         self._client_data: Any = None  # the data path of a client other than boto3, made on first use
@@ -969,10 +1037,17 @@ class S3Store(Store):
             while True:  # a page holds at most 1000 uploads
                 page = self._call(self._control, "listing uploads under", None, "list_multipart_uploads",
                                   Prefix=prefix, **marker)
-                uploads.extend(page.get("Uploads", []))
-                if not page.get("IsTruncated") or not page.get("NextKeyMarker"):
+                listed = page.get("Uploads", [])
+                uploads.extend(listed)
+                if not page.get("IsTruncated"):
                     break
-                marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+                # A server that leaves the markers out of a truncated page: go on from its last upload.
+                following = {"KeyMarker": page.get("NextKeyMarker") or (listed[-1]["Key"] if listed else ""),
+                             "UploadIdMarker": page.get("NextUploadIdMarker") or
+                             (listed[-1]["UploadId"] if listed and not page.get("NextKeyMarker") else "")}
+                if not following["KeyMarker"] or following == marker:
+                    raise StorageIOError(f"listing multipart uploads under {self.url}: the pages do not advance")
+                marker = following
         except Exception as exc:  # noqa: BLE001 - cleanup never raises
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
             failed += 1
@@ -1004,24 +1079,67 @@ class S3Store(Store):
         delimiter = {} if recursive else {"Delimiter": "/"}
         names: list[str] = []
         spread: list[str] = []
-        token: dict[str, str] = {}
-        while True:
-            page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, **delimiter, **token)
+        for page in self._list_pages(prefix, delimiter):
             names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
             if not recursive and not under:
                 spread.extend(p["Prefix"][len(prefix):] for p in page.get("CommonPrefixes", [])
                               if _SPREAD_DIR.match(p["Prefix"][len(prefix):].rstrip("/")))
-            if not page.get("IsTruncated"):
-                break
-            token = {"ContinuationToken": page["NextContinuationToken"]}
         if self.options.prefix_spread and not recursive and not under:
             for name in names:  # saved without the spread: found next to the manifest
                 self._placed.setdefault(name, self._key(name))
-        for sub in spread:
+        names = list(dict.fromkeys(names))  # a server may list a name on two pages
+        for sub in dict.fromkeys(spread):  # or repeat a common prefix on every page
             for name in self._list(recursive=False, under=sub):
                 self._placed[name] = self._key(sub + name)
                 names.append(name)
         return names
+
+    def _list_pages(self, prefix: str, delimiter: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+        """Every page of the listing of ``prefix``: ListObjectsV2 pages, followed by their
+        NextContinuationToken; where the server refuses ListObjectsV2 or leaves a truncated page without
+        that token (it answered as ListObjects V1: older gateways), ListObjects pages from the last name
+        listed (``_Quirks.list_v1``, remembered). A listing whose pages bring nothing new is a StorageIOError."""
+        token: dict[str, str] = {}
+        progress = _Progress()
+        marker: str | None = None  # ListObjects: where the next page starts
+        while not self._quirks.list_v1:
+            try:
+                page = self._call(self._control, "listing", None, "list_objects_v2", Prefix=prefix, **delimiter,
+                                  **token)
+            except StorageIOError as exc:
+                status, code = _answer(exc)
+                if token or not (status in (405, 501) or code in ("NotImplemented", "MethodNotAllowed")):
+                    raise
+                log.warning("%s refuses ListObjectsV2 (%s); listing with ListObjects from now on", self.endpoint,
+                            code or status)
+                self._quirks.list_v1 = True
+                break
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            progress.advanced(page)
+            if page.get("NextContinuationToken"):
+                token = {"ContinuationToken": page["NextContinuationToken"]}
+                continue
+            log.warning("%s answered ListObjectsV2 with a truncated page and no NextContinuationToken; listing "
+                        "with ListObjects from now on", self.endpoint)
+            self._quirks.list_v1 = True
+            marker = _last_listed(page)
+            if marker is None:
+                raise StorageIOError(f"listing {self.url} failed: a truncated page listed nothing and named no "
+                                     "continuation")
+        while True:
+            page = self._call(self._control, "listing", None, "list_objects", Prefix=prefix, **delimiter,
+                              **({"Marker": marker} if marker is not None else {}))
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            # NextMarker where the server gives one (S3 does with a delimiter; it may be opaque), else the last name
+            following = page.get("NextMarker") or _last_listed(page)
+            if following is None or following == marker or not progress.advanced(page):
+                raise StorageIOError(f"listing {self.url} failed: the server's pages do not advance past "
+                                     f"{marker or following!r}")
+            marker = following
 
     def _discard(self, uploads: list[_Upload], done_keys: list[str]) -> None:
         """After a failed write: abort unfinished multipart uploads, delete completed objects."""
@@ -1196,15 +1314,41 @@ class S3Store(Store):
         self._delete_keys(list(dict.fromkeys(keys)))
 
     def _delete_keys(self, keys: list[str]) -> None:
-        """Best effort: failures are logged, never raised (callers are cleaning up)."""
+        """Best effort: failures are logged, never raised (callers are cleaning up). DeleteObjects of up
+        to 1000 keys; where the server refuses it (``_Quirks.delete_each``), one DeleteObject per key."""
         for start in range(0, len(keys), 1000):
             batch = keys[start:start + 1000]
+            if self._quirks.delete_each:
+                self._delete_each(batch)
+                continue
             try:
                 response = self._data.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
             except Exception as exc:  # noqa: BLE001
+                if _refused(exc):
+                    status, code = _answer(exc)
+                    log.warning("%s refuses DeleteObjects (%s); objects are deleted one request each from now on",
+                                self.endpoint, code or status)
+                    self._quirks.delete_each = True
+                    self._delete_each(batch)
+                    continue
                 log.warning("could not delete %d object(s) under %s: %s", len(batch), self.url,
                             self._error(exc, "deleting"))
                 continue
             for error in response.get("Errors", []):
                 log.warning("could not delete s3://%s/%s: %s", self.bucket, error.get("Key"), error.get("Code"))
+
+    def _delete_each(self, keys: list[str]) -> None:
+        """One DeleteObject per key, a few at once; an absent key is no failure (GCS answers 404)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def delete(key: str) -> None:
+            try:
+                self._data.delete_object(Bucket=self.bucket, Key=key)
+            except Exception as exc:  # noqa: BLE001 - best effort, as for DeleteObjects
+                error = self._error(exc, "deleting")
+                if not isinstance(error, FileNotFoundError):
+                    log.warning("could not delete s3://%s/%s: %s", self.bucket, key, error)
+
+        with ThreadPoolExecutor(min(len(keys), DELETE_EACH_AT_ONCE) or 1, thread_name_prefix="ckptbench-s3-delete") as pool:
+            list(pool.map(delete, keys))

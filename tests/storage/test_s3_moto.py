@@ -523,6 +523,120 @@ def test_delete_objects_carries_content_md5_for_servers_that_require_it(aws: Aws
 
 
 
+# -- servers that differ from S3 (docs/library.md, "S3-compatible servers"): moto behind the fault proxy,
+#    which answers or alters requests as those servers do --------------------------------------------
+
+
+@pytest.fixture
+def proxy(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fault proxy in front of moto, as every store's endpoint (a new port: new clients, nothing
+    learnt about another test's server)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
+    import faultproxy
+
+    with faultproxy.FaultProxy(aws.endpoint) as running:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", running.endpoint)
+        lock._conditions_honoured.clear()
+        yield running
+    lock._conditions_honoured.clear()
+
+
+@pytest.mark.parametrize(("status", "code", "message"), [
+    (501, "NotImplemented", "A header or query you provided requested a function that is not implemented."),  # GCS
+    (400, "MalformedXML", "The XML you provided was not well-formed."),
+    (400, "InvalidArgument", "Unsupported header 'x-amz-checksum-crc32' received for this API call."),  # B2
+])
+def test_a_server_refusing_delete_objects_gets_one_delete_per_key(aws: Aws, proxy, caplog, status: int, code: str,
+                                                                 message: str):
+    """The stale shards of an overwritten checkpoint are still removed, one DeleteObject each, and the
+    refusal is learnt once per connection."""
+    proxy.fail(None, status=status, code=code, message=message, kind="DeleteObjects")
+    url = f"s3://{aws.bucket}/nodelete"
+    ckptbench.save(state(1), url)
+    first = set(aws.stored())
+    with caplog.at_level(logging.WARNING, logger="ckptbench.storage.s3"):
+        ckptbench.save(state(2), url, overwrite=True)
+        ckptbench.save(state(3), url, overwrite=True)
+    assert_same(state(3), ckptbench.load(url))
+    stored = set(aws.stored())
+    assert not stored & (first - {"nodelete/manifest.json"})  # every shard of the first save is gone
+    assert proxy.count("DeleteObjects") == 1 and proxy.count("DeleteObject") >= 2
+    assert "refuses DeleteObjects" in caplog.text and "could not delete" not in caplog.text
+
+
+def test_deleting_an_absent_key_one_by_one_is_no_failure(aws: Aws, proxy, caplog):
+    """GCS answers 404 to a DeleteObject of an absent key (S3: 204); ``remove`` deletes keys that may be absent."""
+    proxy.fail(None, status=501, code="NotImplemented", kind="DeleteObjects")
+    proxy.fail(None, status=404, code="NoSuchKey", kind="DeleteObject", path="/gone/absent")
+    aws.client().put_object(Bucket=aws.bucket, Key="gone/there", Body=b"x")
+    store = open_store(f"s3://{aws.bucket}/gone")
+    with caplog.at_level(logging.WARNING, logger="ckptbench.storage.s3"):
+        store.remove(["absent", "there"])
+    assert aws.stored() == [] and "could not delete" not in caplog.text
+    assert proxy.injected("status", "DeleteObject") == 1
+
+
+def _without_continuation(body: bytes) -> bytes:
+    import re
+
+    return re.sub(rb"<NextContinuationToken>.*?</NextContinuationToken>", b"", body)
+
+
+@pytest.mark.parametrize("how", ["no-token", "v2-refused"])
+def test_listing_falls_back_to_list_objects_v1(aws: Aws, proxy, caplog, how: str):
+    """A truncated ListObjectsV2 page without a NextContinuationToken (a server answering it as V1), or
+    ListObjectsV2 refused (501): the listing goes on with ListObjects and a Marker, pages of 2 here."""
+    client = aws.client()
+    names = [f"obj-{i}" for i in range(5)]
+    for name in names:
+        client.put_object(Bucket=aws.bucket, Key=f"v1/{name}", Body=b"x")
+    client.put_object(Bucket=aws.bucket, Key="v1/sub/deeper", Body=b"y")
+    if how == "no-token":
+        proxy.rewrite(None, add_query="max-keys=2", answer=_without_continuation, kind="ListObjectsV2")
+    else:
+        proxy.fail(None, status=501, code="NotImplemented", kind="ListObjectsV2")
+    proxy.rewrite(None, add_query="max-keys=2", kind="ListObjects")
+    store = open_store(f"s3://{aws.bucket}/v1")
+    with caplog.at_level(logging.WARNING, logger="ckptbench.storage.s3"):
+        assert sorted(store.list()) == names
+        assert sorted(store.list_recursive()) == [*names, "sub/deeper"]
+    assert proxy.count("ListObjectsV2") == 1  # learnt once: then ListObjects only
+    # pages of 2 (each page of the non-recursive listing also names sub/): after the first V2 page, 2 + 3; else 3 + 3
+    assert proxy.count("ListObjects") == (5 if how == "no-token" else 6)
+    assert "listing with ListObjects from now on" in caplog.text
+
+
+def test_a_listing_that_does_not_advance_is_an_error(aws: Aws, proxy):
+    from ckptbench.errors import StorageIOError
+
+    for i in range(3):
+        aws.client().put_object(Bucket=aws.bucket, Key=f"stuck/obj-{i}", Body=b"x")
+    proxy.fail(None, status=501, code="NotImplemented", kind="ListObjectsV2")
+    first: list[bytes] = []
+    proxy.rewrite(None, add_query="max-keys=2", answer=lambda body: (first or [first.append(body)]) and first[0],
+                  kind="ListObjects")  # a server that ignores the Marker: the first page again and again
+    with pytest.raises(StorageIOError, match="do not advance"):
+        open_store(f"s3://{aws.bucket}/stuck").list()
+
+
+def test_multipart_uploads_past_a_page_without_markers_are_aborted(aws: Aws):
+    """A truncated ListMultipartUploads page without NextKeyMarker: the next page starts after its last upload."""
+    from botocore.stub import ANY, Stubber
+
+    store = S3Store(f"s3://{aws.bucket}/pages")
+    first = [{"Key": f"pages/shard-{i:05d}.bin", "UploadId": f"u{i}"} for i in range(1000)]
+    with Stubber(store._control) as control, Stubber(store._data) as data:
+        control.add_response("list_multipart_uploads", {"Uploads": first, "IsTruncated": True},
+                             {"Bucket": aws.bucket, "Prefix": "pages/"})
+        control.add_response("list_multipart_uploads",
+                             {"Uploads": [{"Key": "pages/shard-01000.bin", "UploadId": "u1000"}], "IsTruncated": False},
+                             {"Bucket": aws.bucket, "Prefix": "pages/", "KeyMarker": "pages/shard-00999.bin",
+                              "UploadIdMarker": "u999"})
+        for _ in range(1001):
+            data.add_response("abort_multipart_upload", {}, {"Bucket": aws.bucket, "Key": ANY, "UploadId": ANY})
+        assert store.abort_incomplete_uploads(strict=True) == 1001
+
+
 # -- scratch prefixes of killed runs: ckptbench clean s3://... --------------------------------------
 
 #: A benchmark's scratch prefix: an object written, a multipart upload open, then SIGKILL.
