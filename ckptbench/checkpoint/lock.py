@@ -37,6 +37,15 @@ Where the lock lives:
 - **Other object stores (fsspec) and S3 servers that ignore conditional writes**: best effort, the
   same lease written with plain PUTs: check it is absent, write it, wait ``settle`` (4x the round
   trip, at least 50 ms), read it back; the save proceeds only if its own token is there.
+- **S3 servers that honour ``If-None-Match: *`` but not ``If-Match``** (AWS S3 from August to November
+  2024 answered it 501; some gateways ignore it): the lease is created conditionally, and renewed and
+  taken over best effort as above.
+
+Which a server honours is probed once per endpoint and bucket (``_honours_conditions``), on an object
+of its own: a second ``If-None-Match: *`` PUT must be refused, an ``If-Match`` PUT with another ETag
+refused and one with the object's own ETag accepted. A server that silently ignores a condition fails
+the probe rather than granting two leases; one that honours a condition only sometimes (MinIO without
+read quorum accepts conditional PUTs unchecked) cannot be told apart and is only as safe as it is.
 
 Limits, precisely:
 
@@ -264,13 +273,22 @@ class _FileLock(SaveLock):
             os.close(self._fd)
 
 
-class _Lease(SaveLock):
-    """A lease object on an object store; ``conditional``: created and renewed with conditional PUTs."""
+@dataclass(frozen=True)
+class _Conditions:
+    """The conditional PUTs a server honours (``_honours_conditions``)."""
 
-    def __init__(self, store: Store, conditional: bool) -> None:
+    create: bool = False  # If-None-Match: * (the lease created only where there is none)
+    replace: bool = False  # If-Match (the lease renewed or taken over only as it was read)
+
+
+class _Lease(SaveLock):
+    """A lease object on an object store, created and replaced with the conditional PUTs ``conditions``
+    says the server honours, best effort where it does not."""
+
+    def __init__(self, store: Store, conditions: _Conditions) -> None:
         super().__init__(store.url)
         self._store = store
-        self._conditional = conditional
+        self._conditions = conditions
         self._me = Holder.me(LEASE_TTL_S)
         self._etag: str | None = None
         self._settle_s = 0.05
@@ -310,7 +328,7 @@ class _Lease(SaveLock):
 
     def _read(self) -> tuple[Holder | None, str | None]:
         try:
-            if self._conditional:
+            if self._conditions.replace:
                 data, etag = self._store.get_tagged(LOCK_NAME)
                 return Holder.decode(data), etag
             return Holder.decode(self._store.get(LOCK_NAME)), None
@@ -318,7 +336,7 @@ class _Lease(SaveLock):
             return None, None
 
     def _create(self) -> bool:
-        if self._conditional:
+        if self._conditions.create:
             self._etag = self._store.put_if(LOCK_NAME, self._me.encode())
             return self._etag is not None
         if self._store.size(LOCK_NAME) is not None:
@@ -326,7 +344,7 @@ class _Lease(SaveLock):
         return self._put_and_confirm()
 
     def _replace(self, etag: str | None) -> bool:
-        if self._conditional:
+        if self._conditions.replace:
             self._etag = self._store.put_if(LOCK_NAME, self._me.encode(), etag=etag)
             return self._etag is not None
         return self._put_and_confirm()
@@ -345,7 +363,7 @@ class _Lease(SaveLock):
     def _renew(self) -> str | None:
         """Extend the lease; the reason when it is no longer ours."""
         renewed = replace(self._me, renewed_unix_s=time.time())
-        if self._conditional:
+        if self._conditions.replace:
             etag = self._store.put_if(LOCK_NAME, renewed.encode(), etag=self._etag)
             if etag is None:
                 current, _ = self._read()
@@ -403,28 +421,41 @@ def acquire_save_lock(store: Store) -> SaveLock:
     """Take the save lock of ``store``'s location (after ``store.prepare()``); see the module docstring."""
     if store.local_path is not None:
         return _FileLock.acquire(store.directory(), store.url)
-    conditional = store.conditional_writes and _honours_conditions(store)
-    return _Lease(store, conditional).acquire()
+    conditions = _honours_conditions(store) if store.conditional_writes else _Conditions()
+    return _Lease(store, conditions).acquire()
 
 
-_conditions_honoured: dict[tuple[str, str], bool] = {}
+_conditions_honoured: dict[str, _Conditions] = {}
+#: An ETag no object has: an ``If-Match`` with it must be refused.
+_NO_SUCH_ETAG = '"00000000000000000000000000000000"'
 
 
-def _honours_conditions(store: Store) -> bool:
-    """Whether the server refuses an ``If-None-Match: *`` PUT of an existing object (checked once per
-    endpoint and bucket, on a probe object that is removed again). Servers that ignore the header would
-    make every lease creation succeed."""
+def _honours_conditions(store: Store) -> _Conditions:
+    """Which conditional PUTs the server honours (checked once per endpoint and bucket, on a probe object
+    that is removed again): ``If-None-Match: *`` over an existing object refused; ``If-Match`` with
+    another ETag refused and with the object's own accepted. Refused with 501 (NotImplementedError) or
+    silently ignored, a condition is not honoured: a server that ignores ``If-None-Match`` would make
+    every lease creation succeed, one that ignores ``If-Match`` every renewal and takeover."""
     key = store.server()
     if key not in _conditions_honoured:
         probe = f"{LOCK_NAME}.probe-{secrets.token_hex(4)}"
+        create = replace = False
         try:
-            honoured = store.put_if(probe, b"") is not None and store.put_if(probe, b"") is None
+            etag = store.put_if(probe, b"")
+            create = etag is not None and store.put_if(probe, b"") is None
+            if create and etag:  # without an ETag, no If-Match can name the object
+                replace = (store.put_if(probe, b"1", etag=_NO_SUCH_ETAG) is None
+                           and store.put_if(probe, b"2", etag=etag) is not None)
         except NotImplementedError:
-            honoured = False
+            pass
         finally:
             store.remove([probe])
-        if not honoured:
+        if not create:
             log.warning("%s: the server does not honour conditional writes (If-None-Match); the save lock is "
                         "best effort there (see ckptbench.checkpoint.lock)", store.url)
-        _conditions_honoured[key] = honoured
+        elif not replace:
+            log.warning("%s: the server honours If-None-Match but not If-Match; the save lock is created "
+                        "conditionally, renewed and taken over best effort (see ckptbench.checkpoint.lock)",
+                        store.url)
+        _conditions_honoured[key] = _Conditions(create, replace)
     return _conditions_honoured[key]

@@ -242,7 +242,7 @@ def test_best_effort_lease_on_a_generic_object_store():
     store.prepare()
     held = acquire_save_lock(store)
     try:
-        assert isinstance(held, lock._Lease) and not held._conditional
+        assert isinstance(held, lock._Lease) and held._conditions == lock._Conditions(create=False, replace=False)
         with pytest.raises(CheckpointLockedError, match="another Checkpointer in this process"):
             ckptbench.save({"v": torch.tensor([1])}, url)
     finally:

@@ -224,7 +224,8 @@ def test_the_save_lock_is_conditional_and_held(aws: Aws):
     lock._conditions_honoured.pop(store.server(), None)
     held = acquire_save_lock(store)
     try:
-        assert lock._conditions_honoured[store.server()] is True  # moto refuses If-None-Match: * over an object
+        # moto refuses If-None-Match: * over an object, and If-Match with another ETag
+        assert lock._conditions_honoured[store.server()] == lock._Conditions(create=True, replace=True)
         with pytest.raises(CheckpointLockedError):
             ckptbench.save(state(1), f"s3://{aws.bucket}/locked")
     finally:
@@ -496,7 +497,7 @@ def test_a_server_without_conditional_writes_gives_a_best_effort_lock(aws: Aws, 
     with Stubber(store._control) as control:
         control.add_client_error("put_object", service_error_code="NotImplemented", http_status_code=501)
         with caplog.at_level(logging.WARNING):
-            assert lock._honours_conditions(store) is False
+            assert lock._honours_conditions(store) == lock._Conditions(create=False, replace=False)
     assert "does not honour conditional writes" in caplog.text
     lock._conditions_honoured.pop(store.server(), None)
 
@@ -574,6 +575,63 @@ def test_deleting_an_absent_key_one_by_one_is_no_failure(aws: Aws, proxy, caplog
         store.remove(["absent", "there"])
     assert aws.stored() == [] and "could not delete" not in caplog.text
     assert proxy.injected("status", "DeleteObject") == 1
+
+
+def test_a_server_ignoring_if_none_match_gets_the_best_effort_lock(aws: Aws, proxy, caplog):
+    """Old MinIO releases and some gateways store a PUT whatever its If-None-Match says: the probe finds it
+    out and the lease is written best effort, never believed conditional."""
+    proxy.rewrite(None, drop_headers=("If-None-Match",), kind="PutObject")
+    url = f"s3://{aws.bucket}/ignores"
+    with caplog.at_level(logging.WARNING, logger="ckptbench.checkpoint.lock"):
+        ckptbench.save(state(1), url)
+    assert "does not honour conditional writes" in caplog.text
+    held = acquire_save_lock(open_store(url))
+    try:
+        with pytest.raises(CheckpointLockedError):
+            ckptbench.save(state(2), url, overwrite=True)
+    finally:
+        held.release()
+    assert lock._conditions_honoured[open_store(url).server()] == lock._Conditions(create=False, replace=False)
+
+
+def _foreign_lease(aws: Aws, prefix: str) -> None:
+    now = __import__("time").time()
+    holder = lock.Holder("f" * 16, "elsewhere", 4242, now, now, lock.LEASE_TTL_S)
+    aws.client().put_object(Bucket=aws.bucket, Key=f"{prefix}/{lock.LOCK_NAME}", Body=holder.encode())
+
+
+def test_a_server_ignoring_if_match_does_not_let_a_lease_taken_over_commit(aws: Aws, proxy):
+    """A server that honours If-None-Match but ignores If-Match would accept the renewal of a lease
+    another process took over: the renewal must read the lease instead, and the save commit nothing."""
+    proxy.rewrite(None, drop_headers=("If-Match",), kind="PutObject")
+    store = open_store(f"s3://{aws.bucket}/takenover")
+    held = acquire_save_lock(store)
+    try:
+        _foreign_lease(aws, "takenover")  # another process took the lease over meanwhile
+        with pytest.raises(lock.LockLostError, match="taken over by pid 4242 on host elsewhere"), \
+                held.committing(store, []):
+            pass
+    finally:
+        held.release()
+    assert lock.Holder.decode(aws.client().get_object(Bucket=aws.bucket, Key=f"takenover/{lock.LOCK_NAME}")
+                              ["Body"].read()).pid == 4242  # the new holder's lease is left alone
+    assert lock._conditions_honoured[store.server()] == lock._Conditions(create=True, replace=False)
+
+
+def test_a_server_refusing_if_match_still_saves(aws: Aws, proxy, caplog):
+    """AWS S3 answered If-Match on PutObject with 501 NotImplemented until November 2024 while it honoured
+    If-None-Match: the lease is created conditionally and renewed best effort, and saves commit."""
+    proxy.fail(None, status=501, code="NotImplemented",
+               message="A header you provided implies functionality that is not implemented", header="if-match",
+               kind="PutObject")
+    url = f"s3://{aws.bucket}/nomatch"
+    with caplog.at_level(logging.WARNING, logger="ckptbench.checkpoint.lock"):
+        ckptbench.save(state(1), url)
+        ckptbench.save(state(2), url, overwrite=True)
+    assert_same(state(2), ckptbench.load(url))
+    assert not any(key.endswith(lock.LOCK_NAME) for key in aws.stored())
+    assert "honours If-None-Match but not If-Match" in caplog.text
+    assert lock._conditions_honoured[open_store(url).server()] == lock._Conditions(create=True, replace=False)
 
 
 def _without_continuation(body: bytes) -> bytes:
