@@ -957,7 +957,7 @@ class S3Store(Store):
             self._moved(len(body), started)
             with upload.lock:
                 upload.etags[index] = response["ETag"]
-                last = all(upload.etags)
+                last = all(etag is not None for etag in upload.etags)
             if last and not stop.is_set():
                 completing.submit(guarded, complete, upload, name)
 
@@ -996,6 +996,10 @@ class S3Store(Store):
                         break  # fail fast: no new uploads once one failed
                 pool.join()  # every part in: every completion submitted
                 completing.join()
+            unfinished = [upload.key for upload in uploads if not upload.completed]
+            if unfinished:  # never returned as written
+                raise StorageIOError(f"writing {self.url} failed: {len(unfinished)} multipart upload(s) were not "
+                                     f"completed ({unfinished[0]})")
         except BaseException:
             self._discard(uploads, done_keys)
             raise
@@ -1014,11 +1018,17 @@ class S3Store(Store):
         """One PutObject (with ``upload_id``: one UploadPart) of ``view`` through the data client (boto3
         or the CRT), in the AIMD slot taken at ``slot``; the answer (its ETag)."""
         if self.options.client == "crt":
-            return self._other_client().put(action, name, key, view, slot, upload_id, part_number)
-        if upload_id is None:
+            answer = self._other_client().put(action, name, key, view, slot, upload_id, part_number)
+        elif upload_id is None:
             return self._data_call(action, name, "put_object", started=slot, Key=key, Body=ViewStream(view))
-        return self._data_call(action, name, "upload_part", started=slot, Key=key, UploadId=upload_id,
-                               PartNumber=part_number, Body=ViewStream(view))
+        else:
+            answer = self._data_call(action, name, "upload_part", started=slot, Key=key, UploadId=upload_id,
+                                     PartNumber=part_number, Body=ViewStream(view))
+        if upload_id is not None and not answer.get("ETag"):
+            raise StorageIOError(f"{action} {self._where(name)} failed: the server answered part {part_number} "
+                                 "without an ETag, which completing the upload needs",
+                                 hint="the server (or a proxy before it) drops the ETag header; let it through")
+        return answer
 
     def _moved(self, nbytes: int, started: float) -> None:
         if self.on_request is not None:
@@ -1247,7 +1257,7 @@ class S3Store(Store):
         response = self._call(self._control, "reading", name, "get_object", Key=self._key(name))
         body = response["Body"]
         try:
-            return body.read(), response["ETag"]
+            return body.read(), response.get("ETag", "")
         except Exception as exc:
             raise self._error(exc, "reading", name) from None
         finally:
@@ -1258,7 +1268,8 @@ class S3Store(Store):
         only if ``name`` does not exist (``etag`` None: ``If-None-Match: *``) or still has ``etag``
         (``If-Match``). The new ETag, or None when the condition failed (412; 409 for a racing
         conditional write; 304 from servers that answer an ``If-None-Match`` PUT as they would a GET,
-        as some MinIO releases do). NotImplementedError where the server refuses conditional writes."""
+        as some MinIO releases do). NotImplementedError where the server refuses conditional writes. A
+        server that answers without an ETag: the one a HEAD gives, "" if none (``If-Match`` is then unusable)."""
         from botocore.exceptions import ClientError
 
         # Ceph RGW 16 (Pacific, measured) matches If-Match only without the quotes; HTTP's quoted form second.
@@ -1278,7 +1289,10 @@ class S3Store(Store):
             except Exception as exc:
                 raise self._error(exc, "writing", name) from None
             self._reached = True
-            return str(response["ETag"])
+            etag = response.get("ETag")
+            if not etag:  # an answer without the ETag: the object's, as a HEAD gives it ("" if none either)
+                etag = self._call(self._control, "inspecting", name, "head_object", Key=self._key(name)).get("ETag")
+            return str(etag or "")
         return None
 
     def size(self, name: str) -> int | None:

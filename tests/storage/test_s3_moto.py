@@ -695,6 +695,33 @@ def test_multipart_uploads_past_a_page_without_markers_are_aborted(aws: Aws):
         assert store.abort_incomplete_uploads(strict=True) == 1001
 
 
+@pytest.mark.parametrize("client", ["boto3", "crt"])
+def test_a_part_answered_without_an_etag_fails_the_save_and_leaves_nothing(aws: Aws, proxy, client: str):
+    """CompleteMultipartUpload names every part's ETag: a part answered without one (a proxy that drops
+    the header) fails the save, never an upload left uncompleted under a committed manifest."""
+    from ckptbench.errors import StorageIOError
+
+    if client == "crt":
+        pytest.importorskip("awscrt", reason="the CRT client needs awscrt")
+    proxy.rewrite(None, drop_answer_headers=("ETag",), kind="UploadPart")
+    url = f"s3://{aws.bucket}/noetag"
+    with pytest.raises(StorageIOError, match="without an ETag"):
+        ckptbench.save(state(1, big=True), url, storage_options={"part_size": "5MiB", "client": client})
+    assert aws.uploads() == [] and not any(key.startswith("noetag/shard-") for key in aws.stored())
+    assert not any(key == "noetag/manifest.json" for key in aws.stored())
+
+
+def test_a_conditional_put_answered_without_an_etag(aws: Aws, proxy):
+    """A PutObject answer without an ETag: put_if takes the object's from a HEAD; the lock still works."""
+    proxy.rewrite(None, drop_answer_headers=("ETag",), kind="PutObject")
+    store = open_store(f"s3://{aws.bucket}/noputetag")
+    etag = store.put_if("x", b"1")
+    assert etag and etag == aws.client().head_object(Bucket=aws.bucket, Key="noputetag/x")["ETag"]
+    assert store.put_if("x", b"2", etag=etag) is not None
+    ckptbench.save(state(1), f"s3://{aws.bucket}/noputetag/ckpt")
+    assert lock._conditions_honoured[store.server()] == lock._Conditions(create=True, replace=True)
+
+
 # -- scratch prefixes of killed runs: ckptbench clean s3://... --------------------------------------
 
 #: A benchmark's scratch prefix: an object written, a multipart upload open, then SIGKILL.
