@@ -779,7 +779,7 @@ class S3Store(Store):
                     hint="check the key pair and the bucket's permissions")
             message = error.get("Message") or ""
             return StorageIOError(f"{action} {self._where(name)} failed: {code or status}"
-                                  f"{': ' + message if message else ''}")
+                                  f"{': ' + message if message else ''}", hint=self._hint(code, message))
         if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
             kind = StorageIOError if self._reached else TargetError
             tries = f" after {attempts} attempts" if attempts else ""
@@ -793,6 +793,17 @@ class S3Store(Store):
         if isinstance(exc, BotoCoreError):
             return StorageIOError(f"{action} {self._where(name)} failed: {exc}")
         return exc
+
+    def _hint(self, code: str, message: str) -> str | None:
+        """The fix for an answer that says how this server differs from S3, where one is known."""
+        if code == "EntityTooSmall":
+            return (f"this server's smallest part is larger than part_size={format_size(self.options.part_size)}: "
+                    "raise storage_options part_size (what the server's documentation gives as its minimum)")
+        if any(word in message.lower() for word in ("checksum", "aws-chunked", "x-amz-trailer")):
+            return ("this server refuses botocore's flexible checksums (x-amz-checksum-*, aws-chunked): set "
+                    "storage_options request_checksums=false or AWS_REQUEST_CHECKSUM_CALCULATION=when_required "
+                    "(ckptbench checks every tensor's CRC-32C on load)")
+        return None
 
     def _wrong_region(self, response: Mapping[str, Any]) -> TargetError:
         """A bucket in another region than the requests were signed for, where botocore's own redirect

@@ -695,6 +695,36 @@ def test_multipart_uploads_past_a_page_without_markers_are_aborted(aws: Aws):
         assert store.abort_incomplete_uploads(strict=True) == 1001
 
 
+def test_a_larger_minimum_part_size_names_the_setting(aws: Aws, proxy):
+    """A server whose parts must be larger than 5 MiB refuses the completion (EntityTooSmall): the error
+    says which storage option to raise."""
+    from ckptbench.errors import StorageIOError
+
+    proxy.fail(None, status=400, code="EntityTooSmall",
+               message="Your proposed upload is smaller than the minimum allowed object size.",
+               kind="CompleteMultipartUpload")
+    with pytest.raises(StorageIOError, match="EntityTooSmall") as info:
+        ckptbench.save(state(1, big=True), f"s3://{aws.bucket}/small", storage_options={"part_size": "5MiB"})
+    assert "part_size" in (info.value.hint or "")
+    assert aws.uploads() == [] and not any(key.startswith("small/shard-") for key in aws.stored())
+
+
+def test_a_server_refusing_checksum_headers_names_the_setting(aws: Aws, proxy):
+    """Backblaze B2 refuses x-amz-checksum-* headers (InvalidArgument): with request_checksums on, the
+    error says how to turn them off (off, ckptbench's default, no PUT carries one: see
+    test_request_checksums_follow_the_aws_setting)."""
+    from ckptbench.errors import StorageIOError
+
+    proxy.fail(None, status=400, code="InvalidArgument",
+               message="Unsupported header 'x-amz-checksum-crc32' received for this API call.",
+               header="x-amz-checksum-", kind="PutObject")
+    with pytest.raises(StorageIOError, match="Unsupported header") as info:
+        ckptbench.save(state(1), f"s3://{aws.bucket}/sums", storage_options={"request_checksums": True})
+    assert "request_checksums=false" in (info.value.hint or "")
+    ckptbench.save(state(1), f"s3://{aws.bucket}/sums")  # the default sends none: saved
+    assert proxy.injected("status") >= 1
+
+
 @pytest.mark.parametrize("client", ["boto3", "crt"])
 def test_a_part_answered_without_an_etag_fails_the_save_and_leaves_nothing(aws: Aws, proxy, client: str):
     """CompleteMultipartUpload names every part's ETag: a part answered without one (a proxy that drops
@@ -720,6 +750,25 @@ def test_a_conditional_put_answered_without_an_etag(aws: Aws, proxy):
     assert store.put_if("x", b"2", etag=etag) is not None
     ckptbench.save(state(1), f"s3://{aws.bucket}/noputetag/ckpt")
     assert lock._conditions_honoured[store.server()] == lock._Conditions(create=True, replace=True)
+
+
+def test_every_part_but_the_last_has_the_same_size(aws: Aws, proxy):
+    """Cloudflare R2 (and Garage) refuse a multipart upload whose non-trailing parts differ in size: every
+    part ckptbench uploads (a save's, and the drain's ``upload_in_parts``) is ``part_size``, the last no larger."""
+    url = f"s3://{aws.bucket}/equal"
+    ckptbench.save(state(1, big=True), url, storage_options={"part_size": "5MiB"})
+    part = open_store(url, {"part_size": "5MiB"}).upload_in_parts("drained.bin", 11 * MiB)
+    for index in range(3):
+        part.put(index, memoryview(bytes(min(5 * MiB, 11 * MiB - index * 5 * MiB))))
+    part.complete()
+    sizes: dict[str, list[tuple[int, int]]] = {}
+    for request in proxy.requests:
+        if request.kind == "UploadPart":
+            sizes.setdefault(request.query["uploadId"][0], []).append((request.part_number, request.content_length))
+    assert len(sizes) == 2
+    for parts in sizes.values():
+        lengths = [length for _, length in sorted(parts)]
+        assert len(lengths) >= 3 and set(lengths[:-1]) == {5 * MiB} and lengths[-1] <= 5 * MiB
 
 
 # -- scratch prefixes of killed runs: ckptbench clean s3://... --------------------------------------
