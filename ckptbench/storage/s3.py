@@ -17,6 +17,9 @@ Semantics the checkpoint writer relies on (see ``store.Store``):
 - Data requests pass through one AIMD controller per connection (``s3_pacing.Aimd``): throttling
   halves the requests in flight, successes add them back up to the configured concurrency. What the
   requests met (throttled answers, retries, the seconds they cost) is counted (``s3_pacing``).
+- Servers that differ from S3 are found out from their answers and the finding kept per connection
+  (``_Quirks``): DeleteObjects refused (GCS's XML API): one DeleteObject per key; ListObjectsV2 refused or
+  answered without continuation tokens: ListObjects with a Marker. docs/library.md lists the servers.
 - ``prefix_spread=N`` stores the objects ``write_files`` writes under N hashed sub-prefixes
   (``3-spread/NAME``) for buckets that throttle per prefix; names stay flat (see ``S3Store._data_key``).
 
