@@ -1226,8 +1226,14 @@ class S3Store(Store):
                     raise StorageIOError(f"{self._where(name)} ended at byte {start + filled}, expected {end + 1}")
                 self._moved(filled, started)
                 return
-            body = self._data_call("reading", name, "get_object", started=slot, Key=self._data_key(name),
-                                   Range=f"bytes={start}-{end}")["Body"]
+            answer = self._data_call("reading", name, "get_object", started=slot, Key=self._data_key(name),
+                                     Range=f"bytes={start}-{end}")
+            body = answer["Body"]
+            if "ContentRange" not in answer and answer.get("ContentLength", len(view)) != len(view):
+                body.close()  # the whole object (200), not the range: its first bytes are not these
+                raise StorageIOError(f"reading {self._where(name)} failed: the server answered a ranged GET with "
+                                     f"{answer.get('ContentLength')} bytes and no Content-Range",
+                                     hint="the server (or a proxy before it) ignores the Range header")
             try:
                 filled = 0
                 while filled < len(view):

@@ -752,6 +752,18 @@ def test_a_conditional_put_answered_without_an_etag(aws: Aws, proxy):
     assert lock._conditions_honoured[store.server()] == lock._Conditions(create=True, replace=True)
 
 
+def test_a_ranged_get_answered_with_the_whole_object_is_an_error(aws: Aws, proxy):
+    """A server (or proxy) that ignores Range answers 200 with the whole object: those are not the bytes
+    of a later range, so the load fails saying so, also without checksums."""
+    from ckptbench.errors import StorageIOError
+
+    url, options = f"s3://{aws.bucket}/norange", {"part_size": "5MiB"}
+    ckptbench.save(state(1, big=True), url, storage_options=options)
+    proxy.rewrite(None, drop_headers=("Range",), kind="GetObject")
+    with pytest.raises(StorageIOError, match="no Content-Range"):
+        ckptbench.load(url, storage_options=options, verify=False)
+
+
 def test_every_part_but_the_last_has_the_same_size(aws: Aws, proxy):
     """Cloudflare R2 (and Garage) refuse a multipart upload whose non-trailing parts differ in size: every
     part ckptbench uploads (a save's, and the drain's ``upload_in_parts``) is ``part_size``, the last no larger."""
