@@ -764,6 +764,21 @@ def test_a_ranged_get_answered_with_the_whole_object_is_an_error(aws: Aws, proxy
         ckptbench.load(url, storage_options=options, verify=False)
 
 
+@pytest.mark.parametrize("client", ["boto3", "crt", "s3fs"])
+def test_every_upload_carries_its_content_length(aws: Aws, proxy, client: str):
+    """Servers that refuse a streamed body without Content-Length (411 MissingContentLength) or aws-chunked
+    framing: every PutObject and UploadPart of every client says its length up front."""
+    if client == "crt":
+        pytest.importorskip("awscrt", reason="the CRT client needs awscrt")
+    url, options = f"s3://{aws.bucket}/lengths-{client}", {"part_size": "5MiB", "client": client}
+    ckptbench.save(state(1, big=True), url, storage_options=options)
+    uploads = [r for r in proxy.requests if r.kind in ("PutObject", "UploadPart")]
+    assert any(r.kind == "UploadPart" for r in uploads)
+    assert all(r.content_length is not None and "x-amz-decoded-content-length" not in r.header_names
+               for r in uploads)
+    assert_same(state(1, big=True), ckptbench.load(url, storage_options=options))
+
+
 def test_every_part_but_the_last_has_the_same_size(aws: Aws, proxy):
     """Cloudflare R2 (and Garage) refuse a multipart upload whose non-trailing parts differ in size: every
     part ckptbench uploads (a save's, and the drain's ``upload_in_parts``) is ``part_size``, the last no larger."""
