@@ -545,7 +545,7 @@ def proxy(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 @pytest.mark.parametrize(("status", "code", "message"), [
     (501, "NotImplemented", "A header or query you provided requested a function that is not implemented."),  # GCS
     (400, "MalformedXML", "The XML you provided was not well-formed."),
-    (400, "InvalidArgument", "Unsupported header 'x-amz-checksum-crc32' received for this API call."),  # B2
+    (400, "InvalidArgument", "Unsupported header 'x-amz-checksum-crc32' received for this API call."),  # B2's refusal
 ])
 def test_a_server_refusing_delete_objects_gets_one_delete_per_key(aws: Aws, proxy, caplog, status: int, code: str,
                                                                  message: str):
