@@ -181,6 +181,16 @@ class FsspecStore(Store):
         root = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         return [self.fs._strip_protocol(path).removeprefix(root) for path in found]
 
+    def sizes_recursive(self) -> dict[str, int]:
+        """Every file under the location with its size, from one ``find`` with details."""
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except FileNotFoundError:
+            return {}
+        root = self.fs._strip_protocol(self.root).rstrip("/") + "/"
+        return {self.fs._strip_protocol(path).removeprefix(root): int(info.get("size") or 0)
+                for path, info in found.items()}
+
     def remove_location(self) -> None:
         """The location's directory, where the filesystem keeps one (memory, sftp, hdfs, ...) and it is
         empty. Never a top-level one: on object-store filesystems (s3fs, gcsfs) that is a bucket, which

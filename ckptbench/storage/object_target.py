@@ -157,22 +157,22 @@ def find_object_leftovers(url: str, storage_options: dict[str, Any] | None = Non
     owner's state (see ``owner.ProcessOwner.state``; none recorded: ``unknown owner``) and, where it may
     be removed, its bytes."""
     store = open_store(url, storage_options)
-    found: dict[str, list[str]] = {}
-    for name in store.list_recursive():
+    found: dict[str, dict[str, int]] = {}
+    for name, nbytes in store.sizes_recursive().items():  # one listing, sizes included
         head, _, rest = name.partition("/")
         if rest and _SCRATCH_NAME.match(head):
-            found.setdefault(head, []).append(rest)
+            found.setdefault(head, {})[rest] = nbytes
     leftovers = []
     for name, inside in sorted(found.items()):
         scratch = open_store(f"{store.url}/{name}", storage_options)
         owner = None
-        if SCRATCH_OWNER in inside and (scratch.size(SCRATCH_OWNER) or 0) <= _MAX_OWNER_BYTES:
+        if SCRATCH_OWNER in inside and inside[SCRATCH_OWNER] <= _MAX_OWNER_BYTES:
             try:
                 owner = owners.ProcessOwner.decode(scratch.get(SCRATCH_OWNER))
             except (OSError, ValueError):
                 owner = None
         state = UNKNOWN_OWNER if owner is None else owner.state(shared=True)
-        size = sum(scratch.size(n) or 0 for n in inside) if state == owners.DEAD else None
+        size = sum(inside.values()) if state == owners.DEAD else None
         leftovers.append(ObjectLeftover(f"{store.url}/{name}", state, owner, size))
     return leftovers
 

@@ -1096,6 +1096,12 @@ class S3Store(Store):
         """Every object name under this location, sub-prefixes included (``a/b`` relative names)."""
         return self._list(recursive=True)
 
+    def sizes_recursive(self) -> dict[str, int]:
+        """Every object under this location with its size, from the listing's pages."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        return {item["Key"][len(prefix):]: int(item.get("Size", 0))
+                for page in self._list_pages(prefix, {}) for item in page.get("Contents", [])}
+
     def _list(self, *, recursive: bool, under: str = "") -> list[str]:
         """Names under this location; not ``recursive``: those directly in it, and those in its spread
         sub-prefixes (``3-spread/NAME`` listed as ``NAME``, where it lies remembered)."""

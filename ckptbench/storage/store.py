@@ -208,6 +208,12 @@ class Store:
         """Every name under the location, those under sub-prefixes too (as paths relative to it)."""
         return self.list()
 
+    def sizes_recursive(self) -> dict[str, int]:
+        """:meth:`list_recursive`'s names with their sizes in bytes. This default asks each one's size;
+        stores whose listing carries sizes (S3, fsspec) take them from it, a request per page, not per name."""
+        sizes = {name: self.size(name) for name in self.list_recursive()}
+        return {name: size for name, size in sizes.items() if size is not None}
+
     def abort_incomplete_uploads(self, owned: Callable[[str], bool] | None = None, *, strict: bool = False) -> int:
         """Abort the multipart uploads left open under the location (of the names ``owned`` accepts);
         how many. Best effort, unless ``strict``: then StorageIOError when any could not be listed or

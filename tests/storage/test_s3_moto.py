@@ -1050,3 +1050,30 @@ def test_clean_keeps_the_owner_record_while_uploads_it_could_not_list_may_be_ope
     doc = cli.json("clean", f"s3://{aws.bucket}/bench")
     assert [(e["path"], e["action"]) for e in doc["entries"]] == [(url, "removed")]
     assert aws.stored() == [] and not aws.client().list_multipart_uploads(Bucket=aws.bucket).get("Uploads")
+
+
+def test_clean_sizes_a_dead_prefix_from_its_listing_not_a_head_per_object(aws: Aws, cli, monkeypatch):
+    """A killed run's prefix can hold thousands of objects: ``clean`` sizes it from the listing's pages,
+    one request per thousand objects, instead of a HeadObject each, and reports their bytes exactly."""
+    import signal
+    import subprocess
+
+    from ckptbench.storage.s3 import S3Store
+
+    url = f"s3://{aws.bucket}/sized"
+    done = subprocess.run([sys.executable, "-c", _KILLED_RUN, url], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    client = aws.client()
+    stored = client.list_objects_v2(Bucket=aws.bucket, Prefix="sized/")["Contents"]
+    heads: list[str] = []
+    original = S3Store.size
+
+    def counted(self, name):
+        heads.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(S3Store, "size", counted)
+    doc = cli.json("clean", url, "--dry-run")
+    [entry] = doc["entries"]
+    assert entry["action"] == "would remove" and entry["size_bytes"] == sum(o["Size"] for o in stored)
+    assert heads == []
