@@ -22,8 +22,15 @@ CSV_COLUMNS = ("path", "action", "state", "size_bytes", "owner_host", "owner_pid
 @click.command("clean", context_settings=_CONTEXT)
 @click.argument("directory", metavar="DIR")
 @click.option("--dry-run", is_flag=True, default=False, help="Say what would be removed; remove nothing.")
+@click.option("--endpoint-url", default=None, metavar="URL",
+              help="Object storage: the S3 endpoint (Ceph RGW, MinIO, ...); else AWS_ENDPOINT_URL or AWS's default.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Object storage: an option for the store, repeatable (region_name, profile, key, secret, ...), "
+                   "as the runs that left the prefixes were given. Prefer the environment or a profile for "
+                   "credentials.")
 @format_options
-def clean(directory: str, dry_run: bool, output_format: str) -> None:
+def clean(directory: str, dry_run: bool, endpoint_url: str | None, storage_option: tuple[str, ...],
+          output_format: str) -> None:
     """Remove the scratch directories (.ckptbench-scratch-*) that runs killed on this host left in DIR
     (SIGKILL, the OOM killer, a batch job's time limit), and list the others with why they were kept.
 
@@ -38,7 +45,8 @@ def clean(directory: str, dry_run: bool, output_format: str) -> None:
 
     DIR may be an object-store location (s3://BUCKET/PREFIX): the scratch prefixes
     (ckptbench-scratch-*/) under it that record an owner the same way; removing one deletes its objects
-    and aborts its open multipart uploads. Endpoint and credentials come from the AWS environment.
+    and aborts its open multipart uploads. Endpoint and credentials come from the AWS environment, or
+    --endpoint-url and --storage-option as for bench.
 
     Exit status: 0, or 1 when a leftover could not be removed (why is logged), or 2 when DIR is not a
     directory.
@@ -48,15 +56,21 @@ def clean(directory: str, dry_run: bool, output_format: str) -> None:
       ckptbench clean /var/tmp --dry-run
       ckptbench clean /mnt/nvme --json
       ckptbench clean s3://bucket/bench --dry-run
+      ckptbench clean s3://bucket/bench --endpoint-url http://rgw:7480 --storage-option profile=ckpt
     """
+    from ckptbench.cli.bench import storage_options_from
+    from ckptbench.errors import UsageError
     from ckptbench.storage import scheme_of
     from ckptbench.storage.local_target import NOT_REMOVED, remove_leftovers
 
-    if scheme_of(directory) != "file":  # object storage: its scratch prefixes (credentials: the AWS environment)
+    options = storage_options_from(endpoint_url, storage_option)
+    if scheme_of(directory) != "file":  # object storage: its scratch prefixes
         from ckptbench.storage.object_target import remove_object_leftovers
 
-        removed, kept = remove_object_leftovers(directory, dry_run=dry_run)
+        removed, kept = remove_object_leftovers(directory, options or None, dry_run=dry_run)
         path: Any = directory
+    elif options:
+        raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), not to a directory")
     else:
         directory = directory.removeprefix("file://")  # as bench takes a directory
         path = Path(directory)

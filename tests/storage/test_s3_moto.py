@@ -1077,3 +1077,22 @@ def test_clean_sizes_a_dead_prefix_from_its_listing_not_a_head_per_object(aws: A
     [entry] = doc["entries"]
     assert entry["action"] == "would remove" and entry["size_bytes"] == sum(o["Size"] for o in stored)
     assert heads == []
+
+
+def test_clean_takes_the_endpoint_and_credentials_on_the_command_line(aws: Aws, cli, monkeypatch):
+    """As bench, preflight and compare do: a run given --endpoint-url and --storage-option key/secret (no AWS
+    environment) leaves prefixes that clean, given the same, finds and removes; on a directory both are refused."""
+    import signal
+    import subprocess
+
+    url = f"s3://{aws.bucket}/options"
+    done = subprocess.run([sys.executable, "-c", _KILLED_RUN, url], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    options = ["--endpoint-url", aws.endpoint, "--storage-option", "key=testing", "--storage-option", "secret=testing"]
+    doc = cli.json("clean", url, *options)
+    assert [e["action"] for e in doc["entries"]] == ["removed"]
+    assert aws.stored("options/") == [] and aws.uploads() == []
+    refused = cli("clean", str(Path.cwd()), "--endpoint-url", aws.endpoint)
+    assert refused.exit_code == 2 and "apply to object storage" in refused.stderr
