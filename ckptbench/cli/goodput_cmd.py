@@ -267,6 +267,33 @@ def _cost_from(opts: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
                 "interference": interference}
 
 
+def _cost_ends(opts: dict[str, Any], doc: dict[str, Any]) -> list[Any] | None:
+    """--from a preflight result: the checkpoint's cost at the two ends of preflight's predicted ranges
+    (the fast end first), or None where the file has no ranges. A typed --interference stays as given."""
+    from ckptbench.model.interval import CheckpointCost
+
+    with reading_document(str(opts["from_result"]), doc["schema"]):
+        p = doc["predictions"]
+
+        def span(name: str) -> tuple[float, float] | None:
+            value = p.get(f"{name}_range")
+            if value is None:
+                return None
+            low, high = (_fraction(v) if name == "interference" else _seconds(v) for v in value)
+            return low, high
+
+        if p["mode"] == "sync":
+            write = span("sync_checkpoint_s")
+            return None if write is None else [CheckpointCost.sync(write[0]), CheckpointCost.sync(write[1])]
+        stall, persist = span("async_stall_s"), span("async_persist_s")
+        if stall is None or persist is None:
+            return None
+        typed = opts["interference"]
+        interference = (typed, typed) if typed is not None else span("interference") or (
+            _fraction(p["interference"]),) * 2
+        return [CheckpointCost(stall[end], persist[end], interference[end]) for end in (0, 1)]
+
+
 def _seconds(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:
         raise ValueError(f"{value!r} is not a number of seconds")
@@ -295,10 +322,12 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         faults_per_day=opts["faults_per_day"], failure_preset=opts["failure_preset"],
         gpus=run.gpus, nodes=run.nodes, count_given=False,
     )
+    ends = None
     if preflight is not None:
         job = preflight[1]
         if failures is None:
             failures = job.failure_model(opts['from_result'])
+        ends = _cost_ends(opts, preflight[0])
         opts = {**opts, **_cost_from(opts, preflight[0])}
     assert failures is not None  # checked with the other missing inputs
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
@@ -330,6 +359,17 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         notes.append("no --gpu-hour-cost or --node-hour-cost: costs are not computed")
     out = result.as_dict()
     badput_hours = out.pop("badput_hours")
+    ranges = None
+    if ends is not None and checkpoint is not None:
+        # preflight's predicted checkpoint times are ranges: the waste they cost, at both ends of them
+        low, high = (model.estimate(run, failures, recovery, checkpoint=model.CheckpointPolicy(checkpoint.interval_s, c),
+                                    pricing=pricing, hot_spare_nodes=spares) for c in ends)
+        ranges = {key: sorted((getattr(low, key), getattr(high, key)))
+                  for key in ("wall_hours", "wasted_hours", "goodput", "wasted_fraction_of_plan")}
+        ranges["badput"] = {f"{name}_hours": sorted((low.badput_hours[name], high.badput_hours[name]))
+                            for name in badput_hours}
+        if low.wasted_cost_usd is not None and high.wasted_cost_usd is not None:
+            ranges["wasted_cost_usd"] = sorted((low.wasted_cost_usd, high.wasted_cost_usd))
     return {
         "command": "goodput",
         "params": run.params,
@@ -354,6 +394,8 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         "interference": cost.interference if cost else None,
         **out,
         "badput": {f"{name}_hours": hours for name, hours in badput_hours.items()},
+        # --from a preflight: each quantity at both ends of the predicted checkpoint times' ranges
+        "ranges": ranges,
         "what_if": [s.as_dict() for s in scenarios],
         "notes": notes,
         "defaults": defaults,
@@ -445,19 +487,34 @@ def _print_human(doc: dict[str, Any]) -> None:
     table.add_column("% of plan", justify="right")
     table.add_column("cost", justify="right")
     table.add_row("planned compute", f"{planned:,.0f}", "100.0 %", usd(doc["planned_cost_usd"]))
+    ranges = doc.get("ranges") or {}
+
+    def spread(value: str, span: list[float] | None, fmt: str) -> str:
+        """``value`` with the range it spans over the predicted checkpoint times, where it spans one."""
+        if not span or format(span[0], fmt) == format(span[1], fmt):
+            return value
+        return f"{value} ({format(span[0], fmt)}–{format(span[1], fmt)})"
+
     for name, label in _LABELS.items():
         hours = doc["badput"][f"{name}_hours"]
         if hours or name not in ("checkpoint_stall", "lost_progress"):
-            table.add_row(f"  {label}", f"{hours:,.1f}", pct(hours / planned), usd(hours * rate if rate else None))
+            table.add_row(f"  {label}", spread(f"{hours:,.1f}", ranges.get("badput", {}).get(f"{name}_hours"), ",.1f"),
+                          pct(hours / planned), usd(hours * rate if rate else None))
     if doc["hot_spare_nodes"]:
         table.add_row(f"  {doc['hot_spare_nodes']} hot spare node(s), idle", "", "", usd(doc["spare_cost_usd"]))
-    table.add_row("[bold]wasted[/bold]", f"[bold]{doc['wasted_hours']:,.1f}[/bold]",
+    wasted = spread(f"{doc['wasted_hours']:,.1f}", ranges.get("wasted_hours"), ",.1f")
+    table.add_row("[bold]wasted[/bold]", f"[bold]{wasted}[/bold]",
                   f"[bold]{pct(doc['wasted_fraction_of_plan'])}[/bold]", f"[bold]{usd(doc['wasted_cost_usd'])}[/bold]")
-    table.add_row("wall time", f"{doc['wall_hours']:,.0f}", pct(doc["wall_hours"] / planned),
-                  usd(doc["total_cost_usd"]))
+    table.add_row("wall time", spread(f"{doc['wall_hours']:,.0f}", ranges.get("wall_hours"), ",.0f"),
+                  pct(doc["wall_hours"] / planned), usd(doc["total_cost_usd"]))
     console.print(table)
-    console.print(f"goodput {pct(doc['goodput'])} (productive / wall time); {doc['faults']:.0f} faults expected; "
+    goodput = pct(doc["goodput"])
+    if ranges.get("goodput") and pct(ranges["goodput"][0]) != pct(ranges["goodput"][1]):
+        goodput += f" ({pct(ranges['goodput'][0])}–{pct(ranges['goodput'][1])})"
+    console.print(f"goodput {goodput} (productive / wall time); {doc['faults']:.0f} faults expected; "
                   f"{doc['wall_hours'] / 24:.1f} days instead of {planned / 24:.1f}")
+    if ranges:
+        console.print("[dim](ranges: the same run at both ends of the checkpoint times preflight predicted)[/dim]")
     console.print()
 
     whatif = Table(title="What if")

@@ -143,3 +143,32 @@ def test_an_interference_measured_on_the_gpu_is_used_where_the_cpu_probe_is_not(
     assert f"interference {from_slowdown(0.25):.1%}, measured on the training device by {gpu}" in measured.stdout
     assumed = cli("recommend", str(cpu), "--ckpt-size", "100GB", "--mtbf", "1d")
     assert assumed.exit_code == 0 and f"interference {ASSUMED.point:.1%}, assumed" in assumed.stdout
+
+
+RANGED = REPO / "results" / "preflight-vm-20261128T0614.json"
+
+
+def test_goodput_from_a_preflight_carries_its_predicted_ranges_into_the_hours(cli, tmp_path: Path):
+    """Preflight predicts each checkpoint time as a range; goodput --from it gives every hour it derives from them
+    at both ends (the point inside), not one number as if the cost were known exactly. A file without ranges
+    (an older preflight) gives none; a malformed range is one line, exit 2."""
+    doc = cli.json("goodput", "--from", str(RANGED), "--replace", "30m", "--resume", "10m")
+    ranges = doc["ranges"]
+    for key in ("wall_hours", "wasted_hours", "goodput"):
+        low, high = ranges[key]
+        assert low <= doc[key] <= high and low < high, key
+    low, high = ranges["badput"]["checkpoint_stall_hours"]
+    assert low < doc["badput"]["checkpoint_stall_hours"] < high
+    assert high / low > 3  # the stall's own range (and the interference's 0-5 %) spans that much
+    fixed = cli.json("goodput", "--from", str(RANGED), "--replace", "30m", "--resume", "10m", "--interference", "2%")
+    fixed_low, fixed_high = fixed["ranges"]["badput"]["checkpoint_stall_hours"]
+    assert low < fixed_low and fixed_high < high  # a typed interference is no longer uncertain
+    table = cli("goodput", "--from", str(RANGED), "--replace", "30m", "--resume", "10m")
+    assert "ranges: the same run at both ends of the checkpoint times preflight predicted" in table.stdout
+    assert cli.json("goodput", "--from", str(PREFLIGHT), "--replace", "10m", "--resume", "5m")["ranges"] is None
+    bad = json.loads(RANGED.read_text())
+    bad["predictions"]["async_stall_s_range"] = [0.06, "slow"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    result = cli("goodput", "--from", str(path), "--replace", "30m", "--resume", "10m")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
