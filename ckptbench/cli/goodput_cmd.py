@@ -267,33 +267,6 @@ def _cost_from(opts: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
                 "interference": interference}
 
 
-def _cost_ends(opts: dict[str, Any], doc: dict[str, Any]) -> list[Any] | None:
-    """--from a preflight result: the checkpoint's cost at the two ends of preflight's predicted ranges
-    (the fast end first), or None where the file has no ranges. A typed --interference stays as given."""
-    from ckptbench.model.interval import CheckpointCost
-
-    with reading_document(str(opts["from_result"]), doc["schema"]):
-        p = doc["predictions"]
-
-        def span(name: str) -> tuple[float, float] | None:
-            value = p.get(f"{name}_range")
-            if value is None:
-                return None
-            low, high = (_fraction(v) if name == "interference" else _seconds(v) for v in value)
-            return low, high
-
-        if p["mode"] == "sync":
-            write = span("sync_checkpoint_s")
-            return None if write is None else [CheckpointCost.sync(write[0]), CheckpointCost.sync(write[1])]
-        stall, persist = span("async_stall_s"), span("async_persist_s")
-        if stall is None or persist is None:
-            return None
-        typed = opts["interference"]
-        interference = (typed, typed) if typed is not None else span("interference") or (
-            _fraction(p["interference"]),) * 2
-        return [CheckpointCost(stall[end], persist[end], interference[end]) for end in (0, 1)]
-
-
 def _seconds(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:
         raise ValueError(f"{value!r} is not a number of seconds")
@@ -327,7 +300,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         job = preflight[1]
         if failures is None:
             failures = job.failure_model(opts['from_result'])
-        ends = _cost_ends(opts, preflight[0])
+        ends = job.cost_ends(opts["interference"])
         opts = {**opts, **_cost_from(opts, preflight[0])}
     assert failures is not None  # checked with the other missing inputs
     cost = resolve_cost(opts["ckpt_time_s"], "--ckpt-time", stall_s=opts["stall_s"], persist_s=opts["persist_s"],
@@ -362,8 +335,8 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     ranges = None
     if ends is not None and checkpoint is not None:
         # preflight's predicted checkpoint times are ranges: the waste they cost, at both ends of them
-        low, high = (model.estimate(run, failures, recovery, checkpoint=model.CheckpointPolicy(checkpoint.interval_s, c),
-                                    pricing=pricing, hot_spare_nodes=spares) for c in ends)
+        low, high = (model.estimate(run, failures, recovery, pricing=pricing, hot_spare_nodes=spares,
+                                    checkpoint=model.CheckpointPolicy(checkpoint.interval_s, c)) for c in ends)
         ranges = {key: sorted((getattr(low, key), getattr(high, key)))
                   for key in ("wall_hours", "wasted_hours", "goodput", "wasted_fraction_of_plan")}
         ranges["badput"] = {f"{name}_hours": sorted((low.badput_hours[name], high.badput_hours[name]))

@@ -349,6 +349,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         "failures_per_day": None,
         "failure_source": None,
         "restart_s": restart_s,
+        "ranges": None,
     }
     result_keys = [f.name for f in model.IntervalAnalysis.__dataclass_fields__.values()]
     if opts["simulate_runs"] is None:
@@ -380,6 +381,7 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
         doc |= {"optimal_interval_plateau_s": [low, high],
                 "recommended_interval_s": model.round_interval_s(low, high, analysis.optimal_interval_s)}
         doc |= {"failures_per_day": failures.faults_per_day, "failure_source": failures.source}
+        doc["ranges"] = _predicted_ranges(opts, job, cost, failures, restart_s)
         if opts["simulate_runs"] is not None:
             doc["simulation"] = _simulate(opts, cost, failures, restart_s, analysis)
         if analysis.constraint_binding:
@@ -393,6 +395,27 @@ def compute(opts: dict[str, Any]) -> dict[str, Any]:
     doc["assumptions"] = [line.strip() for line in EXPLAIN.splitlines() if line.strip()]
     doc["units"] = UNITS
     return doc
+
+
+def _predicted_ranges(opts: dict[str, Any], job: Any, cost: model.CheckpointCost, failures: FailureModel,
+                      restart_s: float) -> dict[str, list[float]] | None:
+    """--from a preflight, about its own job: the optimum and its waste at the fast and the slow end of the
+    checkpoint times (and the restart, where it came from the file) that preflight predicted as ranges; None
+    otherwise. A typed --interference or --restart replaces that prediction: it has no range then."""
+    if job is None or opts["stall_s"] is not None or opts["persist_s"] is not None:
+        return None  # a typed stall or persist is another cost than the one preflight predicted
+    ends = job.cost_ends(opts["interference"])
+    if ends is None or ends[0].is_async != cost.is_async:
+        return None
+    restarts = job.ranges.get("restart_s") if opts["restart_s"] is None else None
+    restarts = restarts or (restart_s, restart_s)
+    found = [model.analyse(c, failures.mtbf_s, r, opts["every_s"]) for c, r in zip(ends, restarts, strict=True)]
+    out = {"blocking_s": sorted(c.blocking_s for c in ends), "restart_s": sorted(restarts),
+           "optimal_interval_s": sorted(a.optimal_interval_s for a in found),
+           "waste_fraction": sorted(a.waste_fraction for a in found)}
+    if opts["every_s"] is not None:
+        out["waste_fraction_at_interval"] = sorted(a.waste_fraction_at_interval for a in found)
+    return out
 
 
 #: The two-level options (code names) and their flags: any of them asks for the two-level answer.
@@ -679,12 +702,19 @@ def _print_human(doc: dict[str, Any]) -> None:
         table.add_row("Daly (2006)", clamped(doc["daly_interval_s"]), pct(doc["waste_fraction_daly"], 2),
                       overhead(doc["daly_interval_s"]))
         label = "optimum (exact model)" + (" [bound binds]" if doc["constraint_binding"] else "")
-        table.add_row(f"[bold]{label}[/bold]", f"[bold]{format_duration(doc['optimal_interval_s'])}[/bold]",
-                      f"[bold]{pct(doc['waste_fraction'], 2)}[/bold]", pct(doc["overhead_fraction_at_optimum"], 2))
+        ranges = doc.get("ranges") or {}
+        optimum = _spread(format_duration(doc["optimal_interval_s"]), ranges.get("optimal_interval_s"), format_duration)
+        waste = _spread(pct(doc["waste_fraction"], 2), ranges.get("waste_fraction"), lambda v: pct(v, 2))
+        table.add_row(f"[bold]{label}[/bold]", f"[bold]{optimum}[/bold]", f"[bold]{waste}[/bold]",
+                      pct(doc["overhead_fraction_at_optimum"], 2))
         if doc["interval_s"] is not None:
             table.add_row("yours (--every)", format_duration(doc["interval_s"]),
-                          pct(doc["waste_fraction_at_interval"], 2), pct(doc["overhead_fraction"], 2))
+                          _spread(pct(doc["waste_fraction_at_interval"], 2), ranges.get("waste_fraction_at_interval"),
+                                  lambda v: pct(v, 2)), pct(doc["overhead_fraction"], 2))
         console.print(table)
+        if ranges:
+            console.print("[dim](ranges: at the fast and the slow end of the checkpoint times and restart preflight "
+                          "predicted)[/dim]")
         sim = doc["simulation"]
         if sim is not None:
             kind = "exponential" if sim["weibull_shape"] == 1 else f"Weibull k={sim['weibull_shape']:g}"
@@ -713,6 +743,13 @@ def _print_human(doc: dict[str, Any]) -> None:
         console.print(f"[dim]note: {note}[/dim]")
     console.print()
     console.print(takeaway_two_level(doc["two_level"]) if doc["two_level"] is not None else takeaway(doc))
+
+
+def _spread(text: str, span: list[float] | None, shown: Callable[[float], str]) -> str:
+    """``text`` and the range ``span`` it spans, where it spans one that shows."""
+    if not span or shown(span[0]) == shown(span[1]):
+        return text
+    return f"{text} ({shown(span[0])}–{shown(span[1])})"
 
 
 def _restart_text(doc: dict[str, Any], seconds: float) -> str:

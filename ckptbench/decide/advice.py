@@ -6,7 +6,7 @@ within the noise the cheapest is chosen."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench.bench.layout import implication
@@ -169,10 +169,29 @@ class PreflightJob:
     failure_source: str
     restart_s: float
     interval_s: float | None
+    mode: str = "async"  # the checkpoint mode preflight chose: "sync" or "async"
+    #: preflight's predicted ranges (low, high) of ``sync_checkpoint_s``, ``async_stall_s``, ``async_persist_s``,
+    #: ``interference`` and ``restart_s``, those it gave (none in files older than the ranges)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def failure_model(self, where: str) -> FailureModel:
         """The job's failures, their source naming the result file ``where`` they came from."""
         return FailureModel(self.mtbf_s, source=f"{self.failure_source} (the job of {where})")
+
+    def cost_ends(self, interference: float | None = None) -> list[Any] | None:
+        """The checkpoint's cost at the fast and the slow end of the predicted ranges, in the mode preflight
+        chose (``interference``: as typed, else the range's ends); None where the file gives no ranges."""
+        from ckptbench.model.interval import CheckpointCost
+
+        r = self.ranges
+        if self.mode == "sync":
+            write = r.get("sync_checkpoint_s")
+            return None if write is None else [CheckpointCost.sync(write[0]), CheckpointCost.sync(write[1])]
+        stall, persist, share = r.get("async_stall_s"), r.get("async_persist_s"), r.get("interference")
+        if stall is None or persist is None or (share is None and interference is None):
+            return None
+        shares = (interference, interference) if interference is not None else share
+        return [CheckpointCost(stall[end], persist[end], shares[end]) for end in (0, 1)]
 
     def describe(self) -> str:
         size = self.model or f"{self.params / 1e9:.3g}B parameters"
@@ -186,11 +205,31 @@ def preflight_job(doc: dict[str, Any]) -> PreflightJob:
     model = job["model"]
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model {model!r} is not a name")
+    ranges = {}
+    for name in ("sync_checkpoint_s", "async_stall_s", "async_persist_s", "interference", "restart_s"):
+        span = p.get(f"{name}_range")
+        if span is None:
+            continue
+        if not isinstance(span, list) or len(span) != 2:
+            raise ValueError(f"{name}_range {span!r} is not a [low, high] pair")
+        low, high = (_fraction(v) if name == "interference" else _seconds(v) for v in span)
+        if low > high:
+            raise ValueError(f"{name}_range {span!r} runs from high to low")
+        ranges[name] = (low, high)
+    mode = p.get("mode", "async")
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode {mode!r} is neither sync nor async")
     return PreflightJob(_positive_count(job["checkpoint"]["params"], "params"), model,
                         int(_positive_count(job["ranks"], "ranks", whole=True)),
                         int(_positive_count(job["ranks_per_node"], "ranks_per_node", whole=True)),
                         _positive_seconds(p["mtbf_s"]), str(job["failures"]["source"]), _seconds(p["restart_s"]),
-                        None if interval is None else _positive_seconds(interval))
+                        None if interval is None else _positive_seconds(interval), mode, ranges)
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{value!r} is not a fraction")
+    return float(value)
 
 
 def _positive_count(value: Any, what: str, *, whole: bool = False) -> float:

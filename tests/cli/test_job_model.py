@@ -172,3 +172,23 @@ def test_goodput_from_a_preflight_carries_its_predicted_ranges_into_the_hours(cl
     path.write_text(json.dumps(bad))
     result = cli("goodput", "--from", str(path), "--replace", "30m", "--resume", "10m")
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_interval_from_a_preflight_gives_the_optimum_over_its_predicted_ranges(cli):
+    """The optimum and its waste at both ends of the predicted checkpoint times and restart: the same range
+    preflight's own ``optimal_interval_s_range`` gives; a typed restart or stall is no longer uncertain, and a
+    file without ranges, or another checkpoint's --size, gives none."""
+    doc = cli.json("interval", "--from", str(RANGED))
+    p = json.loads(RANGED.read_text())["predictions"]
+    assert doc["ranges"]["optimal_interval_s"] == pytest.approx(p["optimal_interval_s_range"], rel=1e-6)
+    low, high = doc["ranges"]["waste_fraction"]
+    assert low < doc["waste_fraction"] < high
+    typed = cli.json("interval", "--from", str(RANGED), "--restart", "10s")
+    assert typed["ranges"]["restart_s"] == [10.0, 10.0]
+    fixed = cli.json("interval", "--from", str(RANGED), "--interference", "2%")["ranges"]["blocking_s"]
+    assert doc["ranges"]["blocking_s"][0] <= fixed[0] and fixed[1] < doc["ranges"]["blocking_s"][1]
+    assert cli.json("interval", "--from", str(RANGED), "--size", "1TB")["ranges"] is None
+    assert cli.json("interval", "--from", str(RANGED), "--stall", "1s")["ranges"] is None
+    assert cli.json("interval", "--from", str(PREFLIGHT))["ranges"] is None
+    table = cli("interval", "--from", str(RANGED))
+    assert "ranges: at the fast and the slow end of the checkpoint times and restart preflight predicted" in table.stdout
