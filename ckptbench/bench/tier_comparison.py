@@ -127,7 +127,7 @@ def resolve_compare_target(given: str, storage_options: dict[str, Any], *, as_ti
         tier = load_tier(given)
         options = {**tier.storage_options, **storage_options} if tier.is_url else {}
         try:
-            storage = resolve_target(tier.url, options)
+            storage = resolve_target(tier.url, options, forceable=False)
         except CkptbenchError as exc:
             raise type(exc)(f"tier {tier.name} ({tier.source}): {exc.args[0]}", hint=exc.hint) from None
         return CompareTarget(tier.name, given, storage, tier)
@@ -136,7 +136,7 @@ def resolve_compare_target(given: str, storage_options: dict[str, Any], *, as_ti
     if "/" not in given and not Path(given).expanduser().exists():
         raise TargetError(f"{given!r} is neither an existing directory, a URL, nor a tier",
                           hint=f"known tiers: {', '.join(tier_names()) or 'none'}; or a TIER.toml file")
-    return CompareTarget(given, given, resolve_target(given))
+    return CompareTarget(given, given, resolve_target(given, forceable=False))
 
 
 def check_targets(targets: Sequence[CompareTarget], workload: CheckpointWorkload) -> None:

@@ -105,7 +105,7 @@ def _fresh_sweep(target: str | None, size: int) -> tuple[str, dict[str, Any]]:
     from ckptbench.storage import resolve_target
     from ckptbench.storage.local_target import LocalDirectory
 
-    storage = resolve_target(target or tempfile.gettempdir())
+    storage = resolve_target(target or tempfile.gettempdir(), forceable=False)
     if not isinstance(storage, LocalDirectory):
         raise UsageError("recommend sweeps directories; for s3:// run `ckptbench bench s3://...` and pass its result")
     # Block sizes larger than the files of a small --size shrink to the largest I/O the sweep issues.

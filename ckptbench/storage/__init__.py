@@ -19,16 +19,18 @@ def scheme_of(target: str) -> str:
     return head.lower() if sep else "file"
 
 
-def resolve_target(target: str, storage_options: dict[str, Any] | None = None, *, force: bool = False) -> Any:
+def resolve_target(target: str, storage_options: dict[str, Any] | None = None, *, force: bool = False,
+                   forceable: bool = True) -> Any:
     """Validate ``target`` and return what serves it: a LocalDirectory, or an ObjectTarget for URLs
     (raises TargetError / UsageError / MissingDependencyError with one line). A system directory
-    (``/``, ``/etc``, ``/usr``...) is refused unless ``force``."""
+    (``/``, ``/etc``, ``/usr``...) is refused unless ``force``; ``forceable=False`` where the command has no
+    ``--force`` to suggest."""
     scheme = scheme_of(target)
     if scheme == "file":
         if storage_options:
             raise UsageError("--storage-option and --endpoint-url apply to object storage (s3://...), "
                              "not to a directory")
-        return LocalDirectory.from_string(target.removeprefix("file://"), force=force)
+        return LocalDirectory.from_string(target.removeprefix("file://"), force=force, forceable=forceable)
     from ckptbench.storage.object_target import ObjectTarget
 
     return ObjectTarget(target, storage_options)

@@ -145,10 +145,12 @@ class LocalDirectory:
     path: Path
 
     @classmethod
-    def from_string(cls, text: str, *, force: bool = False) -> LocalDirectory:
+    def from_string(cls, text: str, *, force: bool = False, forceable: bool = True) -> LocalDirectory:
         """Check ``text`` names an existing, writable directory (TargetError with one line if not).
 
-        ``force``: accept a system directory (``SYSTEM_DIRECTORIES``, also through a symlink) as well.
+        ``force``: accept a system directory (``SYSTEM_DIRECTORIES``, also through a symlink) and a directory
+        others can write to without the sticky bit as well. ``forceable``: whether the command offers
+        ``--force``; the refusals of those two suggest it only then.
         """
         if not text.strip():
             raise TargetError("the target is empty", hint="give a directory path")
@@ -168,15 +170,16 @@ class LocalDirectory:
         if str(resolved) in SYSTEM_DIRECTORIES and not force:
             shown = repr(text) if str(resolved) == text else f"{text!r} (resolves to {resolved})"
             raise TargetError(f"{shown} is a system directory: a benchmark would write its scratch files there",
-                              hint="give a directory on the storage to measure, or --force if you mean it")
+                              hint="give a directory on the storage to measure"
+                                   + (", or --force if you mean it" if forceable else ""))
         if not os.access(path, os.W_OK | os.X_OK):  # also catches read-only mounts (EROFS), even for root
             raise TargetError(f"{text!r} is not writable", hint="pick a directory you can write to")
         shared = shared_without_sticky_bit(resolved)
         if shared is not None and not force:
             raise TargetError(f"{text!r} {shared} and has no sticky bit: they could rename the run's scratch "
                               f"directory and plant symlinks in its place",
-                              hint="use a directory only you can write to (or a sticky one like /tmp), or --force "
-                                   "if you trust everyone who can write there")
+                              hint="use a directory only you can write to (or a sticky one like /tmp)"
+                                   + (", or --force if you trust everyone who can write there" if forceable else ""))
         return cls(resolved)
 
     def __str__(self) -> str:

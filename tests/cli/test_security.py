@@ -110,6 +110,29 @@ def test_force_does_not_skip_the_other_checks(cli, command: str) -> None:
     assert "/proc" in line
 
 
+@pytest.mark.parametrize("command, args", [
+    ("compare", ["--size", "1MiB", "--repeat", "1", "--warmup", "0", "--mtbf", "1d"]),
+    ("recommend", ["--size", "1MiB"]),
+])
+@pytest.mark.parametrize("kind", ["system", "shared"])
+def test_a_refusal_names_no_option_the_command_lacks(cli, tmp_path: Path, monkeypatch, command: str,
+                                                     args: list[str], kind: str) -> None:
+    """compare and recommend have no --force: their refusal of a system or shared directory says what to do
+    instead of naming a flag they would reject."""
+    target = tmp_path / "target"
+    target.mkdir()
+    if kind == "system":
+        monkeypatch.setattr(local_target, "SYSTEM_DIRECTORIES", local_target.SYSTEM_DIRECTORIES | {str(target)})
+    else:
+        target.chmod(0o777)
+    target_args = ["--target", str(target)] if command == "recommend" else [str(target)]
+    line = _one_error_line(cli(command, *target_args, *args))
+    assert ("system directory" if kind == "system" else "sticky bit") in line
+    assert "--force" not in line
+    assert "--force" not in cli(command, "--help").stdout
+    assert list(target.iterdir()) == []
+
+
 # -- scratch directories -------------------------------------------------------------------------------------
 
 
