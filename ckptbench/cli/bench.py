@@ -136,8 +136,9 @@ CLIENT_OPTION = click.option(
                    "in output or result files; prefer the environment or a profile.")
 @CLIENT_OPTION
 @click.option("--force", is_flag=True,
-              help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise: the scratch "
-                   "files would land among the system's own.")
+              help="Accept as TARGET a system directory (/, /etc, /usr, /var...) or a directory other users can "
+                   "write to without the sticky bit, each refused otherwise: the scratch files would land among the "
+                   "system's own, or where another user could swap them.")
 @click.option("--mlperf", type=click.Choice(["llama3-8b", "llama3-70b", "llama3-405b", "llama3-1t"]), default=None,
               help="MLPerf Storage v2.0's checkpointing workload (its TP x PP x DP, ZeRO stage and checkpoint size), "
                    "each rank writing its MLPerf share: under torchrun/srun every launched rank (all of the "

@@ -124,7 +124,8 @@ def _interval(value: str) -> float | None:
 @click.option("--plot", "plot_path", type=params.OUTPUT_FILE, default=None,
               help="Also draw waste versus checkpoint interval (the interval used and the optimum marked) to a PNG.")
 @click.option("--force", is_flag=True,
-              help="Accept a system directory (/, /etc, /usr, /var...) as TARGET, refused otherwise.")
+              help="Accept as TARGET a system directory (/, /etc, /usr, /var...) or a directory other users can "
+                   "write to without the sticky bit, each refused otherwise.")
 @click.pass_context
 def preflight(ctx: click.Context, target: str | None, **opts: Any) -> None:
     """Will checkpointing on TARGET work for this job? Measure, predict, and say PASS / WARN / FAIL.
