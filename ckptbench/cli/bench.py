@@ -115,9 +115,9 @@ CLIENT_OPTION = click.option(
               help="Checkpoint workload: its size as a fraction of the full model's (0.05 or 5%), instead of --size.")
 @click.option("--writers", type=params.ListType(click.Choice(WRITER_NAMES)), default=None,
               help="Checkpoint workload: writers compared in one process, alternating: "
-                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference; s3torchconnector: s3:// only)  "
-                   "[default: ckptbench; on object storage: ckptbench, dcp and torch through s3fs, "
-                   "s3torchconnector].")
+                   f"{','.join(WRITER_NAMES)} (fio: the raw-bytes reference; s3torchconnector: s3:// only; "
+                   "on object storage: ckptbench, dcp and torch through s3fs, s3torchconnector)  "
+                   "[default: ckptbench].")
 @click.option("--device", default=None, metavar="cpu|cuda|cuda:N",
               help="Checkpoint workload: where the state_dict lives while it is saved, and where loads put it. "
                    "cuda measures what training does: device-to-host staging, then the writes; under "
