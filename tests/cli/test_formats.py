@@ -113,6 +113,16 @@ def test_interval_csv_one_row_per_interval(cli):
     assert float(found["yours"]["waste_fraction"]) == pytest.approx(doc["waste_fraction_at_interval"])
 
 
+def test_interval_csv_gives_the_overhead_the_table_shows_for_young_and_daly(cli):
+    """Every row the table prints with a checkpoint overhead has it in the CSV as well."""
+    found = {r["interval"]: r for r in _csv(cli(*INTERVAL, "--format", "csv").stdout)}
+    table = cli(*INTERVAL).stdout
+    for name, label in (("young", "Young"), ("daly", "Daly (2006)")):
+        overhead = float(found[name]["overhead_fraction"])
+        row = next(line for line in table.splitlines() if label in line)
+        assert row.rstrip(" │").endswith(f"{100 * overhead:.2f} %"), (row, overhead)
+
+
 def test_goodput_csv_one_row_per_scenario(cli):
     out = cli(*GOODPUT, "--format", "csv")
     assert out.exit_code == 0, out.stderr
