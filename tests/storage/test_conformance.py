@@ -21,6 +21,7 @@ from ckptbench.checkpoint import Checkpointer
 from ckptbench.checkpoint import manifest as mf
 from ckptbench.checkpoint.api import CheckpointExistsError
 from ckptbench.checkpoint.manifest import NotACheckpointError
+from ckptbench.errors import StorageIOError
 from ckptbench.storage.store import Store, open_store
 
 PART = 5 * 2**20  # S3's smallest part: objects above it are multipart uploads / several ranged GETs
@@ -273,3 +274,42 @@ def test_a_top_level_location_is_never_removed_as_a_directory():
     finally:
         if memory.exists(top):
             memory.rm(top, recursive=True)
+
+
+def _fail_writes(monkeypatch: pytest.MonkeyPatch, store: Store) -> None:
+    """Every shard write of ``store``'s kind fails, as on an I/O error of the storage."""
+
+    def failing(self: Store, files: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error (injected)")
+
+    monkeypatch.setattr(type(store), "write_files", failing)
+
+
+
+@pytest.mark.parametrize("existed", [True, False], ids=["the-users-directory", "one-the-save-made"])
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_a_failed_save_removes_only_the_directory_it_made(kind: str, existed: bool, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """A save that fails before its commit takes the empty directory it created with it, and leaves one
+    that was there before it (made by the user, maybe with its own permissions or a mount under it)."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    root = f"/ckptbench-test-{uuid.uuid4().hex[:12]}"
+    url = f"memory://{root}/ckpt" if kind == "memory" else str(tmp_path / "ckpt")
+
+    def is_dir() -> bool:
+        return memory.isdir(f"{root}/ckpt") if kind == "memory" else Path(url).is_dir()
+
+    try:
+        if existed and kind == "memory":
+            memory.makedirs(f"{root}/ckpt")
+        elif existed:
+            Path(url).mkdir()
+        _fail_writes(monkeypatch, open_store(url))
+        with pytest.raises(StorageIOError, match="injected"):
+            Checkpointer(threads=1).save(state(1), url)
+        assert is_dir() is existed
+    finally:
+        if memory.exists(root):
+            memory.rm(root, recursive=True)
