@@ -83,6 +83,7 @@ class FsspecStore(Store):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.fs, self.protocol, self.root = _filesystem(url, storage_options)
         self.url = f"{self.protocol}://{self.root}"
+        self._made_root = False
 
     def __repr__(self) -> str:
         return f"FsspecStore({self.url!r})"
@@ -100,7 +101,10 @@ class FsspecStore(Store):
         return None
 
     def prepare(self) -> None:
+        """Create the location's directory (where the filesystem has them); :meth:`abandon` removes it
+        again only if it was not there before."""
         try:
+            self._made_root = not self.fs.exists(self.root)
             self.fs.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise TargetError(f"cannot create {self.url}: {exc}") from None
@@ -207,7 +211,10 @@ class FsspecStore(Store):
             log.warning("could not remove the empty directory %s: %s", self.url, exc)
 
     def abandon(self) -> None:
-        self.remove_location()
+        """The directory :meth:`prepare` made, where still empty; one that was there before stays."""
+        if self._made_root:
+            self._made_root = False
+            self.remove_location()
 
     def remove(self, names: list[str]) -> None:
         for name in names:
