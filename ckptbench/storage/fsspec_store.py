@@ -75,6 +75,28 @@ def _quiet_half_built(cls: type) -> Iterator[None]:
         sys.unraisablehook = previous
 
 
+#: The fsspec filesystems whose ``rmdir`` was read and refuses a directory with anything in it (a real
+#: directory: memory, a mount, sftp, ftp, smb; a folder of a GCS bucket with a hierarchical namespace):
+#: the only ones asked to remove a location's directory. Listing it empty and removing it are two steps,
+#: and a save may write in between; a recursive ``rmdir`` (pyarrow's ``delete_dir`` behind hdfs://) would
+#: take that save's files. The object-store filesystems keep no directory below a bucket to remove.
+_RMDIR_REFUSES_CONTENTS = frozenset({
+    "fsspec.implementations.memory.MemoryFileSystem",
+    "fsspec.implementations.local.LocalFileSystem",
+    "fsspec.implementations.sftp.SFTPFileSystem",
+    "fsspec.implementations.ftp.FTPFileSystem",
+    "fsspec.implementations.smb.SMBFileSystem",
+    "gcsfs.extended_gcsfs.ExtendedGcsFileSystem",
+})
+
+
+def _rmdir_refuses_contents(fs: Any) -> bool:
+    """Whether ``fs``'s ``rmdir`` is one of :data:`_RMDIR_REFUSES_CONTENTS` (not a subclass's own)."""
+    method = "_rmdir" if getattr(fs, "async_impl", False) else "rmdir"
+    owner = next((cls for cls in type(fs).__mro__ if method in vars(cls)), None)
+    return owner is not None and f"{owner.__module__}.{owner.__qualname__}" in _RMDIR_REFUSES_CONTENTS
+
+
 class FsspecStore(Store):
     """A location ``PROTOCOL://path`` on an fsspec filesystem; objects are ``path/NAME``."""
 
@@ -104,7 +126,7 @@ class FsspecStore(Store):
         """Create the location's directory (where the filesystem has them); :meth:`abandon` removes it
         again only if it was not there before."""
         try:
-            self._made_root = not self.fs.exists(self.root)
+            self._made_root = _rmdir_refuses_contents(self.fs) and not self.fs.exists(self.root)
             self.fs.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise TargetError(f"cannot create {self.url}: {exc}") from None
@@ -196,10 +218,10 @@ class FsspecStore(Store):
                 for path, info in found.items()}
 
     def remove_location(self) -> None:
-        """The location's directory, where the filesystem keeps one (memory, sftp, hdfs, ...) and it is
-        empty. Never a top-level one: on object-store filesystems (s3fs, gcsfs) that is a bucket, which
-        their ``rmdir`` deletes."""
-        if "/" not in self.root.strip("/"):
+        """The location's directory, where the filesystem keeps one, it is empty and its ``rmdir`` would
+        refuse it otherwise (:data:`_RMDIR_REFUSES_CONTENTS`: memory, sftp, ...; not hdfs). Never a
+        top-level one: on object-store filesystems (gcsfs) that is a bucket, which their ``rmdir`` deletes."""
+        if "/" not in self.root.strip("/") or not _rmdir_refuses_contents(self.fs):
             return
         try:
             if self.fs.ls(self.root, detail=False):
