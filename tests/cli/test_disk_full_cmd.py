@@ -163,6 +163,29 @@ def test_a_competitor_that_fails_in_the_warm_up_is_left_out_of_every_later_round
     assert "completion without an ETag, as Ceph RGW 16 does" in result.stderr  # a known cause is explained
 
 
+def test_a_failure_of_ckptbench_itself_in_a_competitors_round_ends_the_run(cli, tmp_path: Path, monkeypatch):
+    """What ckptbench does around a competitor's save and load (counting its files, making its reads cold,
+    removing it) is ckptbench's own: a failure there ends the run, not the competitor's part in it."""
+    from ckptbench.bench import shootout
+    from ckptbench.errors import StorageIOError
+
+    real = shootout.LocalPlaces.files
+
+    def files(self, location: Path) -> tuple[int, int]:
+        if location.name.startswith("torch-"):
+            raise StorageIOError(f"listing {location} failed (injected)")
+        return real(self, location)
+
+    monkeypatch.setattr(shootout.LocalPlaces, "files", files)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "ckptbench,torch", "--format", "json")
+    assert result.exit_code == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("ckptbench: error: listing ") and lines[-1].endswith("failed (injected)"), lines
+    assert not any("torch failed" in line for line in lines), lines
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_failing_dcp_rank_is_named_by_its_own_error(cli, tmp_path: Path, monkeypatch):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
