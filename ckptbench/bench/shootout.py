@@ -456,20 +456,26 @@ def _running(writers: list[Contender], failed: list[WriterFailure]) -> list[Cont
     return [w for w in writers if w.name not in out]
 
 
+class CompetitorFailed(StorageIOError):
+    """A competitor writer's own failure: its save, load or async save raised, or what it loaded differs
+    from what it saved (:func:`writer_failures`, :func:`_verify`)."""
+
+
 @contextlib.contextmanager
 def _competitor(w: Contender, during: str, places: LocalPlaces | ObjectPlaces, failed: list[WriterFailure],
                 names: list[str]) -> Iterator[None]:
-    """A competitor's round: its failure (``writer_failures``' StorageIOError, a load that did not match)
-    is recorded in ``failed`` and its files removed, and the run goes on without it; a server quirk or a
-    missing feature of one writer does not take the others' results with it. ckptbench's own failures,
-    and a disk that filled up (every writer needs the space), end the run."""
+    """A competitor's round: its failure (a :class:`CompetitorFailed`: its save or load raised, or what it
+    loaded did not match) is recorded in ``failed`` and its files removed, and the run goes on without it;
+    a server quirk or a missing feature of one writer does not take the others' results with it.
+    ckptbench's own failures (also in what it does around a competitor's calls: counting its files, making
+    its reads cold, removing it), and a disk that filled up (every writer needs the space), end the run."""
     if isinstance(w, CkptbenchContender):
         yield
         return
     try:
         yield
-    except StorageIOError as exc:
-        if isinstance(exc, InsufficientSpaceError) or places.out_of_space(exc):
+    except CompetitorFailed as exc:
+        if places.out_of_space(exc):
             raise
         message = str(exc).removeprefix(f"{w.name}: ")
         hint = _known_failure(message)
@@ -530,7 +536,7 @@ def _sync_round(w: Contender, state_dict: dict[str, Any], places: Any, name: str
     progress.end_step(nbytes)
     if loaded is not None:
         progress.phase(f"{w.name}: verifying")
-        verify_state_dict(state_dict, loaded, w.name)
+        _verify(w, state_dict, loaded, w.name)
         s.verified = True
     del loaded
     places.remove(directory)
@@ -579,13 +585,28 @@ def writer_failures(w: Contender, action: str, where: Path | str) -> Iterator[No
     with _thread_failures() as in_threads:
         try:
             yield
-        except (CkptbenchError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        except (UsageError, KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise  # a missing package, a bad option, a full disk: the run's, not this writer's
+        except StorageIOError as exc:  # the adapter's own check of the writer (fio's exit status)
+            raise CompetitorFailed(str(exc)) from exc
+        except CkptbenchError:
             raise
         except BaseException as exc:  # dcp's CheckpointException is a BaseException
             cause = in_threads[0] if in_threads else exc
-            raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(cause)}") from cause
+            raise CompetitorFailed(f"{w.name}: {action} at {where} failed: {_first_failure(cause)}") from cause
     if in_threads:
-        raise StorageIOError(f"{w.name}: {action} at {where} failed: {_first_failure(in_threads[0])}") from in_threads[0]
+        raise CompetitorFailed(f"{w.name}: {action} at {where} failed: {_first_failure(in_threads[0])}") \
+            from in_threads[0]
+
+
+def _verify(w: Contender, source: dict[str, Any], loaded: dict[str, Any], label: str) -> None:
+    """:func:`verify_state_dict`; a competitor's mismatch as a :class:`CompetitorFailed`."""
+    try:
+        verify_state_dict(source, loaded, label)
+    except StorageIOError as exc:
+        if isinstance(w, CkptbenchContender):
+            raise
+        raise CompetitorFailed(str(exc)) from exc
 
 
 @contextlib.contextmanager
@@ -629,7 +650,7 @@ def _async_round(w: Contender, state_dict: dict[str, Any], places: Any, name: st
         progress.phase(f"{w.name}: verifying the async save")
         with writer_failures(w, "load", directory):
             _, loaded = w.load(directory)
-        verify_state_dict(state_dict, loaded, f"{w.name} (async)")  # type: ignore[arg-type]
+        _verify(w, state_dict, loaded, f"{w.name} (async)")  # type: ignore[arg-type]
         a.verified = True
         del loaded
     places.remove(directory)
