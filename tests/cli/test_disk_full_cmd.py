@@ -186,6 +186,46 @@ def test_a_failure_of_ckptbench_itself_in_a_competitors_round_ends_the_run(cli, 
     assert os.listdir(tmp_path) == []
 
 
+def _loads_other_bytes(monkeypatch, contender: type) -> None:
+    """``contender``'s loads come back with one tensor's bytes changed (a writer that lost data)."""
+    real = contender._load
+
+    def load(self, directory):
+        loaded = real(self, directory)
+        key = next(iter(loaded))
+        loaded[key] = loaded[key].clone().view(-1).add_(1).view(loaded[key].shape)
+        return loaded
+
+    monkeypatch.setattr(contender, "_load", load)
+
+
+def test_a_competitor_whose_load_does_not_match_is_left_out(cli, tmp_path: Path, monkeypatch):
+    from ckptbench.bench import writers
+
+    _loads_other_bytes(monkeypatch, writers.TorchSaveContender)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "ckptbench,torch", "--format", "json")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    document = json.loads(result.stdout)
+    assert [r["writer"] for r in document["results"]] == ["ckptbench"]
+    [failure] = document["failed_writers"]
+    assert failure["writer"] == "torch" and "loaded with different bytes than were saved" in failure["error"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_ckptbench_loading_other_bytes_than_it_saved_ends_the_run_beside_competitors(cli, tmp_path: Path,
+                                                                                   monkeypatch):
+    from ckptbench.bench import writers
+
+    _loads_other_bytes(monkeypatch, writers.CkptbenchContender)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "torch,ckptbench", "--format", "json")
+    assert result.exit_code == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("ckptbench: error: ckptbench: ") and "loaded with different bytes" in lines[-1], lines
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_failing_dcp_rank_is_named_by_its_own_error(cli, tmp_path: Path, monkeypatch):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
