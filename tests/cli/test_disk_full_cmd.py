@@ -226,6 +226,35 @@ def test_ckptbench_loading_other_bytes_than_it_saved_ends_the_run_beside_competi
     assert os.listdir(tmp_path) == []
 
 
+def test_a_competitor_that_fails_in_its_async_round_has_no_results_at_all(cli, tmp_path: Path, monkeypatch):
+    """dcp's sync save and load succeed, its async save fails when waited for: it is left out of both the
+    sync results and the async ones (a writer with a failure has no results), the others are complete."""
+    from ckptbench.bench import writers
+
+    real = writers.DcpContender.save_async
+
+    def failing_async(self, state_dict, directory):
+        pending = real(self, state_dict, directory)
+
+        def wait() -> None:
+            pending.wait()
+            raise OSError(5, "the upload was lost (injected)")
+
+        return writers.PendingSave(pending.done, wait)
+
+    monkeypatch.setattr(writers.DcpContender, "save_async", failing_async)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0", "--writers", "ckptbench,dcp", "--format", "json")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    document = json.loads(result.stdout)
+    assert [r["writer"] for r in document["results"]] == ["ckptbench"]
+    assert [a["writer"] for a in document["async"]] == ["ckptbench"]
+    [failure] = document["failed_writers"]
+    assert failure["writer"] == "dcp" and failure["during"] == "its async round 1/1"
+    assert "the upload was lost (injected)" in failure["error"]
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_failing_dcp_rank_is_named_by_its_own_error(cli, tmp_path: Path, monkeypatch):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
