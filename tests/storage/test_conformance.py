@@ -350,3 +350,33 @@ def test_removing_a_location_never_takes_a_file_written_since_it_was_listed(tmp_
     store.remove_location()
     assert location.is_dir()
     assert not shard.exists() or shard.read_bytes() == b"a concurrent save's shard"
+
+
+def test_removing_a_memory_location_keeps_a_file_written_since_it_was_listed(monkeypatch: pytest.MonkeyPatch):
+    """On memory:// the empty directory goes with a removed checkpoint; a file a save wrote after the
+    listing makes the ``rmdir`` refuse, and both stay."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    root = f"/ckptbench-test-{uuid.uuid4().hex[:12]}"
+    store = open_store(f"memory://{root}/ckpt")
+    store.prepare()
+    shard = f"{root}/ckpt/shard-0123abcd-00000.bin"
+    listing = store.fs.ls
+
+    def listed_then_a_save_writes(path: str, *args: Any, **kwargs: Any) -> Any:
+        found = listing(path, *args, **kwargs)
+        memory.pipe_file(shard, b"a concurrent save's shard")
+        return found
+
+    try:
+        monkeypatch.setattr(store.fs, "ls", listed_then_a_save_writes)
+        store.remove_location()
+        assert memory.cat_file(shard) == b"a concurrent save's shard"
+        monkeypatch.undo()
+        memory.rm_file(shard)
+        store.remove_location()
+        assert not memory.exists(f"{root}/ckpt") and memory.exists(root)
+    finally:
+        if memory.exists(root):
+            memory.rm(root, recursive=True)
