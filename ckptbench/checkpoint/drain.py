@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
+import multiprocessing.context
 import os
 import queue
 import sys
@@ -489,6 +490,47 @@ def _copy_in_worker(source: tuple[str, dict | None], target: tuple[str, dict | N
                            progress=_moved, **io)
 
 
+#: The name the drain's processes carry (``_drain_context``): spawn leaves the caller's main module out of them.
+_WORKER_NAME = "ckptbench-drain"
+
+
+class _DrainSpawnProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process named ``_WORKER_NAME-…``: ``_drain_context`` keeps the caller's main module out of it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = f"{_WORKER_NAME}-{self.name}"
+
+
+class _DrainSpawnContext(multiprocessing.context.SpawnContext):
+    Process = _DrainSpawnProcess
+
+
+def _drain_context() -> Any:
+    """A "spawn" context whose processes never import the caller's main module.
+
+    A spawned child normally imports the parent's ``__main__`` again (as ``__mp_main__``, from its path or
+    its ``-m`` name) so that functions defined there can be unpickled; a training script without an
+    ``if __name__ == "__main__":`` guard then runs its top level, training included, a second time in the
+    drain process. Everything the drain runs is in ckptbench's own modules, so its processes (named
+    ``_WORKER_NAME``) are given no main module to import; other processes are spawned as before."""
+    from multiprocessing import spawn
+
+    if not getattr(spawn.get_preparation_data, "_ckptbench", False):
+        parent = spawn.get_preparation_data
+
+        def get_preparation_data(name: str) -> dict[str, Any]:
+            data = parent(name)
+            if str(name).startswith(_WORKER_NAME):
+                data.pop("init_main_from_name", None)
+                data.pop("init_main_from_path", None)
+            return data
+
+        get_preparation_data._ckptbench = True  # type: ignore[attr-defined]
+        spawn.get_preparation_data = get_preparation_data
+    return _DrainSpawnContext()
+
+
 class DrainProcess:
     """Copies run in a process of their own, started on the first copy and kept for the next ones.
 
@@ -560,12 +602,11 @@ class DrainProcess:
              block_size: int, direct: bool) -> DrainResult:
         """:func:`copy_checkpoint` from ``source`` to ``target`` in the drain process; its error, raised here
         (DrainStalledError when the watchdog stopped it)."""
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         if self._pool is None:
-            context = multiprocessing.get_context("spawn")
+            context = _drain_context()
             self._progress = context.RawArray("q", 2)
             self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_worker,
                                              initargs=(self._progress,))

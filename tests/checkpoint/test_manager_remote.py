@@ -2,7 +2,8 @@
 
 The remote tier here is another directory; on S3 (Ceph RGW): tests/storage/test_manager_s3.py.
 This file is also the worker of the SIGKILL and hung-drain tests: ``python test_manager_remote.py LOCAL REMOTE``,
-``python test_manager_remote.py timeout|kill LOCAL REMOTE FLAG``.
+``python test_manager_remote.py timeout|kill LOCAL REMOTE FLAG``, and holds the hooks their drain processes
+load (``_DRAIN_HOOKS``).
 """
 
 from __future__ import annotations
@@ -152,11 +153,35 @@ def test_the_local_tier_keeps_a_step_until_its_copy_is_done(tmp_path: Path, monk
     assert_state(ckptbench.load(remote / "step-00000002"), 2)
 
 
+#: Installed as ``sitecustomize`` for the workers below: in their spawned drain process (which imports neither
+#: the worker's script nor this file), it loads this file and applies the hook the environment names.
+_DRAIN_HOOKS = """
+import os, sys
+if "--multiprocessing-fork" in sys.argv and os.environ.get("CKPTBENCH_TEST_HOOKS"):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_drain_hooks", os.environ["CKPTBENCH_TEST_HOOKS"])
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    if os.environ.get("CKPTBENCH_TEST_SLOW_DRAIN"):
+        hooks._slow_down_the_drain(os.environ["CKPTBENCH_TEST_SLOW_DRAIN"])
+    elif os.environ.get("CKPTBENCH_TEST_HANG_DRAIN"):
+        hooks._hang_the_drain(os.environ["CKPTBENCH_TEST_HANG_DRAIN"])
+"""
+
+
+def _hooked(tmp_path: Path, **env: str) -> dict[str, str]:
+    """The environment of a worker whose drain process gets ``_DRAIN_HOOKS``' hook (``env`` names it)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(_DRAIN_HOOKS)
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": path, "CKPTBENCH_TEST_HOOKS": str(HERE), **env}
+
+
 def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path, kill_when_it_says):
     # SIGKILL to the saving process takes its drain process along, midway through a copy
     local, remote = tmp_path / "local", tmp_path / "remote"
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_DRAIN_BUFFER_BYTES": str(64 * 1024),
-           "CKPTBENCH_TEST_SLOW_DRAIN": str(remote)}
+    env = _hooked(tmp_path, CKPTBENCH_DRAIN_BUFFER_BYTES=str(64 * 1024), CKPTBENCH_TEST_SLOW_DRAIN=str(remote))
     kill_when_it_says([sys.executable, str(HERE), str(local), str(remote)], env, "draining step 2")
     partial = remote / "step-00000002"
     assert list(partial.glob("shard-*.bin")) and not (partial / "manifest.json").exists()
@@ -175,8 +200,7 @@ def test_a_drain_killed_midway_leaves_both_tiers_loadable(tmp_path: Path, kill_w
 def _run_worker(mode: str, local: Path, remote: Path, flag: Path, *, kill_drain: bool = False) -> dict:
     """Run ``_hang_worker`` in a process of its own (its drain process hangs while ``flag`` exists); with
     ``kill_drain``, SIGKILL the drain process once the worker says it hangs. The worker's findings."""
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPTBENCH_TEST_HANG_DRAIN": str(flag),
-           "CKPTBENCH_DRAIN_RETRY_S": "0.2"}
+    env = _hooked(local.parent, CKPTBENCH_TEST_HANG_DRAIN=str(flag), CKPTBENCH_DRAIN_RETRY_S="0.2")
     worker = subprocess.Popen([sys.executable, str(HERE), mode, str(local), str(remote), str(flag)],
                               stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env)
     try:
@@ -385,7 +409,34 @@ if __name__ == "__main__":
         _hang_worker(*sys.argv[1:5])
     else:
         _worker(sys.argv[1], sys.argv[2])
-elif __name__ == "__mp_main__" and os.environ.get("CKPTBENCH_TEST_SLOW_DRAIN"):  # the worker's drain process
-    _slow_down_the_drain(os.environ["CKPTBENCH_TEST_SLOW_DRAIN"])
-elif __name__ == "__mp_main__" and os.environ.get("CKPTBENCH_TEST_HANG_DRAIN"):
-    _hang_the_drain(os.environ["CKPTBENCH_TEST_HANG_DRAIN"])
+
+
+#: A training script as many are written: no ``if __name__ == "__main__":`` guard. Each run of its top level
+#: appends its pid to RUNS.
+_UNGUARDED = """
+import os, sys, torch, ckptbench
+with open(sys.argv[3], "a") as runs:
+    runs.write(f"{os.getpid()}\\n")
+with ckptbench.CheckpointManager(sys.argv[1], remote=sys.argv[2], remote_every=1) as manager:
+    for step in (1, 2):
+        manager.save(step, {"w": torch.full((64,), float(step))})
+    status = manager.wait_remote(timeout=120)
+    assert status.drained_step == 2, status
+"""
+
+
+@pytest.mark.parametrize("how", ["path", "module"])
+def test_the_drain_process_never_runs_the_callers_unguarded_script(tmp_path: Path, how: str):
+    """The drain's copy process is spawned: a spawned child imports the parent's main module again (by path,
+    or by name under ``python -m``), which runs an unguarded script's top level, training included, once
+    more. The drain's processes are given no main module to import; the script runs once."""
+    script = tmp_path / "train_unguarded.py"
+    script.write_text(_UNGUARDED)
+    runs = tmp_path / "runs.txt"
+    args = [str(tmp_path / "local"), str(tmp_path / "remote"), str(runs)]
+    command = [sys.executable, str(script), *args] if how == "path" else [sys.executable, "-m", "train_unguarded", *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(HERE.parents[2])])}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(runs.read_text().split()) == 1, runs.read_text()
+    assert torch.equal(ckptbench.load(tmp_path / "remote" / "step-00000002")["w"], torch.full((64,), 2.0))
