@@ -78,9 +78,12 @@ COLD_BUFFERED = "buffered (after fdatasync + fadvise DONTNEED)"
 #: Whether a buffered save on local block storage writes from the tensors' memory unless
 #: CKPTBENCH_SAVE_ZERO_COPY says otherwise (on network and FUSE mounts it does).
 ZERO_COPY_LOCAL = False
-#: The first trial of each durable mode, and the share of CKPTBENCH_TUNE_SECONDS each later trial aims at.
+#: The first trial of each durable mode, and the share of CKPTBENCH_TUNE_SECONDS each later trial aims at:
+#: about 1/32, so that on a mount slow enough for every trial to take its full share the whole measurement
+#: still fits (2 modes x REPEATS writes and cold reads, then REPEATS samples of up to 4 thread counts and
+#: 3 block sizes: 27 writes and 6 reads), and no sweep is cut short to its default for want of time.
 FIRST_TRIAL_BYTES = 4 << 20
-TRIAL_SHARE = 1 / 16
+TRIAL_SHARE = 1 / 32
 _PROBE_SEED = 0x74756E65
 
 

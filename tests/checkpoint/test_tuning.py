@@ -477,3 +477,17 @@ def test_a_sweep_takes_three_samples_of_each_and_one_cut_short_keeps_the_default
     chosen = tuning._sweep(None, "threads", (2, 4, 8), 2, 7.5, measured, trial, "here")  # 8 trials of 9
     assert (chosen.value, chosen.source) == (2, "default") and "no time for 3 samples of every threads" in chosen.reason
     assert measured["threads_gbps"]["8"] == [2.0, 2.0]
+
+
+def test_on_a_slow_mount_every_sweep_finishes_within_the_budget(clock):
+    """Trials sized to a share of the budget: on a mount where every trial takes its full share (50 MB/s here,
+    far below the probe's bytes per second), both sweeps still get their three samples of every candidate
+    and decide by measurement, within the budget."""
+    def rate(direct, threads, block):
+        return 0.05 * (1.5 if threads == 4 else 1.0)
+
+    chosen = _measure(_FakeStore(clock, rate))
+    assert (chosen.threads.value, chosen.threads.source) == (4, "measured")
+    assert chosen.block_size.source == "measured"
+    assert all(len(v) == tuning.REPEATS for v in chosen.measured["threads_gbps"].values())
+    assert clock.now <= tuning.knobs.TUNE_SECONDS * 1.15
