@@ -61,7 +61,8 @@ def compare_results(old: Path, new: Path, threshold: float | None, output_format
     """
     from ckptbench.bench.baseline import compare
 
-    comparison = compare(read_result(old), read_result(new), str(old), str(new))
+    old_doc, new_doc = read_result(old), read_result(new)
+    comparison = compare(old_doc, new_doc, str(old), str(new))
     regressions = comparison.regressions(threshold) if threshold is not None else []
     document = {
         "schema": "ckptbench.compare-results/1", "old": str(old), "new": str(new), "kind": comparison.kind,
@@ -69,6 +70,9 @@ def compare_results(old: Path, new: Path, threshold: float | None, output_format
         "changes": [c.to_dict(threshold) for c in comparison.changes],
         "regressions": [f"{c.configuration}: {c.metric}" for c in regressions],
         "only_old": list(comparison.only_old), "only_new": list(comparison.only_new),
+        # writers a shoot-out left out because they failed there (bench --workload checkpoint): why one is
+        # only in the other file
+        "failed_old": _failed_writers(old_doc), "failed_new": _failed_writers(new_doc),
         "units": {"ratio": "median(NEW) / median(OLD)", "ratio_error": "standard uncertainty of the ratio",
                   "slower_by": "fraction: 1 - ratio for rates, ratio - 1 for times"},
     }
@@ -117,11 +121,22 @@ def _print(doc: dict[str, Any]) -> None:
             text = f"[bold red]REGRESSION[/] {text}"
         table.add_row(c["configuration"], label, show(c["old_median"]), show(c["new_median"]), _ratio_text(c), text)
     console.print(table)
-    for side, labels in (("OLD", doc["only_old"]), ("NEW", doc["only_new"])):
+    for side, labels, other, failed in (("OLD", doc["only_old"], "NEW", doc.get("failed_new") or {}),
+                                        ("NEW", doc["only_new"], "OLD", doc.get("failed_old") or {})):
         if labels:
             console.print(f"[dim]only in {side}: {', '.join(labels)}[/]")
+        for writer, error in failed.items():
+            console.print(f"[yellow]{writer} failed in {other}[/] [dim]({error})[/]")
     threshold = doc["fail_if_slower"]
     if threshold is not None and not doc["regressions"]:
         slowest = max((c["slower_by"] for c in doc["changes"] if c["slower_by"] is not None), default=math.nan)
         worst = f"; the slowest change is {slowest:.0%}" if math.isfinite(slowest) and slowest > 0 else ""
         console.print(f"no metric slower than OLD by more than {threshold:.0%}{worst}")
+
+
+def _failed_writers(doc: Any) -> dict[str, str]:
+    """writer -> its error, for the writers a shoot-out result says failed (none in other results)."""
+    failed = doc.get("failed_writers") if isinstance(doc, dict) else None
+    if not isinstance(failed, list):
+        return {}
+    return {str(f.get("writer")): str(f.get("error")) for f in failed if isinstance(f, dict)}

@@ -132,3 +132,19 @@ def test_files_it_cannot_compare_exit_2_with_one_line(cli, tmp_path, case):
     assert out.exit_code == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("ckptbench: error:")
+
+
+def test_a_writer_that_failed_in_one_shoot_out_is_named_as_failed_not_only_missing(cli, tmp_path: Path):
+    """A shoot-out leaves a failed competitor out of its results (``failed_writers``); comparing it with one
+    where that writer ran says it failed there, with its error, besides listing it as only in the other."""
+    new = json.loads(CKPT_RESULT.read_text())
+    new["results"] = [r for r in new["results"] if r["writer"] != "torch"]
+    new["failed_writers"] = [{"writer": "torch", "during": "its save/load round 1/3",
+                              "error": "save at /x/torch-1 failed: OSError: [Errno 28] No space left"}]
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps(new))
+    doc = _doc(cli("compare-results", str(CKPT_RESULT), str(path), "--json"))
+    assert doc["failed_new"] == {"torch": "save at /x/torch-1 failed: OSError: [Errno 28] No space left"}
+    assert doc["failed_old"] == {} and any("torch" in label for label in doc["only_old"])
+    table = cli("compare-results", str(CKPT_RESULT), str(path))
+    assert table.exit_code == 0 and "torch failed in NEW" in table.stdout and "Errno 28" in table.stdout
