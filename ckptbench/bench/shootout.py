@@ -148,17 +148,23 @@ class CacheDropper:
             f.write("1")
 
     def drop(self, directory: Path) -> None:
-        if self.method == "drop_caches":
-            self._drop_all()
-            return
-        for path in directory.rglob("*"):
-            if path.is_file() and not path.is_symlink():
-                fd = safeio.open_regular(path)
-                try:
-                    os.fdatasync(fd)  # DONTNEED drops clean pages only
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+        """Drop ``directory``'s files from the page cache; StorageIOError (one line) when that fails."""
+        try:
+            if self.method == "drop_caches":
+                self._drop_all()
+                return
+            for path in directory.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    fd = safeio.open_regular(path)
+                    try:
+                        os.fdatasync(fd)  # DONTNEED drops clean pages only
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    finally:
+                        os.close(fd)
+        except OSError as exc:
+            where = exc.filename or directory
+            raise StorageIOError(f"could not drop {where} from the page cache before the cold load: "
+                                 f"{exc.strerror or exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         how = ("sync; echo 1 > /proc/sys/vm/drop_caches before every load" if self.method == "drop_caches"

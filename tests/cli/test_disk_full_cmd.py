@@ -270,3 +270,23 @@ def test_a_failing_dcp_rank_is_named_by_its_own_error(cli, tmp_path: Path, monke
     assert len(lines) == 1 and lines[0].startswith("ckptbench: error: dcp: save at "), lines
     assert lines[0].endswith(" failed: PermissionError: [Errno 13] Permission denied")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_page_cache_drop_that_fails_is_one_line_not_a_traceback(cli, tmp_path: Path, monkeypatch):
+    """Making a checkpoint cold before its load is ckptbench's own step: when the fdatasync or fadvise of a
+    file fails (an I/O error on the device), the run ends with one line naming it, exit 1."""
+    from ckptbench.bench import shootout
+
+    def not_permitted(self):
+        raise PermissionError(13, "Permission denied")  # as for a user who is not root: the fadvise path
+
+    def failing(fd, offset, length, advice):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(shootout.CacheDropper, "_drop_all", not_permitted)
+    monkeypatch.setattr(shootout.os, "posix_fadvise", failing)
+    result = cli("bench", str(tmp_path), "--workload", "checkpoint", "--size", "4MiB", "--repeat", "1",
+                 "--warmup", "0")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("ckptbench: error: could not drop ") and "Input/output error" in lines[-1]
