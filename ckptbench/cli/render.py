@@ -232,7 +232,14 @@ def run_and_emit(run: Callable[[Progress], Any], *, output: ResultFile | None, p
             raise StorageIOError(f"--plot {shown_path(plot_path)} could not be written: {exc.strerror}") from None
     if output_format == "table":
         if output is not None:
-            click.echo(f"result: {os.path.relpath(output.path)}")
+            click.echo(f"result: {_as_given(output.path)}")
         if plot_path is not None:
             click.echo(f"plot: {plot_path}")
     print_warnings(document["warnings"])
+
+
+def _as_given(path: str | os.PathLike[str]) -> str:
+    """``path`` relative to the working directory when it lies under it, else absolute (never ``../..``)."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    return absolute if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative

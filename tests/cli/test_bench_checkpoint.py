@@ -77,6 +77,9 @@ def test_table_plot_and_output_file(cli, tmp_path: Path):
     assert [r["writer"] for r in doc["results"]] == ["ckptbench", "torch"] and [a["writer"] for a in doc["async"]] == [
         "ckptbench"]
     assert list(target.iterdir()) == []
+    # the file as the user can use it: relative under the working directory, absolute elsewhere (no ../..)
+    [shown] = [line.removeprefix("result: ") for line in result.stdout.splitlines() if line.startswith("result: ")]
+    assert Path(shown).resolve() == files[0].resolve() and not shown.startswith("..")
 
 
 def test_default_writer_is_ckptbench_and_threads_are_passed(cli, tmp_path: Path):
