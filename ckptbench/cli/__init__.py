@@ -103,7 +103,8 @@ def load_config_defaults(path: Path) -> dict[str, Any]:
 def config_defaults(data: dict[str, Any], source: str) -> dict[str, Any]:
     """A parsed config file (``source`` names it in errors) as click's ``default_map``: every table a
     command, every key one of its parameters. The values are converted later by the parameters' own
-    types, exactly as flags are; only on/off flags are checked here, as click's BOOL takes strings alone.
+    types, exactly as flags are; only on/off flags and choices are checked here, as click's BOOL takes strings
+    alone and click's Choice (before 8.2) only what it can hash.
     """
     defaults: dict[str, Any] = {}
     for section, table in data.items():
@@ -124,8 +125,14 @@ def config_defaults(data: dict[str, Any], source: str) -> dict[str, Any]:
                     f"{source}: [{section}] has no setting {key!r}",
                     hint=f"known: {', '.join(sorted(k.replace('_', '-') for k in known))}",
                 )
-            if isinstance(known[name].type, click.types.BoolParamType) and not isinstance(value, (bool, str)):
+            param = known[name]
+            if isinstance(param.type, click.types.BoolParamType) and not isinstance(value, (bool, str)):
                 raise ConfigError(f"{source}: [{section}] {key} = {value!r} is not true or false")
+            # click < 8.2's Choice raises TypeError on an array or a table (it looks the value up in a dict)
+            if isinstance(param.type, click.Choice) and param.nargs == 1 and not param.multiple \
+                    and not isinstance(value, str):
+                raise ConfigError(f"{source}: [{section}] {key} = {value!r} is not one of "
+                                  f"{', '.join(map(repr, param.type.choices))}")
             converted[name] = value
         defaults[section] = converted
     return defaults
@@ -318,8 +325,11 @@ def _run(group: click.Group, args: list[str], prog_name: str, extra: dict[str, A
     except click.ClickException as exc:
         _error_line(exc.format_message())
         return exc.exit_code
-    except (click.Abort, KeyboardInterrupt) as exc:  # click turns a KeyboardInterrupt into Abort (from it)
-        terminated = isinstance(exc.__cause__ if isinstance(exc, click.Abort) else exc, Terminated)
+    except (click.Abort, KeyboardInterrupt) as exc:
+        # click turns a KeyboardInterrupt into Abort, from it (click < 8.1.4: from None, so the handlers' record
+        # says which signal stopped the command)
+        raised = exc.__cause__ if isinstance(exc, click.Abort) else exc
+        terminated = isinstance(raised, Terminated) or (stop is not None and stop.first == signal.SIGTERM)
         return _stopped_by(signal.SIGTERM if terminated else signal.SIGINT)
     except CkptbenchError as exc:
         if verbose:
