@@ -498,6 +498,7 @@ def _connect(opts: S3Options, aws_environment: tuple[tuple[str, str], ...]) -> _
     for client in (data, control):  # first: the retry handler that answers the event would hide it
         client.meta.events.register_first("needs-retry.s3.PutObject", _note_put_attempt)
         client.meta.events.register("before-sign.s3.DeleteObjects", _add_content_md5)
+    _send_conditions_as_headers(control)
     data.meta.events.register_first("needs-retry.s3", _note_attempt)
     data.meta.events.register("before-send.s3", _note_send)
     return _Connection(data, control, data.meta.endpoint_url, endpoint_source, credential_source, session, region,
@@ -524,6 +525,34 @@ def _checksum_setting(config: Any, opts: S3Options, core: Any) -> dict[str, str]
             return {}
         return {"request_checksum_calculation": "when_required"}
     return {"request_checksum_calculation": "when_supported" if opts.request_checksums else "when_required"}
+
+
+#: PutObject's conditional-write parameters (``S3Store.put_if``) and their headers. botocore's S3 model has
+#: IfNoneMatch from 1.35.2 and IfMatch from 1.35.69; boto3 >= 1.28 allows a botocore from 1.31.
+CONDITIONAL_PUT_HEADERS = {"IfNoneMatch": "If-None-Match", "IfMatch": "If-Match"}
+
+
+def _send_conditions_as_headers(client: Any) -> None:
+    """Where ``client``'s botocore has no conditional-write parameter on PutObject (its validation refuses
+    one it does not know), send it as its header: taken out of the parameters before they are checked,
+    put on the request before it is signed."""
+    members = client.meta.service_model.operation_model("PutObject").input_shape.members
+    missing = {name: header for name, header in CONDITIONAL_PUT_HEADERS.items() if name not in members}
+    if not missing:
+        return
+
+    def take(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        headers = {missing[name]: params.pop(name) for name in list(params) if name in missing}
+        if headers:
+            context["ckptbench_conditions"] = headers
+
+    def send(request: Any, **_: Any) -> None:
+        for header, value in request.context.get("ckptbench_conditions", {}).items():
+            del request.headers[header]  # once, on every attempt's signing
+            request.headers[header] = value
+
+    client.meta.events.register("before-parameter-build.s3.PutObject", take)
+    client.meta.events.register("before-sign.s3.PutObject", send)
 
 
 def _add_content_md5(request: Any, **_: Any) -> None:

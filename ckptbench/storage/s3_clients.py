@@ -56,9 +56,9 @@ def require(client: str) -> None:
     except ImportError as exc:
         raise MissingDependencyError(f"the S3 client {client!r} needs {module.split('.')[0]}, which is not "
                                      f"installed ({exc})", hint=INSTALL[client]) from None
-    if client == "crt" and not hasattr(imported, "S3RetryConfig"):  # its retries could not be turned off
-        raise MissingDependencyError("the S3 client 'crt' needs a newer awscrt (one with awscrt.s3.S3RetryConfig)",
-                                     hint="pip install -U awscrt")
+    if client == "crt" and not hasattr(getattr(imported, "S3RetryMode", None), "NONE"):  # its retries stay on
+        raise MissingDependencyError("the S3 client 'crt' needs a newer awscrt (0.38.1 or later: "
+                                     "awscrt.s3.S3RetryMode.NONE)", hint="pip install -U awscrt")
 
 
 def data_path(store: S3Store) -> Any:
