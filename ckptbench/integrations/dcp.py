@@ -1729,16 +1729,17 @@ def _classes() -> dict[str, type]:
     """Writer (a StorageWriter and AsyncStager), Reader (a StorageReader) and RawTensorExtension (a
     StreamTransformExtension), built on first use: importing this module must not import torch."""
     from torch.distributed.checkpoint import filesystem as _fs
-    from torch.distributed.checkpoint._extension import StreamTransformExtension
-    from torch.distributed.checkpoint.staging import AsyncStager
-    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
 
+    # checked first: an older torch has no _extension module either (torch >= 2.2 is ckptbench's floor)
     if "transform_descriptors" not in {f.name for f in dataclasses.fields(_fs._StorageInfo)}:
         import torch
 
         raise MissingDependencyError(
             f"ckptbench.integrations.dcp needs torch >= 2.7 (DCP transform descriptors); found {torch.__version__}",
             hint="pip install -U torch")
+    from torch.distributed.checkpoint._extension import StreamTransformExtension
+    from torch.distributed.checkpoint.staging import AsyncStager
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
 
     def subclass(name: str, implementation: type, *bases: type) -> type:
         def body(namespace: dict[str, Any]) -> None:

@@ -263,6 +263,8 @@ def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_loca
     checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
     if issubclass(cls, LightningDataModule):
         return _load_state(cls, checkpoint, **kwargs)
+    if strict is None and not hasattr(LightningModule, "strict_loading"):  # Lightning < 2.2: strict unless told
+        strict = True
     model = _load_state(cls, checkpoint, strict=strict, **kwargs)
     import torch
 

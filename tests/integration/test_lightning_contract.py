@@ -6,6 +6,7 @@ TorchCheckpointIO raises. Skipped where Lightning is not installed."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from pathlib import Path
 
@@ -132,7 +133,32 @@ def test_load_from_checkpoint_builds_the_module_from_its_saved_hyperparameters(t
         load_from_checkpoint(torch.nn.Linear, tmp_path / "final.ckpt")
 
 
+def test_load_from_checkpoint_is_strict_with_a_lightning_that_has_no_strict_loading(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch):
+    """Lightning 2.1 (the lightning extra's floor) has no LightningModule.strict_loading, and its _load_state
+    needs ``strict`` given: None is strict there, as Lightning 2.1's own load_from_checkpoint has it."""
+    from lightning.pytorch.core import saving
+
+    trainer = make_trainer(tmp_path, CkptbenchCheckpointIO(), 1, [])
+    trainer.fit(Net())
+    trainer.save_checkpoint(tmp_path / "final.ckpt")
+    given: list[bool | None] = []
+    real = saving._load_state
+
+    def load_state(cls: type, checkpoint: dict, strict: bool | None = None, **kwargs: object) -> object:
+        given.append(strict)
+        return real(cls, checkpoint, strict=strict, **kwargs)
+
+    monkeypatch.setattr(saving, "_load_state", load_state)
+    monkeypatch.delattr(LightningModule, "strict_loading")
+    assert isinstance(load_from_checkpoint(Net, tmp_path / "final.ckpt"), Net)
+    assert given == [True]
+
+
 def test_save_last_link_is_a_symlink_to_a_checkpoint_directory_and_resumes(tmp_path: Path):
+    if "link" not in str(inspect.signature(ModelCheckpoint).parameters["save_last"].annotation):
+        pytest.skip("this Lightning has no save_last='link' (Lightning 2.1; it came with 2.2)")
+
     def callbacks():
         return [ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last="link", monitor="step", mode="max",
                                 save_top_k=1)]

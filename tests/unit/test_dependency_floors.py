@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -107,3 +108,24 @@ def test_sigterm_exits_143_when_click_drops_the_interrupt_it_replaces(monkeypatc
 
     monkeypatch.setattr(click.Group, "main", main_of_click_8_1_0)
     assert cli_module._run(cli_module.main, ["interval"], "ckptbench", {}) == 128 + signal.SIGTERM
+
+
+def test_a_torch_older_than_the_dcp_integration_needs_is_told_so(monkeypatch: pytest.MonkeyPatch):
+    """torch >= 2.2 is allowed; the DCP StorageWriter/Reader need 2.7's transform descriptors. An older torch,
+    which has no DCP _extension module either, gets the error that says so, not an ImportError."""
+    import dataclasses
+
+    from torch.distributed.checkpoint import filesystem
+
+    from ckptbench.integrations import dcp
+
+    @dataclasses.dataclass
+    class _StorageInfo:  # an older torch's: no transform_descriptors
+        relative_path: str
+        offset: int
+        length: int
+
+    monkeypatch.setattr(filesystem, "_StorageInfo", _StorageInfo)
+    monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._extension", None)
+    with pytest.raises(MissingDependencyError, match=r"needs torch >= 2\.7"):
+        dcp._classes.__wrapped__()  # around the cache: the classes this torch builds stay as they are
