@@ -327,8 +327,9 @@ def test_the_fresh_memory_probe_can_be_turned_off(cli, tmp_path: Path, monkeypat
 def test_on_object_storage_the_recommendation_has_no_filesystem_settings(cli):
     """O_DIRECT and the block size are a filesystem's: a preflight of an object store (memory:// here, as
     s3://) recommends neither (it recommended "direct = False: O_DIRECT is not available here")."""
-    doc = cli.json("preflight", "memory://preflight", "--measure-size", "8MiB", "--repeat", "1",
-                   "--measure-time", "0")
-    settings = [a["setting"] for a in doc["recommendation"]]
+    result = cli("preflight", "memory://preflight", "--measure-size", "8MiB", "--repeat", "1", "--measure-time",
+                 "0", "--json")
+    assert result.exit_code in (0, 1, 3), result.stderr  # the verdict (FAIL on a busy host) is not the point here
+    settings = [a["setting"] for a in json.loads(result.stdout)["recommendation"]]
     assert "threads" in settings and "interval_s" in settings
     assert "direct" not in settings and "block_size_bytes" not in settings

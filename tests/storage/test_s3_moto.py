@@ -724,6 +724,8 @@ def test_a_server_refusing_checksum_headers_names_the_setting(aws: Aws, proxy):
     test_request_checksums_follow_the_aws_setting)."""
     from ckptbench.errors import StorageIOError
 
+    if not _flexible_checksums():
+        pytest.skip("a botocore older than 1.36 sends no x-amz-checksum-* header for a server to refuse")
     proxy.fail(None, status=400, code="InvalidArgument",
                message="Unsupported header 'x-amz-checksum-crc32' received for this API call.",
                header="x-amz-checksum-", kind="PutObject")
