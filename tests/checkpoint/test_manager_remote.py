@@ -435,8 +435,11 @@ def test_the_drain_process_never_runs_the_callers_unguarded_script(tmp_path: Pat
     runs = tmp_path / "runs.txt"
     args = [str(tmp_path / "local"), str(tmp_path / "remote"), str(runs)]
     command = [sys.executable, str(script), *args] if how == "path" else [sys.executable, "-m", "train_unguarded", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(HERE.parents[2])])}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    # the script's directory on the path (for -m too), before whatever the tests run with: ckptbench is the
+    # one they import, as for any user's script
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                          text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(runs.read_text().split()) == 1, runs.read_text()
     assert torch.equal(ckptbench.load(tmp_path / "remote" / "step-00000002")["w"], torch.full((64,), 2.0))
