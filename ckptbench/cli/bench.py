@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,19 @@ def storage_options_from(endpoint_url: str | None, pairs: tuple[str, ...], clien
 
 
 #: ``--client``: what moves the data on s3:// (storage/s3_clients.py); metadata requests use boto3.
+ENDPOINT_URL_OPTION = click.option(
+    "--endpoint-url", default=None, metavar="URL",
+    help="Object storage: the S3 endpoint (Ceph RGW, MinIO, ...); else AWS_ENDPOINT_URL or AWS's default.")
+
+
+def storage_option_option(what: str) -> Callable[[Any], Any]:
+    """``--storage-option KEY=VALUE`` (repeatable), its help naming ``what`` options a user gives there."""
+    return click.option(
+        "--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+        help=f"Object storage: an option for the store, repeatable: {what}... Credentials given here never appear "
+             "in output or result files; prefer the environment or a profile.")
+
+
 CLIENT_OPTION = click.option(
     "--client", type=click.Choice(S3_CLIENTS), default=None,
     help="s3://: the S3 client that moves the data: boto3, s3fs (pip install s3fs) or crt (the AWS CRT: pip "
@@ -128,12 +142,8 @@ CLIENT_OPTION = click.option(
               help=f"s3:// sweep: requests in flight (parts and ranged GETs)  [default: {DEFAULT_CONCURRENCY}].")
 @click.option("--part-size", type=params.SIZE_LIST, default=None,
               help=f"s3:// sweep: multipart part size and ranged-GET size (5MiB-5GiB)  [default: {DEFAULT_PART_SIZE}].")
-@click.option("--endpoint-url", default=None, metavar="URL",
-              help="Object storage: the S3 endpoint (Ceph RGW, MinIO, ...); else AWS_ENDPOINT_URL or AWS's default.")
-@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
-              help="Object storage: an option for the store, repeatable: region_name, profile, part_size, "
-                   "max_concurrency, max_attempts, create_bucket, anon... Credentials given here never appear "
-                   "in output or result files; prefer the environment or a profile.")
+@ENDPOINT_URL_OPTION
+@storage_option_option("region_name, profile, part_size, max_concurrency, max_attempts, create_bucket, anon")
 @CLIENT_OPTION
 @click.option("--force", is_flag=True,
               help="Accept as TARGET a system directory (/, /etc, /usr, /var...) or a directory other users can "

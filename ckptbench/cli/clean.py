@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ckptbench.cli.bench import ENDPOINT_URL_OPTION, storage_option_option
 from ckptbench.cli.formats import emit, format_options
 from ckptbench.cli.params import shown_path
 from ckptbench.errors import TargetError
@@ -22,12 +23,8 @@ CSV_COLUMNS = ("path", "action", "state", "size_bytes", "owner_host", "owner_pid
 @click.command("clean", context_settings=_CONTEXT)
 @click.argument("directory", metavar="DIR")
 @click.option("--dry-run", is_flag=True, default=False, help="Say what would be removed; remove nothing.")
-@click.option("--endpoint-url", default=None, metavar="URL",
-              help="Object storage: the S3 endpoint (Ceph RGW, MinIO, ...); else AWS_ENDPOINT_URL or AWS's default.")
-@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
-              help="Object storage: an option for the store, repeatable (region_name, profile, key, secret, ...), "
-                   "as the runs that left the prefixes were given. Prefer the environment or a profile for "
-                   "credentials.")
+@ENDPOINT_URL_OPTION
+@storage_option_option("region_name, profile, key, secret, as the runs that left the prefixes were given")
 @format_options
 def clean(directory: str, dry_run: bool, endpoint_url: str | None, storage_option: tuple[str, ...],
           output_format: str) -> None:
