@@ -16,7 +16,9 @@ here, and is exported from ``ckptbench`` (``from ckptbench import CorruptCheckpo
     │   └── PickleNotAllowedError       a load of pickled entries without allow_pickle=True
     ├── StorageIOError                  an I/O operation failed at run time
     │   ├── OutcomeUnknownError
-    │   └── CommitOutcomeUnknownError   (also reachable as CommitOutcomeUnknown)
+    │   ├── CommitOutcomeUnknownError   (also reachable as CommitOutcomeUnknown)
+    │   ├── DrainStalledError           a copy to the remote tier made no progress
+    │   └── CompetitorFailedError       a competitor writer's own failure in the writer shoot-out
     ├── NotACheckpointError             (exit 2)
     │   └── CheckpointNotFoundError     nothing at all at the path (a FileNotFoundError too, as torch.load's)
     ├── CorruptCheckpointError
@@ -117,6 +119,12 @@ class StorageIOError(CkptbenchError):
 class DrainStalledError(StorageIOError):
     """A drain to the remote tier made no progress for its timeout (the remote tier stopped answering,
     say): its process was stopped; the step stays undrained and is retried."""
+
+
+class CompetitorFailedError(StorageIOError):
+    """A competitor writer's own failure in the writer shoot-out (``bench --workload checkpoint``): its save,
+    load or async save raised, or what it loaded differs from what it saved. The shoot-out records it and
+    goes on without that writer."""
 
 
 class OutcomeUnknownError(StorageIOError):

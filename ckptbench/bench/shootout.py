@@ -58,7 +58,7 @@ from ckptbench.bench.writers import (
     verify_state_dict,
 )
 from ckptbench.checkpoint.host_memory import available_memory_bytes
-from ckptbench.errors import CkptbenchError, InsufficientSpaceError, StorageIOError, UsageError
+from ckptbench.errors import CkptbenchError, CompetitorFailedError, InsufficientSpaceError, StorageIOError, UsageError
 from ckptbench.interrupts import QuietThread
 from ckptbench.model.presets import load_model
 from ckptbench.storage.local_target import LocalDirectory, space_failure
@@ -462,15 +462,10 @@ def _running(writers: list[Contender], failed: list[WriterFailure]) -> list[Cont
     return [w for w in writers if w.name not in out]
 
 
-class CompetitorFailed(StorageIOError):
-    """A competitor writer's own failure: its save, load or async save raised, or what it loaded differs
-    from what it saved (:func:`writer_failures`, :func:`_verify`)."""
-
-
 @contextlib.contextmanager
 def _competitor(w: Contender, during: str, places: LocalPlaces | ObjectPlaces, failed: list[WriterFailure],
                 names: list[str]) -> Iterator[None]:
-    """A competitor's round: its failure (a :class:`CompetitorFailed`: its save or load raised, or what it
+    """A competitor's round: its failure (a ``CompetitorFailedError``: its save or load raised, or what it
     loaded did not match) is recorded in ``failed`` and its files removed, and the run goes on without it;
     a server quirk or a missing feature of one writer does not take the others' results with it.
     ckptbench's own failures (also in what it does around a competitor's calls: counting its files, making
@@ -480,7 +475,7 @@ def _competitor(w: Contender, during: str, places: LocalPlaces | ObjectPlaces, f
         return
     try:
         yield
-    except CompetitorFailed as exc:
+    except CompetitorFailedError as exc:
         if places.out_of_space(exc):
             raise
         message = str(exc).removeprefix(f"{w.name}: ")
@@ -594,25 +589,25 @@ def writer_failures(w: Contender, action: str, where: Path | str) -> Iterator[No
         except (UsageError, KeyboardInterrupt, SystemExit, GeneratorExit):
             raise  # a missing package, a bad option, a full disk: the run's, not this writer's
         except StorageIOError as exc:  # the adapter's own check of the writer (fio's exit status)
-            raise CompetitorFailed(str(exc)) from exc
+            raise CompetitorFailedError(str(exc)) from exc
         except CkptbenchError:
             raise
         except BaseException as exc:  # dcp's CheckpointException is a BaseException
             cause = in_threads[0] if in_threads else exc
-            raise CompetitorFailed(f"{w.name}: {action} at {where} failed: {_first_failure(cause)}") from cause
+            raise CompetitorFailedError(f"{w.name}: {action} at {where} failed: {_first_failure(cause)}") from cause
     if in_threads:
-        raise CompetitorFailed(f"{w.name}: {action} at {where} failed: {_first_failure(in_threads[0])}") \
+        raise CompetitorFailedError(f"{w.name}: {action} at {where} failed: {_first_failure(in_threads[0])}") \
             from in_threads[0]
 
 
 def _verify(w: Contender, source: dict[str, Any], loaded: dict[str, Any], label: str) -> None:
-    """:func:`verify_state_dict`; a competitor's mismatch as a :class:`CompetitorFailed`."""
+    """:func:`verify_state_dict`; a competitor's mismatch as a ``CompetitorFailedError``."""
     try:
         verify_state_dict(source, loaded, label)
     except StorageIOError as exc:
         if isinstance(w, CkptbenchContender):
             raise
-        raise CompetitorFailed(str(exc)) from exc
+        raise CompetitorFailedError(str(exc)) from exc
 
 
 @contextlib.contextmanager
