@@ -129,3 +129,15 @@ def test_a_torch_older_than_the_dcp_integration_needs_is_told_so(monkeypatch: py
     monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._extension", None)
     with pytest.raises(MissingDependencyError, match=r"needs torch >= 2\.7"):
         dcp._classes.__wrapped__()  # around the cache: the classes this torch builds stay as they are
+
+
+def test_the_shoot_outs_dcp_writer_runs_its_async_round_only_where_torch_has_async_save(monkeypatch):
+    """``dcp.async_save`` came with torch 2.3 (the package accepts 2.2): the dcp competitor then has no async
+    round, instead of an AttributeError in it."""
+    import torch.distributed.checkpoint as dcp
+
+    from ckptbench.bench.writers import DcpContender
+
+    assert DcpContender().supports_async is True
+    monkeypatch.delattr(dcp, "async_save")
+    assert DcpContender().supports_async is False
