@@ -795,8 +795,7 @@ class S3Store(Store):
             return exc
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            status, code = _answer(exc)
             if code == "NoSuchBucket":
                 return self._missing_bucket()
             if (status == 301 or code in ("PermanentRedirect", "301", "IllegalLocationConstraintException")
@@ -917,8 +916,7 @@ class S3Store(Store):
             log.info("creating bucket %r at %s (create_bucket=true)", self.bucket, self.endpoint)
             self._call(self._control, "creating bucket", None, "create_bucket")
         except TargetError as exc:
-            response = getattr(exc.__cause__, "response", None) or {}
-            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
+            if _answer(exc)[0] != 403:
                 raise
             # HeadBucket needs s3:ListBucket on the whole bucket; a policy that grants it only under this
             # prefix (s3:prefix condition) refuses it: listing the prefix is what ckptbench needs.
@@ -1334,8 +1332,7 @@ class S3Store(Store):
                 response = self._control.put_object(Bucket=self.bucket, Key=self._key(name), Body=bytes(data),
                                                     **condition)
             except ClientError as exc:
-                code = str(exc.response.get("Error", {}).get("Code", ""))
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                status, code = _answer(exc)
                 if status in (304, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                     continue
                 if status == 501 or code == "NotImplemented":
