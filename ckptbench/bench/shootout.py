@@ -469,10 +469,8 @@ def _competitor(w: Contender, during: str, places: LocalPlaces | ObjectPlaces, f
     loaded did not match) is recorded in ``failed`` and its files removed, and the run goes on without it;
     a server quirk or a missing feature of one writer does not take the others' results with it.
     ckptbench's own failures (also in what it does around a competitor's calls: counting its files, making
-    its reads cold, removing it), and a disk that filled up (every writer needs the space), end the run."""
-    if isinstance(w, CkptbenchContender):
-        yield
-        return
+    its reads cold, removing it), and a disk that filled up (every writer needs the space), end the run;
+    ckptbench's writer raises no ``CompetitorFailedError`` (``writer_failures``, ``_verify``)."""
     try:
         yield
     except CompetitorFailedError as exc:
