@@ -200,12 +200,7 @@ class FsspecStore(Store):
 
     def list_recursive(self) -> list[str]:
         """Every file under the location, sub-directories included (``a/b`` relative names)."""
-        try:
-            found = self.fs.find(self.root)
-        except FileNotFoundError:
-            return []
-        root = self.fs._strip_protocol(self.root).rstrip("/") + "/"
-        return [self.fs._strip_protocol(path).removeprefix(root) for path in found]
+        return list(self.sizes_recursive())
 
     def sizes_recursive(self) -> dict[str, int]:
         """Every file under the location with its size, from one ``find`` with details."""
