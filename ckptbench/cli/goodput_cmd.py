@@ -9,7 +9,7 @@ import click
 
 from ckptbench.cli import params
 from ckptbench.cli.formats import format_options
-from ckptbench.cli.interval_cmd import UNITS, emit, pct
+from ckptbench.cli.interval_cmd import UNITS, emit, pct, with_range
 from ckptbench.cli.options import (
     FAILURE_RATE,
     GPU_COUNT,
@@ -460,30 +460,26 @@ def _print_human(doc: dict[str, Any]) -> None:
     table.add_column("% of plan", justify="right")
     table.add_column("cost", justify="right")
     table.add_row("planned compute", f"{planned:,.0f}", "100.0 %", usd(doc["planned_cost_usd"]))
-    ranges = doc.get("ranges") or {}
+    ranges = doc.get("ranges") or {}  # over the predicted checkpoint times (--from a preflight)
 
-    def spread(value: str, span: list[float] | None, fmt: str) -> str:
-        """``value`` with the range it spans over the predicted checkpoint times, where it spans one."""
-        if not span or format(span[0], fmt) == format(span[1], fmt):
-            return value
-        return f"{value} ({format(span[0], fmt)}–{format(span[1], fmt)})"
+    def one_decimal(hours: float) -> str:
+        return f"{hours:,.1f}"
 
     for name, label in _LABELS.items():
         hours = doc["badput"][f"{name}_hours"]
         if hours or name not in ("checkpoint_stall", "lost_progress"):
-            table.add_row(f"  {label}", spread(f"{hours:,.1f}", ranges.get("badput", {}).get(f"{name}_hours"), ",.1f"),
+            table.add_row(f"  {label}", with_range(one_decimal(hours), ranges.get("badput", {}).get(f"{name}_hours"),
+                                                   one_decimal),
                           pct(hours / planned), usd(hours * rate if rate else None))
     if doc["hot_spare_nodes"]:
         table.add_row(f"  {doc['hot_spare_nodes']} hot spare node(s), idle", "", "", usd(doc["spare_cost_usd"]))
-    wasted = spread(f"{doc['wasted_hours']:,.1f}", ranges.get("wasted_hours"), ",.1f")
+    wasted = with_range(one_decimal(doc["wasted_hours"]), ranges.get("wasted_hours"), one_decimal)
     table.add_row("[bold]wasted[/bold]", f"[bold]{wasted}[/bold]",
                   f"[bold]{pct(doc['wasted_fraction_of_plan'])}[/bold]", f"[bold]{usd(doc['wasted_cost_usd'])}[/bold]")
-    table.add_row("wall time", spread(f"{doc['wall_hours']:,.0f}", ranges.get("wall_hours"), ",.0f"),
+    table.add_row("wall time", with_range(f"{doc['wall_hours']:,.0f}", ranges.get("wall_hours"), lambda h: f"{h:,.0f}"),
                   pct(doc["wall_hours"] / planned), usd(doc["total_cost_usd"]))
     console.print(table)
-    goodput = pct(doc["goodput"])
-    if ranges.get("goodput") and pct(ranges["goodput"][0]) != pct(ranges["goodput"][1]):
-        goodput += f" ({pct(ranges['goodput'][0])}–{pct(ranges['goodput'][1])})"
+    goodput = with_range(pct(doc["goodput"]), ranges.get("goodput"), pct)
     console.print(f"goodput {goodput} (productive / wall time); {doc['faults']:.0f} faults expected; "
                   f"{doc['wall_hours'] / 24:.1f} days instead of {planned / 24:.1f}")
     if ranges:

@@ -713,13 +713,13 @@ def _print_human(doc: dict[str, Any]) -> None:
                       overhead(doc["daly_interval_s"]))
         label = "optimum (exact model)" + (" [bound binds]" if doc["constraint_binding"] else "")
         ranges = doc.get("ranges") or {}
-        optimum = _spread(format_duration(doc["optimal_interval_s"]), ranges.get("optimal_interval_s"), format_duration)
-        waste = _spread(pct(doc["waste_fraction"], 2), ranges.get("waste_fraction"), lambda v: pct(v, 2))
+        optimum = with_range(format_duration(doc["optimal_interval_s"]), ranges.get("optimal_interval_s"), format_duration)
+        waste = with_range(pct(doc["waste_fraction"], 2), ranges.get("waste_fraction"), lambda v: pct(v, 2))
         table.add_row(f"[bold]{label}[/bold]", f"[bold]{optimum}[/bold]", f"[bold]{waste}[/bold]",
                       pct(doc["overhead_fraction_at_optimum"], 2))
         if doc["interval_s"] is not None:
             table.add_row("yours (--every)", format_duration(doc["interval_s"]),
-                          _spread(pct(doc["waste_fraction_at_interval"], 2), ranges.get("waste_fraction_at_interval"),
+                          with_range(pct(doc["waste_fraction_at_interval"], 2), ranges.get("waste_fraction_at_interval"),
                                   lambda v: pct(v, 2)), pct(doc["overhead_fraction"], 2))
         console.print(table)
         if ranges:
@@ -755,7 +755,7 @@ def _print_human(doc: dict[str, Any]) -> None:
     console.print(takeaway_two_level(doc["two_level"]) if doc["two_level"] is not None else takeaway(doc))
 
 
-def _spread(text: str, span: list[float] | None, shown: Callable[[float], str]) -> str:
+def with_range(text: str, span: list[float] | None, shown: Callable[[float], str]) -> str:
     """``text`` and the range ``span`` it spans, where it spans one that shows."""
     if not span or shown(span[0]) == shown(span[1]):
         return text
