@@ -186,8 +186,10 @@ def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
         except OSError as exc:
             log.warning("could not remove the directory %s: %s", store.local_path, exc)
             return False
-    else:
-        store.remove_location()
+    elif not store.remove_location():
+        log.warning("removed the checkpoint files of %s (%s) but left the directory: it holds %s", store.url, why,
+                    ", ".join(sorted(store.list_recursive())[:5]) or "a sub-directory")
+        return False
     log.info("removed %s (%s)", store.url, why)
     return True
 

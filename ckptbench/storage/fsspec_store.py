@@ -212,20 +212,23 @@ class FsspecStore(Store):
         return {self.fs._strip_protocol(path).removeprefix(root): int(info.get("size") or 0)
                 for path, info in found.items()}
 
-    def remove_location(self) -> None:
+    def remove_location(self) -> bool:
         """The location's directory, where the filesystem keeps one, it is empty and its ``rmdir`` would
         refuse it otherwise (:data:`_RMDIR_REFUSES_CONTENTS`: memory, sftp, ...; not hdfs). Never a
-        top-level one: on object-store filesystems (gcsfs) that is a bucket, which their ``rmdir`` deletes."""
+        top-level one: on object-store filesystems (gcsfs) that is a bucket, which their ``rmdir`` deletes.
+        False when it stays because something is in it (a sub-directory) or ``rmdir`` failed (logged)."""
         if "/" not in self.root.strip("/") or not _rmdir_refuses_contents(self.fs):
-            return
+            return True
         try:
             if self.fs.ls(self.root, detail=False):
-                return
+                return False
             self.fs.rmdir(self.root)
         except FileNotFoundError:
-            return
+            return True
         except (OSError, NotImplementedError) as exc:
             log.warning("could not remove the empty directory %s: %s", self.url, exc)
+            return False
+        return True
 
     def abandon(self) -> None:
         """The directory :meth:`prepare` made, where still empty; one that was there before stays."""

@@ -228,11 +228,13 @@ class Store:
         """After a save that failed before its commit: remove what ``prepare`` created for it (directories
         it made that are still empty). Object stores create nothing there."""
 
-    def remove_location(self) -> None:
+    def remove_location(self) -> bool:
         """Remove the location itself once it holds nothing, on storage reached by URL that has real
         directories (``prepare`` made one: fsspec's memory://, sftp://, ...); otherwise nothing, as on
         object stores, where a prefix with no objects under it is gone already. A mounted directory
-        (``local_path``) is its owner's to remove."""
+        (``local_path``) is its owner's to remove. False when the location stays because something is
+        still in it (a sub-directory) or its removal failed (logged)."""
+        return True
 
     def directory(self) -> Any:
         """The ``safeio.Directory`` of a store on a mounted filesystem (``local_path`` set), held open:

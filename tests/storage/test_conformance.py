@@ -276,6 +276,28 @@ def test_a_top_level_location_is_never_removed_as_a_directory():
             memory.rm(top, recursive=True)
 
 
+def test_a_removal_that_leaves_a_sub_directory_says_so(caplog: pytest.LogCaptureFixture):
+    """A checkpoint directory on fsspec storage with a sub-directory of someone else's in it: the checkpoint's
+    files go, the directory stays with what it holds, and the removal says it left it (False, logged)."""
+    import fsspec
+
+    from ckptbench.checkpoint.manager import remove_checkpoint
+
+    root = f"/ckptbench-sub-{uuid.uuid4().hex[:12]}"
+    memory = fsspec.filesystem("memory")
+    try:
+        Checkpointer(threads=1).save(state(1), f"memory://{root}/ckpt")
+        memory.pipe(f"{root}/ckpt/notes/todo.txt", b"mine")
+        store = open_store(f"memory://{root}/ckpt")
+        with caplog.at_level("WARNING", logger="ckptbench"):
+            assert remove_checkpoint(store, "test") is False
+        assert store.list_recursive() == ["notes/todo.txt"]
+        assert "left the directory" in caplog.text and "notes/todo.txt" in caplog.text
+    finally:
+        if memory.exists(root):
+            memory.rm(root, recursive=True)
+
+
 def _fail_writes(monkeypatch: pytest.MonkeyPatch, store: Store) -> None:
     """Every shard write of ``store``'s kind fails, as on an I/O error of the storage."""
 
