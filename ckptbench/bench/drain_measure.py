@@ -48,6 +48,8 @@ class DrainBench:
     ``load_by_round``: the 1-minute load average at the start of each round (0 where unknown). With
     several saves of a kind a round, the stall and persist of a round are their medians, and
     ``stalls_alone_s``/``stalls_during_s`` hold every save's stall, round after round.
+    ``remote_server_here``: the remote tier's server answers on this host (its work on the drain's
+    requests then runs on the CPUs the local saves stage on, and counts in their stall); None: unknown.
     """
 
     workload_bytes: int
@@ -60,6 +62,7 @@ class DrainBench:
     load_by_round: tuple[float, ...] = ()
     stalls_alone_s: tuple[float, ...] = ()
     stalls_during_s: tuple[float, ...] = ()
+    remote_server_here: bool | None = None
 
     @property
     def drain_gbps(self) -> float:
@@ -97,6 +100,14 @@ class DrainBench:
             "stall_ratio": statistics.median(self.stall_ratio_by_round),
             "stall_ratio_by_round": list(self.stall_ratio_by_round),
         }
+
+
+def server_here_note(drain: dict[str, Any]) -> str | None:
+    """What a stall during a drain counts when the remote tier's server runs on this host."""
+    if not drain.get("remote_server_here"):
+        return None
+    return ("the remote tier's server answers on this host: its work on the drain's requests runs on these CPUs "
+            "and counts in the stall during a drain; with the server on another host, only the writer's own remains")
 
 
 class _Place:
@@ -228,4 +239,5 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                       runs_stall_during_s=tuple(runs["stall_during"]),
                       runs_persist_alone_s=tuple(runs["persist_alone"]),
                       runs_persist_during_s=tuple(runs["persist_during"]), load_by_round=tuple(load),
-                      stalls_alone_s=tuple(every["alone"]), stalls_during_s=tuple(every["during"]))
+                      stalls_alone_s=tuple(every["alone"]), stalls_during_s=tuple(every["during"]),
+                      remote_server_here=getattr(remote, "server_on_this_host", lambda: None)())

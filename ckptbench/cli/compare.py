@@ -258,6 +258,11 @@ def _print_two_levels(document: dict[str, Any]) -> None:
         f"{drain['drain_vs_direct']:.2f}x a save straight to the remote tier ({drain['direct_save_gbps']:.2f} GB/s)"
         f"  ·  local save stall {format_duration(drain['stall_alone_s'])} alone, "
         f"{format_duration(drain['stall_during_s'])} during a drain ({_per_round(drain['stall_ratio_by_round'])})")
+    from ckptbench.bench.drain_measure import server_here_note
+
+    note = server_here_note(drain)
+    if note:
+        console.print(f"[dim]  {note}[/]")
     table = Table(header_style="bold")
     for column in ("schedule", "local every", "remote every", "waste", "range"):
         table.add_column(column, justify="left" if column == "schedule" else "right")

@@ -172,6 +172,11 @@ def _print(doc: dict[str, Any]) -> None:
     console.print(
         f"drain: {format_rate(drain['drain_gbps'] * 1e9)} ({drain['drain_vs_direct']:.2f}x a save straight to the "
         f"remote tier); local stall {drain['stall_ratio']:.2f}x during a drain")
+    from ckptbench.bench.drain_measure import server_here_note
+
+    note = server_here_note(drain)
+    if note:
+        console.print(f"[dim]  {note}[/]")
     table = Table(header_style="bold", title="predicted for the node: point (range)", title_justify="left")
     for name in ("local stall", "drain", "restore local", "restore remote", "interval", "remote every", "overhead",
                  "waste"):

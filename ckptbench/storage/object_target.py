@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from ckptbench.errors import StorageIOError
 from ckptbench.storage import owner as owners
@@ -46,6 +48,16 @@ def _remove_everything(store: Store) -> int:
     return len(names)
 
 
+def _is_local_address(family: int, address: str) -> bool:
+    """Whether ``address`` is one of this host's: binding a socket to it works only then."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
 class ObjectTarget:
     """An object-storage location given to ``bench``: checked on ``prepare``, written only in scratch."""
 
@@ -68,6 +80,19 @@ class ObjectTarget:
     def describe(self) -> dict[str, Any]:
         """The environment's ``target`` block: where, and which endpoint and credential *source* (never secrets)."""
         return {"url": self.url, "filesystem": self.scheme, **self.store.describe()}
+
+    def server_on_this_host(self) -> bool | None:
+        """Whether the endpoint's server answers on this host (a loopback address, or an address of one of this
+        host's interfaces): then its work on our requests runs on our CPUs. None without a known endpoint."""
+        endpoint = self.store.describe().get("endpoint")
+        host = urlsplit(endpoint).hostname if endpoint else None
+        if not host:
+            return None
+        try:
+            addresses = {(info[0], info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        except (OSError, UnicodeError):
+            return None
+        return any(_is_local_address(family, address) for family, address in addresses)
 
     def open(self, subpath: str, **options: Any) -> Store:
         """A Store for ``URL/subpath`` with extra storage options (e.g. part_size, max_concurrency)."""

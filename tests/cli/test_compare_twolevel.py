@@ -4,6 +4,7 @@ pure decision. Small I/O, never asserts timings. On S3 (Ceph RGW): tests/storage
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -156,3 +157,52 @@ def test_the_stall_ratio_is_printed_as_what_it_is_a_median_of_the_rounds_ratios(
 
     assert _per_round([1.7, 0.93, 1.26]) == "1.26x, the median of 3 rounds' 0.93–1.70x"
     assert _per_round([1.1]) == "1.10x" and _per_round([]) == "-"
+
+
+@pytest.mark.parametrize(("endpoint", "here"), [
+    ("http://127.0.0.1:9", True), ("http://localhost:9", True), ("http://[::1]:9", True),
+    ("http://192.0.2.1:9", False),  # TEST-NET-1: never an address of a host
+    (None, None),  # AWS's endpoint: resolved where DNS answers (False), None where it does not (these tests)
+])
+def test_the_drain_says_when_the_remote_tiers_server_runs_on_this_host(endpoint, here, monkeypatch):
+    """An S3 server on this host works on the drain's requests with the CPUs the local saves stage on: the
+    drain's record says so, and the printed drain line with it. Another host's server, or an unknown one: no."""
+    import socket
+
+    from ckptbench.bench.drain_measure import server_here_note
+    from ckptbench.storage.object_target import ObjectTarget
+
+    if endpoint and "::1" in endpoint and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    if endpoint is None:  # no DNS in these tests, so the default endpoint resolves to nothing
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(socket.gaierror("none")))
+    target = ObjectTarget("s3://bucket/prefix", {"endpoint_url": endpoint} if endpoint else {})
+    found = target.server_on_this_host()
+    assert found is here
+    doc = dataclasses.replace(_drain(1.0, stall_ratio=1.4), remote_server_here=found).to_dict()
+    assert doc["remote_server_here"] is here
+    note = server_here_note(doc)
+    assert (note is not None) == bool(here)
+    if here:
+        assert "this host" in note and "stall during a drain" in note
+
+
+def test_an_address_of_this_hosts_own_interfaces_counts_as_this_host():
+    """Not only loopback: an endpoint at one of this host's interface addresses is this host too."""
+    import socket
+
+    from ckptbench.storage.object_target import _is_local_address
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: picks the interface a route would use
+            own = probe.getsockname()[0]
+        except OSError:
+            pytest.skip("no IPv4 route here")
+    assert _is_local_address(socket.AF_INET, own)
+    assert not _is_local_address(socket.AF_INET, "192.0.2.1")
