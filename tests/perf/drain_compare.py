@@ -12,14 +12,24 @@ during a drain), each round starting one run later than the one before:
 Prints every round's ratio and load average, the medians, and ``uptime`` before and after, as JSON (exit 1
 when a goal's median misses).
 
+With the S3 server on the same host (as ``tests/servers/ceph.sh`` runs it), the server's daemons finish the
+drain's requests on the CPUs the local save stages on. ``--client-cpus`` confines this benchmark (and the
+processes it starts, the drain's included) to some CPUs; ``--server-pid`` with ``--server-cpus`` confines the
+server's processes (every thread) to others, as a stand-in for a server on another host. Run it with the
+server on the client's CPUs and then on its own, same ``--client-cpus``, to see which part of the stall is
+the server's. The layout is recorded as ``layout`` (the server's CPUs are restored at the end).
+
     eval "$(tests/servers/ceph.sh start /tmp/ceph)"   # or any S3 endpoint and credentials
     export CKPTBENCH_TEST_S3_ENDPOINT AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
     python tests/perf/drain_compare.py --local /var/tmp --size 512MiB --rounds 7
+    python tests/perf/drain_compare.py --local /var/tmp --client-cpus 0 \
+        --server-pid $(cat /tmp/ceph/run/*.pid) --server-cpus 1          # the server on CPUs of its own
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -65,6 +75,22 @@ def measure(local: str, endpoint: str, size: int, rounds: int, warmup: int, stal
     return doc
 
 
+def cpu_list(text: str) -> set[int]:
+    """``"0,2-3"`` -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def confine(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit them)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
@@ -81,12 +107,33 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded")
     parser.add_argument("--stall-saves", type=int, default=3,
                         help="local saves alone, and during a drain, per round (a round's stall: their median)")
+    parser.add_argument("--client-cpus", type=cpu_list, metavar="LIST",
+                        help="CPUs for this benchmark and its processes, e.g. 0 or 0-3 (default: all)")
+    parser.add_argument("--server-pid", type=int, nargs="+", default=[], metavar="PID",
+                        help="the S3 server's processes, to confine to --server-cpus")
+    parser.add_argument("--server-cpus", type=cpu_list, metavar="LIST",
+                        help="CPUs for --server-pid's processes during the run (default: all)")
     args = parser.parse_args()
     if not args.endpoint:
         parser.error("give --endpoint or set CKPTBENCH_TEST_S3_ENDPOINT")
-    before = uptime()
-    doc = measure(args.local, args.endpoint, parse_size(args.size), args.rounds, args.warmup,
-                  args.stall_saves)
+    if args.server_cpus is not None and not args.server_pid:
+        parser.error("--server-cpus needs --server-pid")
+    everything = os.sched_getaffinity(0)
+    layout = {"client_cpus": sorted(args.client_cpus or everything),
+              "server_cpus": sorted(args.server_cpus or everything) if args.server_pid else None,
+              "server_pids": args.server_pid}
+    if args.client_cpus is not None:
+        os.sched_setaffinity(0, args.client_cpus)  # before any thread or process is started
+    try:
+        for pid in args.server_pid:
+            confine(pid, args.server_cpus or everything)
+        before = uptime()
+        doc = measure(args.local, args.endpoint, parse_size(args.size), args.rounds, args.warmup,
+                      args.stall_saves)
+    finally:
+        for pid in args.server_pid:
+            confine(pid, everything)
+    doc["layout"] = layout
     doc["uptime_before"], doc["uptime_after"] = before, uptime()
     print(json.dumps(doc, indent=2))
     return 0 if all(goal["met"] for goal in doc["goals"].values()) else 1
