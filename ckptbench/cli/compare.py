@@ -13,7 +13,7 @@ import click
 from ckptbench.cli import params
 from ckptbench.cli.bench import CLIENT_OPTION, DEFAULT_MODEL, storage_options_from
 from ckptbench.cli.formats import format_options
-from ckptbench.cli.interval_cmd import pct
+from ckptbench.cli.interval_cmd import pct, with_range
 from ckptbench.cli.options import (
     checked_device,
     failure_options,
@@ -262,7 +262,7 @@ def _print_two_levels(document: dict[str, Any]) -> None:
 
     note = server_here_note(drain)
     if note:
-        console.print(f"[dim]  {note}[/]")
+        console.print(f"[dim]note: {note}[/]")
     table = Table(header_style="bold")
     for column in ("schedule", "local every", "remote every", "waste", "range"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
@@ -290,13 +290,18 @@ def two_level_takeaway(two: dict[str, Any]) -> str:
     if two["recommendation"] == "two-level":
         drained = ("" if remote_level["every"] is None
                    else f" and drain every {remote_level['every']} to {two['remote']}")
-        low, high = best["waste_fraction_range"] or (best["waste_fraction"],) * 2
         return (f"Two levels: checkpoint to {two['local']} every {format_duration(best['recommended_interval_s'])}"
-                f"{drained}: about {pct(best['waste_fraction'])} of wall time lost ({pct(low)}–{pct(high)}); "
-                f"{two['reason']}.")
-    low, high = one["waste_fraction_range"] or (one["waste_fraction"],) * 2
+                f"{drained}: about {_waste(best)} of wall time lost; {two['reason']}.")
     return (f"Single level: checkpoint to {two['remote']} every {format_duration(one['interval_s'])}: about "
-            f"{pct(one['waste_fraction'])} of wall time lost ({pct(low)}–{pct(high)}); {two['reason']}.")
+            f"{_waste(one)} of wall time lost; {two['reason']}.")
+
+
+def _waste(schedule: dict[str, Any]) -> str:
+    """A schedule's waste and its range, as the table shows them (to 0.01 %)."""
+    def shown(value: float) -> str:
+        return pct(value, 2)
+
+    return with_range(shown(schedule["waste_fraction"]), schedule["waste_fraction_range"], shown)
 
 
 # -- the table ---------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def _print(doc: dict[str, Any]) -> None:
 
     note = server_here_note(drain)
     if note:
-        console.print(f"[dim]  {note}[/]")
+        console.print(f"[dim]note: {note}[/]")
     table = Table(header_style="bold", title="predicted for the node: point (range)", title_justify="left")
     for name in ("local stall", "drain", "restore local", "restore remote", "interval", "remote every", "overhead",
                  "waste"):

@@ -206,3 +206,19 @@ def test_an_address_of_this_hosts_own_interfaces_counts_as_this_host():
             pytest.skip("no IPv4 route here")
     assert _is_local_address(socket.AF_INET, own)
     assert not _is_local_address(socket.AF_INET, "192.0.2.1")
+
+
+def test_the_takeaway_shows_the_waste_and_its_range_as_the_table_does():
+    """A range that rounds to one value at 0.1 % is shown to 0.01 %, as the table above it, not "2.9 %–2.9 %";
+    one that rounds to one value there too is not shown."""
+    from ckptbench.cli.compare import two_level_takeaway
+
+    levels = [{"name": "local", "interval_s": 3600.0, "every": None}, {"name": "remote", "interval_s": 3600.0,
+                                                                      "every": 1}]
+    two = {"local": "/nvme", "remote": "s3://b/x", "reason": "tied", "recommendation": "single-level",
+           "single_level": {"interval_s": 3780.0, "waste_fraction": 0.0291, "waste_fraction_range": [0.0287, 0.0294]},
+           "two_level": {"levels": levels, "recommended_interval_s": 3600.0, "waste_fraction": 0.0275,
+                         "waste_fraction_range": [0.02751, 0.02753]}}
+    assert "about 2.91 % (2.87 %–2.94 %) of wall time lost" in two_level_takeaway(two)
+    two["recommendation"] = "two-level"
+    assert "about 2.75 % of wall time lost;" in two_level_takeaway(two)
