@@ -144,8 +144,11 @@ class S3Options:
     #: Unsigned requests (public buckets); no credentials are looked up.
     anon: bool = False
     #: Multipart part size; objects up to this size are one PutObject. Raised automatically (logged)
-    #: for objects that would need more than 10,000 parts.
+    #: for objects that would need more than ``max_parts`` parts.
     part_size: int = 16 * 2**20
+    #: The most parts of one multipart upload: S3's 10,000, or a server's lower limit (Ceph RGW's
+    #: ``rgw_multipart_part_upload_limit``, for one).
+    max_parts: int = MAX_PARTS
     #: Parts in flight across all objects (uploads and ranged reads). Default: max(threads, 8).
     max_concurrency: int | None = None
     #: botocore attempts per data request (first try included), standard retry mode. Default:
@@ -184,6 +187,8 @@ class S3Options:
         if not MIN_PART_BYTES <= self.part_size <= MAX_PART_BYTES:
             raise UsageError(f"part_size {format_size(self.part_size)} is outside S3's limits "
                              f"({format_size(MIN_PART_BYTES)} to {format_size(MAX_PART_BYTES)})")
+        if not 1 <= self.max_parts <= MAX_PARTS:
+            raise UsageError(f"max_parts {self.max_parts} is outside S3's limits (1 to {MAX_PARTS})")
         if self.client not in CLIENTS:
             raise UsageError(f"unknown S3 client {self.client!r}", hint=f"accepted: {', '.join(CLIENTS)}")
         if self.addressing_style not in (None, "path", "virtual", "auto"):
@@ -219,6 +224,7 @@ class S3Options:
             if key in values:
                 values[key] = _as_bool(key, values[key])
         for key, kind, minimum in (("max_concurrency", int, 1), ("max_attempts", int, 1), ("prefix_spread", int, 0),
+                                   ("max_parts", int, 1),
                                    ("connect_timeout_s", float, 0.1), ("read_timeout_s", float, 0.1)):
             if key in values:
                 values[key] = _as_number(key, values[key], kind, minimum)
@@ -934,16 +940,21 @@ class S3Store(Store):
         return chosen
 
     def part_bytes_for(self, nbytes: int, part_bytes: int | None = None) -> int:
-        """The part size of a ``nbytes`` object: ``part_bytes`` (default ``part_size``), raised where the
-        object would need more than ``MAX_PARTS`` parts."""
+        """The part size of a ``nbytes`` object: ``part_bytes`` (default ``part_size``), raised (to whole MiB)
+        where the object would need more than ``max_parts`` parts."""
         part = self.options.part_size if part_bytes is None else part_bytes
         if not MIN_PART_BYTES <= part <= MAX_PART_BYTES:
             raise ValueError(f"part size {format_size(part)} is outside S3's limits "
                              f"({format_size(MIN_PART_BYTES)} to {format_size(MAX_PART_BYTES)})")
-        if nbytes > part * MAX_PARTS:
-            part = -(-nbytes // MAX_PARTS // 2**20) * 2**20 + 2**20
+        most = self.options.max_parts
+        if nbytes > part * most:
+            part = -(-nbytes // most // 2**20) * 2**20 + 2**20
+            if part > MAX_PART_BYTES:
+                raise StorageIOError(f"{self.url}: a {format_size(nbytes)} object does not fit in {most} parts of "
+                                     f"at most {format_size(MAX_PART_BYTES)}",
+                                     hint="more, smaller shards (a smaller shard size), or a higher max_parts")
             log.info("S3: part size raised to %s for a %s object (at most %d parts)", format_size(part),
-                     format_size(nbytes), MAX_PARTS)
+                     format_size(nbytes), most)
         return part
 
     def write_files(self, files: list[tuple[str, memoryview]], *, threads: int, block_size: int,

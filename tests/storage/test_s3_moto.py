@@ -30,7 +30,7 @@ import torch
 import ckptbench
 from ckptbench.checkpoint import lock
 from ckptbench.checkpoint.lock import CheckpointLockedError, acquire_save_lock
-from ckptbench.errors import CheckpointExistsError, TargetError
+from ckptbench.errors import CheckpointExistsError, TargetError, UsageError
 from ckptbench.storage.s3 import S3Store
 from ckptbench.storage.s3_clients import s3fs_arguments
 from ckptbench.storage.store import open_store
@@ -809,6 +809,23 @@ def test_every_part_but_the_last_has_the_same_size(aws: Aws, proxy):
         assert len(lengths) >= 3 and set(lengths[:-1]) == {5 * MiB} and lengths[-1] <= 5 * MiB
 
 
+def test_a_server_with_fewer_parts_per_upload_gets_no_more_than_max_parts(aws: Aws, proxy):
+    """A server configured below S3's 10,000 parts per upload (Ceph RGW's rgw_multipart_part_upload_limit):
+    with ``max_parts``, a save's objects use larger parts rather than more of them, and load bit-exact."""
+    url, options = f"s3://{aws.bucket}/fewparts", {"part_size": "5MiB", "max_parts": "2"}
+    ckptbench.save(state(1, big=True), url, storage_options=options)
+    parts: dict[str, int] = {}
+    for request in proxy.requests:
+        if request.kind == "UploadPart":
+            upload = request.query["uploadId"][0]
+            parts[upload] = max(parts.get(upload, 0), request.part_number)
+    assert parts and max(parts.values()) == 2  # 12 MiB at 5 MiB parts would be 3
+    assert_same(state(1, big=True), ckptbench.load(url, storage_options=options))
+    for bad in ("0", "10001", "many"):
+        with pytest.raises(UsageError, match="max_parts"):
+            open_store(url, {"max_parts": bad})
+
+
 # -- scratch prefixes of killed runs: ckptbench clean s3://... --------------------------------------
 
 #: A benchmark's scratch prefix: an object written, a multipart upload open, then SIGKILL.
@@ -956,7 +973,6 @@ def test_a_policy_that_allows_listing_only_under_the_prefix(aws: Aws, listing_al
 def test_s3fs_style_storage_options_are_applied_or_refused(aws: Aws):
     """The storage options an fsspec user passes for s3:// (s3fs's client_kwargs and config_kwargs) reach
     the same settings as ours; what ckptbench would not apply is one line, not silently dropped."""
-    from ckptbench.errors import UsageError
     from ckptbench.storage.s3 import S3Options
 
     options = S3Options.from_mapping({
