@@ -8,8 +8,9 @@ A launch is detected from the environment: torchrun sets ``RANK``, ``WORLD_SIZE`
 
 :func:`current_world` joins the launch. When the caller already has a default process group (a
 training job did ``init_process_group``), ckptbench uses it and its rendezvous store; otherwise it
-forms one itself: the rendezvous store with a bounded connect timeout (``DIST_CONNECT_TIMEOUT_S``:
-a rank that never shows up is an error, not a hang), then a gloo group. ckptbench's own traffic is
+forms one itself: the rendezvous store with a bounded connect timeout, then a gloo group. Either way
+every rank first checks in through the store, for ``DIST_CONNECT_TIMEOUT_S`` at most: a rank that never
+shows up (never started, or never calls ckptbench: a save only rank 0 makes) is an error, not a hang. ckptbench's own traffic is
 small control messages (paths, plans, timings, manifests); the bytes go to storage, never over the
 group, so gloo serves on GPU machines too (with an nccl default group, a gloo side group is made).
 
@@ -493,6 +494,7 @@ def current_world(timeout_s: float | None = None) -> World | None:
             if dist.get_world_size() < 2:
                 return None
             store = dist.distributed_c10d._get_default_store()
+            _check_in(store, dist.get_rank(), dist.get_world_size())
             # A group of ckptbench's own, also over a gloo default group: a save persisting on a side
             # thread must not interleave with the job's collectives.
             group = dist.new_group(backend="gloo")
@@ -533,6 +535,7 @@ def _form(launch: Launch, timeout_s: float) -> World:
                  "if they start slowly") from None
     os.environ.setdefault("MASTER_ADDR", launch.master_addr)
     os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+    _check_in(store, launch.rank, launch.world_size)
     try:
         dist.init_process_group("gloo", store=store, rank=launch.rank, world_size=launch.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -543,6 +546,36 @@ def _form(launch: Launch, timeout_s: float) -> World:
              launch.world_size, launch.local_rank, where)
     return World(rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank, store=store,
                  group=None, timeout_s=timeout_s, owns_group=True)
+
+
+def _check_in(store: Any, rank: int, world_size: int) -> None:
+    """Wait, at most ``DIST_CONNECT_TIMEOUT_S``, until every rank of the launch has come to ckptbench
+    (``current_world``); else RankFailedError naming the ranks that did not.
+
+    The collectives that form ckptbench's group (``new_group``, gloo's rendezvous in
+    ``init_process_group``) wait for every rank for the process group's timeout (30 min) with no word:
+    a save only rank 0 makes (``torch.save``'s ``if rank == 0:``) would hang the job that long, with
+    the other ranks waiting in a collective of their own. A rank is in only once it has reached this
+    point, so the collectives after it are met."""
+    # torchrun's agent keeps its store across restarts of the workers: each incarnation checks in anew
+    incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    keys = [f"{_NAMESPACE}joined/{incarnation}/{r}" for r in range(world_size)]
+    store.set(keys[rank], "1")
+    deadline = time.monotonic() + knobs.DIST_CONNECT_TIMEOUT_S
+    poll_s = 0.001
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            if not missing:
+                return
+            raise RankFailedError(
+                f"rank {rank}: the process group of {world_size} ranks did not form within "
+                f"{knobs.DIST_CONNECT_TIMEOUT_S:g} s: rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} did not "
+                "call ckptbench (under a launch every rank calls save and load)",
+                hint="to save or load from one rank alone (torch.save's `if rank == 0:`) pass distributed=False; "
+                     "raise CKPTBENCH_DIST_CONNECT_TIMEOUT_S if the other ranks only come later")
+        time.sleep(poll_s)
+        poll_s = min(0.05, poll_s * 2)
 
 
 def leave_world() -> None:

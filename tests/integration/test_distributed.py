@@ -387,6 +387,49 @@ def test_a_group_that_cannot_form_is_an_error_not_a_hang(tmp_path: Path):
     assert not [p for p in tmp_path.iterdir()]  # nothing written
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["alone_in_their_group", "alone"])
+def test_a_save_only_rank_0_makes_is_an_error_not_a_hang(tmp_path: Path, scenario: str):
+    """torch.save's habit under torchrun: only rank 0 saves, the others wait in a barrier of the job's own
+    group (or go on). Rank 0 gives up after the connect timeout, naming rank 1 and distributed=False;
+    saves of every rank form the group afterwards, and distributed=False saves from rank 0 alone."""
+    proc = torchrun([str(HERE), scenario, str(tmp_path)], cwd=tmp_path, timeout=150,
+                    CKPTBENCH_DIST_CONNECT_TIMEOUT_S="3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    error = (tmp_path / "rank0.error").read_text()
+    assert error.startswith("RankFailedError: rank 0: the process group of 2 ranks did not form within 3 s: "
+                            "rank 1 did not call ckptbench"), error
+    assert "distributed=False" in error
+    assert (tmp_path / "rank0.ok").exists() and (tmp_path / "rank1.ok").exists()
+
+
+def _alone(scenario: str, out: Path) -> None:
+    """Rank 0 saves alone first (``if rank == 0: ckptbench.save(...)``), then as the docs say."""
+    import torch
+    import torch.distributed as dist
+
+    import ckptbench
+
+    rank = int(os.environ["RANK"])
+    if scenario == "alone_in_their_group":
+        dist.init_process_group("gloo")
+    if rank == 0:
+        try:
+            ckptbench.save({"w": torch.ones(3)}, out / "only-rank-0")
+            raise AssertionError("a save of rank 0 alone went through")
+        except ckptbench.RankFailedError as exc:
+            (out / "rank0.error").write_text(f"{type(exc).__name__}: {exc}")
+        ckptbench.save({"w": torch.ones(3)}, out / "only-rank-0", distributed=False)
+    if scenario == "alone_in_their_group":
+        dist.barrier()
+    else:
+        _wait_for_file(out / "rank0.error", timeout_s=60)
+    ckptbench.save({"w": torch.full((3,), float(rank))}, out / "every-rank")
+    assert torch.equal(ckptbench.load(out / "every-rank")["w"], torch.full((3,), float(rank)))
+    assert torch.equal(ckptbench.load(out / "only-rank-0")["w"], torch.ones(3))
+    (out / f"rank{rank}.ok").touch()
+
+
 # -- the benchmark under torchrun --------------------------------------------------------------
 
 
@@ -705,7 +748,10 @@ def _worker(scenario: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1].startswith("alone"):
+        _alone(sys.argv[1], Path(sys.argv[2]))
+    else:
+        _worker(sys.argv[1], Path(sys.argv[2]))
     os._exit(0)  # skip interpreter teardown with a live gloo group (torch sometimes aborts there)
 
 
