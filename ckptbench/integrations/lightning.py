@@ -26,7 +26,9 @@ Limits:
   saved hyperparameters as Lightning does. ``Trainer(plugins=[CkptbenchCheckpointIO()])``'s
   ``fit``/``validate``/``test``/``predict`` with ``ckpt_path=`` read through the plugin.
 - A path with nothing at it raises ``CheckpointNotFoundError``, a ``FileNotFoundError`` as Lightning's
-  ``TorchCheckpointIO`` raises.
+  ``TorchCheckpointIO`` raises. A ``.ckpt`` file ``TorchCheckpointIO`` wrote (a run begun without this plugin)
+  is read by ``torch.load`` with ``weights_only=True`` (unpickling only with ``allow_pickle``), and a save to its
+  name replaces it, so such a run resumes with this plugin.
 - ``map_location`` of ``load_checkpoint``: as ``torch.load``'s (a device, a dict, a function ``f(storage,
   location)``), except that None loads to the CPU and every tensor's location is ``"cpu"``: a checkpoint
   does not record the device it was saved from (Lightning moves the state where it belongs afterwards).
@@ -119,6 +121,7 @@ class _CkptbenchCheckpointIO:
                              f"{type(storage_options).__name__}", hint="pass a dict, or None for the plugin's own")
         self._raise_failed_save()
         options = storage_options if storage_options is not None else self.storage_options
+        self._replace_torch_save_file(path, options)
         try:
             result = self._checkpointer.save(checkpoint, path, async_=self.async_, overwrite=True,
                                              storage_options=options, distributed=False,
@@ -147,6 +150,9 @@ class _CkptbenchCheckpointIO:
             dict: the checkpoint, as it was saved.
         """
         self._wait_for(path)
+        torch_file = _torch_save_file(open_store(path, self.storage_options).local_path)
+        if torch_file is not None:
+            return self._load_torch_save_file(path, torch_file, map_location, weights_only)
         try:
             return self._checkpointer.load(path, map_location, storage_options=self.storage_options,
                                            distributed=False, allow_pickle=self.allow_pickle,
@@ -156,6 +162,44 @@ class _CkptbenchCheckpointIO:
                 raise  # Lightning asked for weights_only=True
             raise PickleNotAllowedError(exc.args[0], hint="CkptbenchCheckpointIO(allow_pickle=True) unpickles them: "
                                         "only for checkpoints from a source you trust") from None
+
+    def _load_torch_save_file(self, path: str | os.PathLike, fd: int, map_location: Any,
+                              weights_only: bool | None) -> dict[str, Any]:
+        """A ``.ckpt`` TorchCheckpointIO wrote (a run begun without this plugin, resumed with it), read from
+        ``fd`` by ``torch.load`` as TorchCheckpointIO reads it, but with ``weights_only=True`` unless this plugin
+        has ``allow_pickle`` and Lightning does not ask for ``weights_only=True``."""
+        import pickle
+
+        import torch
+
+        restricted = weights_only is True or not self.allow_pickle
+        with os.fdopen(fd, "rb") as file:
+            try:
+                return torch.load(file, map_location=map_location, weights_only=restricted)
+            except pickle.UnpicklingError as exc:
+                if not restricted:
+                    raise
+                why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                hint = ("Lightning asked for weights_only=True" if self.allow_pickle else
+                        "CkptbenchCheckpointIO(allow_pickle=True) unpickles it: only for checkpoints from a source "
+                        "you trust")
+                raise PickleNotAllowedError(f"{os.fspath(path)} is a torch.save file holding values that "
+                                            f"torch.load(weights_only=True) refuses ({why})", hint=hint) from None
+
+    def _replace_torch_save_file(self, path: str | os.PathLike, storage_options: dict | None) -> None:
+        """Remove the file TorchCheckpointIO wrote at ``path`` (``last.ckpt`` of a run that switched to this
+        plugin, saved again under its name), as TorchCheckpointIO replaces it; the save then writes the checkpoint
+        directory there. Any other file stays, and the save refuses it."""
+        local = open_store(path, storage_options).local_path
+        if local is None:
+            return
+        try:
+            if not stat.S_ISREG(os.lstat(local).st_mode) or not _written_by_torch_save(local):
+                return
+        except FileNotFoundError:
+            return
+        log.info("replacing %s, a file torch.save wrote, with a ckptbench checkpoint", local)
+        local.unlink()
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove the checkpoint at ``path`` (only the files a save creates; the manifest first). A symlink
@@ -222,6 +266,26 @@ def _written_by_torch_save(path: os.PathLike) -> bool:
         return os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC)
     finally:
         os.close(fd)
+
+
+def _torch_save_file(path: os.PathLike | None) -> int | None:
+    """A descriptor of the local file ``path`` when it (or what a link there points to: ``save_last="link"``'s
+    ``last.ckpt``) is a regular file that begins as a ``torch.save`` file does; else None."""
+    if path is None:
+        return None
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            return None
+        fd = safeio.open_regular(os.path.realpath(path))
+    except (OSError, UnsafeFileError):
+        return None
+    try:
+        if os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_location: Any | None = None,

@@ -333,6 +333,42 @@ def test_save_last_link_with_a_changing_last_name_keeps_every_checkpoint(tmp_pat
         assert ckptbench.load(tmp_path / "ckpt" / name)["global_step"] == step, name
 
 
+def test_a_run_that_switches_to_this_plugin_resumes_from_what_torch_checkpoint_io_wrote(tmp_path: Path):
+    """Begun with Lightning's own TorchCheckpointIO, resumed with this plugin from its last.ckpt (a torch.save
+    file): the fit goes on from that step and ends bit for bit as one resumed through TorchCheckpointIO; the
+    last.ckpt it saves again replaces the file, and top-k removes the torch.save files it drops."""
+    plugins = iter([None, CkptbenchCheckpointIO()])
+    ours, _, our_second = fit_then_resume(tmp_path / "switched", lambda: next(plugins))
+    theirs, _, their_second = fit_then_resume(tmp_path / "torch", TorchCheckpointIO)
+    assert our_second.global_step == their_second.global_step == 16
+    for name, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], value), name
+    ckpt = tmp_path / "switched" / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in (tmp_path / "torch" / "ckpt").iterdir())
+    assert ckptbench.load(ckpt / "last.ckpt")["global_step"] == 16
+    for path in ckpt.iterdir():  # every checkpoint the resumed fit kept was saved by it, through this plugin
+        assert (path / "manifest.json").is_file(), path.name
+
+
+def test_a_torch_save_file_loads_without_pickle_unless_allowed(tmp_path: Path):
+    """A .ckpt TorchCheckpointIO wrote is read by torch.load with weights_only=True (or through a link to it,
+    save_last="link"'s); a value that needs unpickling only with allow_pickle=True, never with weights_only."""
+    path = tmp_path / "epoch=0-step=4.ckpt"
+    torch.save({"state_dict": {"w": torch.arange(3.0)}, "global_step": 4, "dtype": torch.bfloat16}, path)
+    (tmp_path / "last.ckpt").symlink_to(path.name)
+    for name in (path.name, "last.ckpt"):
+        loaded = CkptbenchCheckpointIO().load_checkpoint(tmp_path / name)
+        assert torch.equal(loaded["state_dict"]["w"], torch.arange(3.0)) and loaded["global_step"] == 4
+        assert loaded["dtype"] is torch.bfloat16
+    pickled = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": {}, "fn": os.getcwd}, pickled)
+    with pytest.raises(ckptbench.PickleNotAllowedError, match="allow_pickle=True"):
+        CkptbenchCheckpointIO().load_checkpoint(pickled)
+    with pytest.raises(ckptbench.PickleNotAllowedError):
+        CkptbenchCheckpointIO(allow_pickle=True).load_checkpoint(pickled, weights_only=True)
+    assert CkptbenchCheckpointIO(allow_pickle=True).load_checkpoint(pickled)["fn"] is os.getcwd
+
+
 def test_removing_a_torch_save_file_removes_it_and_a_fifo_stays(tmp_path: Path):
     """A run that switched to this plugin still has ModelCheckpoint tracking .ckpt files TorchCheckpointIO wrote:
     removing one removes the file, as TorchCheckpointIO would. A FIFO there is neither: left alone (and any other
