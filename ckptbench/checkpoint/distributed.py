@@ -557,25 +557,31 @@ def _check_in(store: Any, rank: int, world_size: int) -> None:
     a save only rank 0 makes (``torch.save``'s ``if rank == 0:``) would hang the job that long, with
     the other ranks waiting in a collective of their own. A rank is in only once it has reached this
     point, so the collectives after it are met."""
-    # torchrun's agent keeps its store across restarts of the workers: each incarnation checks in anew
+    # torchrun's agent keeps its store across restarts of the workers: each incarnation checks in anew.
+    # One counter and one key that the last rank in sets, waited for in the store (no polling: thousands of
+    # ranks would each read every rank's key); a key per rank, once, names the missing ones and keeps a
+    # rank that calls again (after an earlier timeout) from being counted twice.
     incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    keys = [f"{_NAMESPACE}joined/{incarnation}/{r}" for r in range(world_size)]
-    store.set(keys[rank], "1")
-    deadline = time.monotonic() + knobs.DIST_CONNECT_TIMEOUT_S
-    poll_s = 0.001
-    while not store.check(keys):
-        if time.monotonic() > deadline:
-            missing = [r for r, key in enumerate(keys) if not store.check([key])]
-            if not missing:
-                return
-            raise RankFailedError(
-                f"rank {rank}: the process group of {world_size} ranks did not form within "
-                f"{knobs.DIST_CONNECT_TIMEOUT_S:g} s: rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} did not "
-                "call ckptbench (under a launch every rank calls save and load)",
-                hint="to save or load from one rank alone (torch.save's `if rank == 0:`) pass distributed=False; "
-                     "raise CKPTBENCH_DIST_CONNECT_TIMEOUT_S if the other ranks only come later")
-        time.sleep(poll_s)
-        poll_s = min(0.05, poll_s * 2)
+    joined = f"{_NAMESPACE}joined/{incarnation}/"
+    everyone = f"{_NAMESPACE}everyone/{incarnation}"
+    if not store.check([f"{joined}{rank}"]):
+        store.set(f"{joined}{rank}", "1")
+        if store.add(f"{joined}count", 1) >= world_size:
+            store.set(everyone, "1")
+    try:
+        store.wait([everyone], datetime.timedelta(seconds=knobs.DIST_CONNECT_TIMEOUT_S))
+        return
+    except RuntimeError:  # the store's timeout (DistStoreError)
+        pass
+    missing = [r for r in range(world_size) if not store.check([f"{joined}{r}"])]
+    if not missing:
+        return
+    raise RankFailedError(
+        f"rank {rank}: the process group of {world_size} ranks did not form within "
+        f"{knobs.DIST_CONNECT_TIMEOUT_S:g} s: rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} did not "
+        "call ckptbench (under a launch every rank calls save and load)",
+        hint="to save or load from one rank alone (torch.save's `if rank == 0:`) pass distributed=False; "
+             "raise CKPTBENCH_DIST_CONNECT_TIMEOUT_S if the other ranks only come later")
 
 
 def leave_world() -> None:
