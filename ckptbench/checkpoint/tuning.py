@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench import knobs, native
+from ckptbench import knobs, native, safeio
+from ckptbench.config import MAX_BLOCK_BYTES, MAX_THREADS
 from ckptbench.errors import RankFailedError, UsageError
 from ckptbench.model.noise import beats, leaders
 from ckptbench.storage.local_target import MountInfo, is_network, mount_of
@@ -253,39 +254,73 @@ def _from_settings() -> dict[str, Choice]:
 
 
 def from_result(document: dict[str, Any], where: str) -> dict[str, Choice]:
-    """The writer settings a ``bench`` (filesystem sweep) or ``recommend`` result names."""
+    """The writer settings a ``bench`` (filesystem sweep) or ``recommend`` result names. Each is checked
+    as a caller's value would be (threads 1..``MAX_THREADS``, a block size 1..``MAX_BLOCK_BYTES``,
+    direct true or false): UsageError naming the file and the value otherwise."""
     out: dict[str, Choice] = {}
     if isinstance(document.get("settings"), dict):  # recommend
         settings = document["settings"]
         for key, name in (("threads", "threads"), ("block_size_bytes", "block_size"), ("direct", "direct")):
-            value = settings.get(key, {}).get("value")
+            entry = settings.get(key, {})
+            if not isinstance(entry, dict):
+                raise UsageError(f"{where}: settings.{key} is {_clip(entry)}, not {{'value': ..., 'reason': ...}}")
+            value = entry.get("value")
             if value is not None:
-                out[name] = Choice(value, "result file", f"{where}: {settings[key].get('reason', 'recommended')}")
+                reason = entry.get("reason")
+                out[name] = Choice(_checked_setting(name, value, where), "result file",
+                                   f"{where}: {reason if isinstance(reason, str) else 'recommended'}")
         return out
     results = document.get("results")
-    if not isinstance(results, list) or not results or "config" not in results[0]:
+    if not isinstance(results, list) or not results or not isinstance(results[0], dict) \
+            or "config" not in results[0]:
         raise UsageError(f"{where}: neither a bench filesystem result nor a recommendation",
                          hint="give the JSON file `ckptbench bench DIR --json` or `ckptbench recommend --json` wrote")
-    best = results[int(document.get("best", 0))]
+    index = document.get("best", 0)
+    if type(index) is not int or not 0 <= index < len(results) or not isinstance(results[index], dict) \
+            or not isinstance(results[index].get("config"), dict):
+        raise UsageError(f"{where}: best is {_clip(index)}, not the index of one of its {len(results)} results "
+                         "with a config")
+    best = results[index]
     config = best["config"]
     why = f"{where}: the fastest configuration measured there"
-    out["threads"] = Choice(int(config["threads"]), "result file", why)
-    out["block_size"] = Choice(int(config["block_size"]), "result file", why)
+    out["threads"] = Choice(_checked_setting("threads", config.get("threads"), where), "result file", why)
+    out["block_size"] = Choice(_checked_setting("block_size", config.get("block_size"), where), "result file", why)
     modes = best.get("durable_modes")
     if isinstance(modes, dict) and isinstance(modes.get("write_direct"), bool):
-        out["direct"] = Choice(modes["write_direct"], "result file", f"{where}: {modes.get('write_reason', '')}")
+        reason = modes.get("write_reason")
+        out["direct"] = Choice(modes["write_direct"], "result file",
+                               f"{where}: {reason if isinstance(reason, str) else ''}")
     else:
-        out["direct"] = Choice(bool(config["direct"]), "result file", why)
+        out["direct"] = Choice(_checked_setting("direct", config.get("direct"), where), "result file", why)
     return out
+
+
+def _checked_setting(name: str, value: Any, where: str) -> Any:
+    """``value`` of the writer setting ``name`` from the result file ``where``, if it is one a caller may give."""
+    if name == "direct":
+        if type(value) is not bool:
+            raise UsageError(f"{where}: direct is {_clip(value)}, not true or false")
+        return value
+    high = MAX_THREADS if name == "threads" else MAX_BLOCK_BYTES
+    if type(value) is not int or not 1 <= value <= high:
+        raise UsageError(f"{where}: {name} is {_clip(value)}, not a whole number from 1 to {high}")
+    return value
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _result_file(mount: MountInfo | None) -> dict[str, Choice]:
     path = os.environ.get("CKPTBENCH_TUNE_FROM")
     if not path:
         return {}
-    try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+    try:  # a regular file, not through a symlink, and capped: never a FIFO that hangs the save or /dev/zero
+        document = json.loads(safeio.read_text(path, safeio.MAX_RESULT_BYTES, "result file"))
+    except UsageError as exc:  # UnsafeFileError: a symlink, FIFO, device or oversized file
+        raise UsageError(f"CKPTBENCH_TUNE_FROM={path}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(f"CKPTBENCH_TUNE_FROM={path}: cannot read it as a result file ({exc})") from None
     if not isinstance(document, dict):
         raise UsageError(f"CKPTBENCH_TUNE_FROM={path}: not a result document")

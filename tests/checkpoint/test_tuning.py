@@ -491,3 +491,74 @@ def test_on_a_slow_mount_every_sweep_finishes_within_the_budget(clock):
     assert chosen.block_size.source == "measured"
     assert all(len(v) == tuning.REPEATS for v in chosen.measured["threads_gbps"].values())
     assert clock.now <= tuning.knobs.TUNE_SECONDS * 1.15
+
+
+_BENCH = {"schema": "ckptbench.fs-bench/1", "best": 0,
+          "results": [{"config": {"threads": 4, "block_size": 1 << 20, "direct": True}}]}
+
+
+def _bench_with(path: tuple, value):
+    document = json.loads(json.dumps(_BENCH))
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return document
+
+
+@pytest.mark.parametrize("document", [
+    _bench_with(("best",), 5), _bench_with(("best",), "0"), _bench_with(("best",), -1), _bench_with(("best",), True),
+    _bench_with(("results", 0, "config"), "x"), _bench_with(("results", 0), "x"),
+    _bench_with(("results", 0, "config", "threads"), 10**9), _bench_with(("results", 0, "config", "threads"), 0),
+    _bench_with(("results", 0, "config", "threads"), float("inf")),
+    _bench_with(("results", 0, "config", "threads"), "8"), _bench_with(("results", 0, "config", "threads"), True),
+    _bench_with(("results", 0, "config", "block_size"), 2**70), _bench_with(("results", 0, "config", "block_size"), -1),
+    _bench_with(("results", 0, "config", "direct"), "no"),
+    {"settings": {"threads": "8"}}, {"settings": {"threads": {"value": -3}}},
+    {"settings": {"block_size_bytes": {"value": 1e308}}}, {"settings": {"direct": {"value": "yes"}}},
+    {"settings": {"threads": {"value": 2**40, "reason": "r"}}},
+])
+def test_a_result_file_with_settings_no_caller_may_give_is_one_usage_error(document) -> None:
+    """What a result file names reaches the engine as the caller's own settings would: checked as they are."""
+    with pytest.raises(UsageError, match="x.json"):
+        tuning.from_result(document, "x.json")
+
+
+def _result_file_in_thread(timeout_s: float = 10.0):
+    """``tuning._result_file(None)``'s outcome (its value, or the exception it raised), or "hung"."""
+    import threading
+
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(tuning._result_file(None))
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return outcome[0] if outcome else "hung"
+
+
+def test_a_result_file_that_is_a_fifo_is_refused_without_hanging(tmp_path, monkeypatch) -> None:
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("CKPTBENCH_TUNE_FROM", str(fifo))
+    got = _result_file_in_thread()
+    if got == "hung":  # let the reader go (a writer that closes at once: it reads end of file)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert isinstance(got, UsageError) and "FIFO" in str(got), got
+
+
+def test_a_result_file_that_is_a_symlink_is_not_followed(tmp_path, monkeypatch) -> None:
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps(_BENCH))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    monkeypatch.setenv("CKPTBENCH_TUNE_FROM", str(link))
+    with pytest.raises(UsageError, match="symbolic link"):
+        tuning._result_file(None)
+    monkeypatch.setenv("CKPTBENCH_TUNE_FROM", str(real))
+    assert tuning._result_file(None)["threads"].value == 4
