@@ -1545,6 +1545,7 @@ class _Reader:
                 raise CorruptCheckpointError(f"{self.path}: the metadata has no storage entry for "
                                              f"{req.storage_index.fqn!r}") from None
             requests[req.storage_index].append(req)
+        self._check_files(entries)
         for key, info in entries.items():
             if not info.length:
                 self._deliver(key, info, memoryview(b""), planner, requests[key])
@@ -1554,14 +1555,33 @@ class _Reader:
         future.set_result(None)
         return future
 
+    def _check_files(self, entries: dict[MetadataIndex, Any]) -> None:
+        """Every data file ``entries`` read from a name inside the checkpoint (never a path out of it) and
+        reaching the end of every item read from it: checked before a read buffer is sized by what the
+        metadata claims, so a length it lies about is not allocated first."""
+        ends: dict[str, int] = {}
+        for info in entries.values():
+            if info.length:
+                ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+        store = self._store
+        for file, end in sorted(ends.items()):
+            if not _FLAT_NAME.match(file):
+                raise CorruptCheckpointError(f"{self.path}: the metadata names the data file {file!r}, which is not a "
+                                             "file name inside the checkpoint")
+            try:
+                size = store.size(file)
+            except UnsafeFileError as exc:
+                raise CorruptCheckpointError(f"{self.path}: {exc}") from None
+            if size is None:
+                raise CorruptCheckpointError(f"data file {self.path / file} of the checkpoint is missing")
+            if size < end:
+                raise CorruptCheckpointError(f"data file {self.path / file} is {size} bytes, shorter than the {end} "
+                                             "the checkpoint metadata says")
+
     def _read_batch(self, batch: list[_Range], entries: dict[MetadataIndex, Any],
                     requests: dict[MetadataIndex, list[ReadItem]], planner: LoadPlanner) -> None:
         self._arena.ensure(max(_PAGE, sum(r.buffer_bytes for r in batch)))
         view = memoryview(self._arena.buffer)
-        for file in {r.file for r in batch}:  # data files are names inside the checkpoint, never paths out of it
-            if not isinstance(file, str) or not _FLAT_NAME.match(file):
-                raise CorruptCheckpointError(f"{self.path}: the metadata names the data file {file!r}, which is not a "
-                                             "file name inside the checkpoint")
         placed: list[tuple[_Range, int]] = []
         jobs = []
         cursor = 0

@@ -522,6 +522,38 @@ def test_loading_what_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert isinstance(error, CorruptCheckpointError) and "missing" in str(error)
 
 
+@pytest.mark.parametrize("length", [1 << 20, 1 << 40])
+def test_metadata_claiming_more_bytes_than_the_data_file_holds_is_refused_before_allocating(
+        tmp_path: Path, length: int) -> None:
+    """An item's length is checked against its data file before the read buffer is sized by it: a
+    .metadata that lies is a CorruptCheckpointError, not an allocation of what it claims."""
+    import dataclasses
+
+    path = tmp_path / "ckpt"
+    dcp.save({"w": torch.ones(1024)}, storage_writer=Writer(path))
+    metadata = pickle.loads((path / ".metadata").read_bytes())
+    metadata.storage_data = {key: dataclasses.replace(info, length=length)
+                             for key, info in metadata.storage_data.items()}
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    reader = Reader(path)
+    asked: list[int] = []
+    ensure = reader._arena.ensure
+
+    def recording(nbytes: int) -> None:
+        asked.append(nbytes)
+        if nbytes > 1 << 20:
+            raise MemoryError(f"the test refuses a read buffer of {nbytes} bytes")
+        ensure(nbytes)
+
+    reader._arena.ensure = recording
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.load({"w": torch.zeros(1024)}, storage_reader=reader)
+    error = failure_of(excinfo)
+    assert isinstance(error, CorruptCheckpointError) and "shorter" in str(error), error
+    assert not asked
+
+
+
 # -- planning (pure) -------------------------------------------------------------------------
 
 
