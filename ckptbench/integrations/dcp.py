@@ -1728,7 +1728,12 @@ class _SafeUnpickler(pickle.Unpickler):
         import torch
 
         allowed = _SAFE_GLOBALS.get(module, set())
-        obj = super().find_class(module, name) if (allowed is None or name in allowed or module == "torch") else None
+        # A dotted name (protocol 4 looks it up attribute by attribute) could reach through the module to
+        # what it imported (``metadata.os.system``): never looked up.
+        wanted = "." not in name and (allowed is None or name in allowed or module == "torch")
+        obj = super().find_class(module, name) if wanted else None
+        if allowed is None and not (isinstance(obj, type) and obj.__module__ == module):
+            obj = None  # of a module allowed whole, only the classes it defines
         if module == "torch" and name not in (allowed or set()) and not isinstance(obj, (torch.dtype, torch.layout,
                                                                                           torch.memory_format)):
             obj = None

@@ -296,6 +296,32 @@ def test_dcp_safe_mode_refuses_a_metadata_pickle_that_runs_code(arena: Arena, at
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("module, name", [
+    ("torch.distributed.checkpoint.metadata", "os.mkdir"),  # an attribute path through what the module imported
+    ("torch.distributed.checkpoint.metadata", "torch.serialization.os.mkdir"),
+    ("pathlib", "Path.os.mkdir"),
+    ("torch", "serialization.os.mkdir"),
+])
+def test_dcp_safe_mode_refuses_a_global_reached_through_the_allowed_modules(tmp_path: Path, module: str,
+                                                                           name: str) -> None:
+    """Pickle protocol 4 looks a dotted global up attribute by attribute: a safe load must build only the
+    allowed modules' own classes, never a function one of them imported (its ``os``)."""
+    import struct
+
+    from ckptbench.integrations.dcp import Reader
+
+    ckpt = tmp_path / "dcp"
+    _dcp_checkpoint(ckpt)
+    marker = tmp_path / "code-ran"
+    argument = str(marker).encode()
+    payload = (b"\x80\x04c" + f"{module}\n{name}\n".encode() + b"(X" + struct.pack("<I", len(argument)) + argument
+               + b"tR.")
+    (ckpt / ".metadata").write_bytes(payload)
+    with pytest.raises(NotACheckpointError, match="a safe load does not build"):
+        Reader(ckpt, safe=True).read_metadata()
+    assert not marker.exists()
+
+
 def test_dcp_safe_mode_loads_an_honest_checkpoint(tmp_path: Path) -> None:
     _dcp_checkpoint(tmp_path / "dcp")
     done = _dcp_load_in_child(tmp_path / "dcp", safe=True)
