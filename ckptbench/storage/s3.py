@@ -681,6 +681,24 @@ class _Progress:
         return advanced
 
 
+def _under(items: list[dict[str, Any]], prefix: str, url: str, what: str = "object") -> list[dict[str, Any]]:
+    """The listed ``items`` whose ``Key`` lies under ``prefix`` (the prefix's own directory marker, a key
+    equal to it, is none of them). A server that ignores a request's Prefix, or a proxy that rewrites it,
+    may list others' keys: those are never taken for ours, so never deleted or aborted (logged)."""
+    inside, outside = [], []
+    for item in items:
+        key = item.get("Key")
+        if isinstance(key, str) and key.startswith(prefix):
+            if len(key) > len(prefix):
+                inside.append(item)
+        else:
+            outside.append(key)
+    if outside:
+        log.warning("the listing of %s named %d %s(s) outside it (such as %r): left alone", url, len(outside), what,
+                    outside[0])
+    return inside
+
+
 def _last_listed(page: Mapping[str, Any]) -> str | None:
     """The greatest key or common prefix of a listing page (S3 lists in UTF-8 byte order, which is the
     order of Python's str comparison), None for an empty page."""
@@ -1113,7 +1131,7 @@ class S3Store(Store):
         except Exception as exc:  # noqa: BLE001 - cleanup never raises
             log.warning("could not list multipart uploads under %s: %s", self.url, exc)
             failed += 1
-        for upload in uploads:
+        for upload in _under(uploads, prefix, self.url, "multipart upload"):
             relative = upload["Key"][len(prefix):]
             head, _, rest = relative.partition("/")
             if rest and _SPREAD_DIR.match(head):
@@ -1138,7 +1156,7 @@ class S3Store(Store):
         """Every object under this location with its size, from the listing's pages."""
         prefix = f"{self.prefix}/" if self.prefix else ""
         return {item["Key"][len(prefix):]: int(item.get("Size", 0))
-                for page in self._list_pages(prefix, {}) for item in page.get("Contents", [])}
+                for page in self._list_pages(prefix, {}) for item in _under(page.get("Contents", []), prefix, self.url)}
 
     def _list(self, *, recursive: bool, under: str = "") -> list[str]:
         """Names under this location; not ``recursive``: those directly in it, and those in its spread
@@ -1148,10 +1166,10 @@ class S3Store(Store):
         names: list[str] = []
         spread: list[str] = []
         for page in self._list_pages(prefix, delimiter):
-            names.extend(item["Key"][len(prefix):] for item in page.get("Contents", []))
+            names.extend(item["Key"][len(prefix):] for item in _under(page.get("Contents", []), prefix, self.url))
             if not recursive and not under:
                 spread.extend(p["Prefix"][len(prefix):] for p in page.get("CommonPrefixes", [])
-                              if _SPREAD_DIR.match(p["Prefix"][len(prefix):].rstrip("/")))
+                              if p["Prefix"].startswith(prefix) and _SPREAD_DIR.match(p["Prefix"][len(prefix):].rstrip("/")))
         if self.options.prefix_spread and not recursive and not under:
             for name in names:  # saved without the spread: found next to the manifest
                 self._placed.setdefault(name, self._key(name))

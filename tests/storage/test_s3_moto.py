@@ -686,6 +686,29 @@ def test_a_listing_that_does_not_advance_is_an_error(aws: Aws, proxy):
         open_store(f"s3://{aws.bucket}/stuck").list()
 
 
+def test_a_listing_naming_keys_outside_the_prefix_touches_none_of_them(aws: Aws):
+    """A server that ignores a listing's Prefix (or a proxy rewriting it) names others' keys: never taken
+    for this location's, so another job's upload is not aborted nor its objects listed as ours."""
+    from botocore.stub import Stubber
+
+    store = S3Store(f"s3://{aws.bucket}/pages")
+    uploads = [{"Key": "other-job/shard-0123abcd-00000.bin", "UploadId": "theirs"},
+               {"Key": "pages/shard-0123abcd-00000.bin", "UploadId": "ours"}]
+    with Stubber(store._control) as control, Stubber(store._data) as data:
+        control.add_response("list_multipart_uploads", {"Uploads": uploads, "IsTruncated": False},
+                             {"Bucket": aws.bucket, "Prefix": "pages/"})
+        data.add_response("abort_multipart_upload", {},
+                          {"Bucket": aws.bucket, "Key": "pages/shard-0123abcd-00000.bin", "UploadId": "ours"})
+        assert store.abort_incomplete_uploads(strict=True) == 1
+        data.assert_no_pending_responses()
+        listing = {"Contents": [{"Key": "other-job/shard-0123abcd-00000.bin", "Size": 1}, {"Key": "pages/", "Size": 0},
+                                {"Key": "pages/manifest.json", "Size": 2}], "IsTruncated": False}
+        control.add_response("list_objects_v2", listing, {"Bucket": aws.bucket, "Prefix": "pages/"})
+        assert store.list_recursive() == ["manifest.json"]
+        control.add_response("list_objects_v2", listing, {"Bucket": aws.bucket, "Prefix": "pages/"})
+        assert store.sizes_recursive() == {"manifest.json": 2}
+
+
 def test_multipart_uploads_past_a_page_without_markers_are_aborted(aws: Aws):
     """A truncated ListMultipartUploads page without NextKeyMarker: the next page starts after its last upload."""
     from botocore.stub import ANY, Stubber
