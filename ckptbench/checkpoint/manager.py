@@ -46,7 +46,7 @@ from ckptbench.errors import (
     StorageIOError,
     UsageError,
 )
-from ckptbench.storage.store import Store, open_store
+from ckptbench.storage.store import LocalStore, Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,11 @@ def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
     """Remove what saves created in ``store``'s checkpoint directory, the manifest first (so a half-removed
     checkpoint is no longer one), then its directory where that is a real one and empty. False (logged)
     when a save is writing there (its lock is held, still after ``wait_s`` seconds of waiting for it)
-    or something else is left in it."""
+    or something else is left in it. A local directory is opened first without following a symlink as its
+    last component (UnsafeFileError): one swapped in after the listing that found the step cannot turn the
+    removal onto the checkpoint it points to."""
+    if isinstance(store, LocalStore):
+        store.hold_unlinked()
     deadline = time.monotonic() + wait_s
     while True:
         try:

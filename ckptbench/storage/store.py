@@ -354,6 +354,13 @@ class LocalStore(Store):
             self._dir = safeio.Directory.open(self.path)
         return self._dir
 
+    def hold_unlinked(self) -> None:
+        """Open the directory now, refusing a symlink as its last component (UnsafeFileError;
+        FileNotFoundError when there is none): what follows works in the directory that was listed, not
+        one a symlink swapped in for it points to. For removals of directories ckptbench found by listing."""
+        if self._dir is None:
+            self._dir = safeio.Directory.open(self.path, follow=False)
+
     def _existing(self) -> safeio.Directory | None:
         try:
             return self.directory()

@@ -162,6 +162,34 @@ def test_delete(tmp_path: Path):
             manager.delete(1)
 
 
+def test_a_step_swapped_for_a_symlink_after_the_listing_removes_nothing_it_points_to(tmp_path: Path, monkeypatch):
+    """Retention lists the steps, then removes the old ones: a step directory renamed away meanwhile and a
+    symlink put in its place (by whoever else can write to the root) must not turn the removal onto the
+    checkpoint the link points to."""
+    from ckptbench.checkpoint import manager as manager_module
+
+    important = tmp_path / "important"
+    ckptbench.save(state(7), important)
+    before = sorted(p.name for p in important.iterdir())
+    root = tmp_path / "run"
+    real_listing = manager_module._Tier.listing
+
+    def listing_then_swap(tier):
+        found = real_listing(tier)
+        step = root / "step-00000001"
+        if step.is_dir() and not step.is_symlink():
+            step.rename(root / "moved-away")
+            step.symlink_to(important)
+        return found
+
+    with ckptbench.CheckpointManager(root, keep_last=1) as manager:
+        manager.save(1, state(1))
+        monkeypatch.setattr(manager_module._Tier, "listing", listing_then_swap)
+        manager.save(2, state(2))
+    assert sorted(p.name for p in important.iterdir()) == before
+    assert torch.equal(ckptbench.load(important)["model"]["w"], state(7)["model"]["w"])
+
+
 @pytest.mark.parametrize("step, message", [
     (-1, "non-negative integer, got -1"),
     (1.5, r"non-negative integer, got 1.5 \(float\)"),
