@@ -373,6 +373,7 @@ def copy_checkpoint(source: Store, target: Store, *, step: int, threads: int, bl
     """
     started = time.perf_counter()
     manifest = mf.read_manifest(source)
+    mf.check_layout(manifest, source.url)  # shard names inside the checkpoint, ranges inside the shards
     shards = _shards(manifest, source.url)
     total = sum(s.nbytes for s in shards)
     try:

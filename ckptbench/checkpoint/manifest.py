@@ -232,6 +232,47 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
         raise corrupt(problem)
 
 
+def check_layout(manifest: dict[str, Any], where: str) -> None:
+    """Check, without torch, what a copy of the checkpoint byte for byte relies on (``checkpoint/drain.py``):
+    every part's shards flat file names with sizes, every stored tensor's range inside its shard, its
+    checksums 32-bit ints. NotACheckpointError for a malformed field, CorruptCheckpointError for a range
+    past its shard; :func:`check_part` checks the rest (dtypes, shapes, the skeleton) for a load."""
+    def malformed(what: str) -> NotACheckpointError:
+        return NotACheckpointError(f"{where}/{MANIFEST_NAME} is not a valid manifest: {what}",
+                                   hint="it was not written by a ckptbench save, or was damaged")
+
+    checksum = manifest.get("checksum")
+    if checksum is not None and not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
+                                     and checksum["block_bytes"] > 0):
+        raise malformed(f"checksum is {_clip(checksum)}, not null or {{'block_bytes': <positive int>, ...}}")
+    parts = manifest.get("ranks")
+    if parts is not None and not isinstance(parts, list):
+        raise malformed(f"ranks is {_clip(parts)}, not a list")
+    for part in [manifest] if parts is None else parts:
+        shards, tensors = (part.get("shards"), part.get("tensors")) if isinstance(part, dict) else (None, None)
+        if not isinstance(shards, list) or not isinstance(tensors, list):
+            raise malformed(f"a part lacks its lists of shards and tensors: {_clip(part)}")
+        for i, s in enumerate(shards):
+            if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _FLAT_NAME.match(s["name"])
+                    and _is_count(s.get("nbytes"))):
+                raise malformed(f"shard {i} is {_clip(s)}, not {{'name': <a file name>, 'nbytes': <int >= 0>}}")
+        for i, t in enumerate(tensors):
+            if not (isinstance(t, dict) and isinstance(t.get("key"), str) and _is_count(t.get("nbytes"))
+                    and _is_count(t.get("offset")) and type(t.get("shard")) is int
+                    and (t.get("alias_of") is None or type(t["alias_of"]) is int)):
+                raise malformed(f"tensor {i} is {_clip(t)}, not one a save writes")
+            crcs = t.get("crc32c")
+            if crcs is not None and (type(crcs) is not list or not all(type(c) is int and 0 <= c < 2**32 for c in crcs)):
+                raise malformed(f"tensor {t['key']!r} has crc32c {_clip(crcs)}, not null or a list of 32-bit ints")
+            if t.get("alias_of") is None and t["nbytes"]:
+                if not 0 <= t["shard"] < len(shards):
+                    raise CorruptCheckpointError(f"{where}: tensor {t['key']!r} is in shard {t['shard']}, but the "
+                                                 f"manifest lists {len(shards)} shards")
+                if t["offset"] + t["nbytes"] > shards[t["shard"]]["nbytes"]:
+                    raise CorruptCheckpointError(f"{where}: tensor {t['key']!r} runs past the end of shard "
+                                                 f"{shards[t['shard']]['name']}")
+
+
 #: Bounds of a tensor's shape: torch's sizes and strides are int64, and it allows 64 dimensions at most.
 MAX_DIMS = 64
 MAX_ELEMENTS = 2**63 - 1

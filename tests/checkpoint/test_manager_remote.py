@@ -106,6 +106,28 @@ def test_a_damaged_local_copy_falls_back_to_the_remote_one(tmp_path: Path):
         assert not list((tmp_path / "elsewhere").glob("shard-*"))
 
 
+@pytest.mark.parametrize("name", ["../outside.bin", "/tmp/absolute.bin", "sub/dir.bin", ".."])
+def test_a_copy_reads_and_writes_no_shard_named_outside_the_checkpoint(tmp_path: Path, name: str):
+    """The copy to the remote tier takes its shard names from the local manifest: one that names a path
+    out of the checkpoint is refused before anything is read or written, so a manifest edited in the
+    local tier can neither copy another file of the host out nor write one beside the remote step."""
+    from ckptbench.errors import NotACheckpointError
+
+    source = tmp_path / "local" / "step-00000001"
+    ckptbench.save({"w": torch.arange(256, dtype=torch.float32)}, source)
+    document = json.loads((source / "manifest.json").read_text())
+    shard = document["shards"][0]["name"]
+    outside = tmp_path / "local" / "outside.bin"
+    outside.write_bytes((source / shard).read_bytes())  # a file that is no shard, with the shard's size
+    document["shards"][0]["name"] = name if name != "/tmp/absolute.bin" else str(outside)
+    (source / "manifest.json").write_text(json.dumps(document))
+    target = tmp_path / "remote" / "step-00000001"
+    with pytest.raises(NotACheckpointError, match="not a valid manifest"):
+        copy_checkpoint(LocalStore(source), LocalStore(target), step=1, threads=2, block_size=1 << 20, direct=False)
+    assert not (tmp_path / "remote" / "outside.bin").exists()
+    assert not target.exists() or not any(target.iterdir())
+
+
 def test_local_saves_go_on_while_the_remote_tier_is_unreachable(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(knobs, "DRAIN_RETRY_S", 0.2)
     mount = tmp_path / "mount"
