@@ -370,6 +370,10 @@ def _numpy_problem(spec: Any) -> str | None:
         return f"__numpy__ dtype {_clip(spec['dtype'])} is not one a save writes"
     if spec["scalar"] and spec["shape"]:
         return f"__numpy__ {_clip(spec)} is a scalar with a shape"
+    if len(spec["shape"]) > MAX_DIMS or math.prod(max(n, 1) for n in spec["shape"]) > MAX_ELEMENTS:
+        # numpy counts elements in an intp: a shape past it (of a dtype of no bytes, whose size the
+        # tensor's bytes do not bound) would overflow, not fail
+        return f"__numpy__ shape {_clip(spec['shape'])} has more than {MAX_DIMS} dimensions or 2**63 elements"
     return None
 
 

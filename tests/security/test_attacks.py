@@ -456,6 +456,22 @@ def test_shapes_no_tensor_can_have_are_a_clear_error(tmp_path: Path, shape: list
         ckptbench.load(ckpt)
 
 
+@pytest.mark.parametrize("shape", [[2**62, 2**62], [2**40, 2**40, 0], [1] * 65])
+def test_numpy_shapes_no_array_can_have_are_a_clear_error(tmp_path: Path, shape: list[int]) -> None:
+    """A numpy entry of a dtype of no bytes (``|V0``) is not bounded by its tensor's bytes: its shape is
+    checked on its own, as a tensor's, rather than handed to numpy to overflow."""
+    import numpy as np
+
+    ckpt = tmp_path / "ckpt"
+    ckptbench.save({"a": np.zeros(0, dtype=np.uint8)}, ckpt)
+    manifest = json.loads((ckpt / MANIFEST_NAME).read_text())
+    (key, node), = manifest["skeleton"]["__dict__"]
+    node["__numpy__"].update(dtype="|V0", shape=shape, scalar=False)
+    (ckpt / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(NotACheckpointError, match="2\\*\\*63 elements"):
+        ckptbench.load(ckpt)
+
+
 def test_duplicate_keys_in_a_manifest_are_rejected(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckptbench.save({"x": torch.ones(2)}, ckpt)
