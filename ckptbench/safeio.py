@@ -73,7 +73,8 @@ def open_regular(name: str | os.PathLike, flags: int = os.O_RDONLY, *, dir_fd: i
                  mode: int = 0o644, shown: str | None = None) -> int:
     """A descriptor of the regular file ``name`` (relative to ``dir_fd`` when given), opened with
     ``flags`` plus ``O_NOFOLLOW | O_CLOEXEC``. Raises UnsafeFileError for a symlink (also a dangling
-    one, with ``O_CREAT``), FIFO, device, socket or directory; other OSError as they come."""
+    one, with ``O_CREAT``), FIFO, device, socket or directory, and, opened for writing, for a file with
+    other hard links (someone else's file planted under a name ckptbench writes); other OSError as they come."""
     shown = shown or os.fspath(name)
     try:
         fd = os.open(name, flags | _NOFOLLOW | os.O_NONBLOCK, mode, dir_fd=dir_fd)
@@ -88,6 +89,10 @@ def open_regular(name: str | os.PathLike, flags: int = os.O_RDONLY, *, dir_fd: i
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _refused(shown, describe_mode(st.st_mode))
+        if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1:
+            raise UnsafeFileError(f"{shown} is a hard link to another file (it has {st.st_nlink} names): ckptbench "
+                                  "does not write to it", hint="someone may have planted it; remove it, or use a "
+                                  "directory only you can write to")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -69,6 +69,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -124,11 +125,18 @@ class Holder:
 
     @classmethod
     def decode(cls, data: bytes) -> Holder | None:
-        """The holder in ``data``; None for anything else (empty, half-written, foreign)."""
+        """The holder in ``data``; None for anything else (empty, half-written, foreign, or fields of other
+        types: whoever could write the lock may have written anything there)."""
         try:
-            return cls(**json.loads(data))
-        except (ValueError, TypeError):
+            holder = cls(**json.loads(data))
+        except (ValueError, TypeError, RecursionError):  # RecursionError: JSON nested past the parser's depth
             return None
+        texts = (holder.token, holder.host, holder.boot_id, holder.pid_namespace, holder.process_start)
+        times = (holder.acquired_unix_s, holder.renewed_unix_s, holder.ttl_s)
+        if type(holder.pid) is not int or holder.pid <= 0 or not all(isinstance(t, str) for t in texts) \
+                or not all(type(t) in (int, float) and math.isfinite(t) for t in times):
+            return None
+        return holder
 
     def describe(self) -> str:
         held_s = max(0.0, time.time() - self.acquired_unix_s)

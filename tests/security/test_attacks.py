@@ -87,6 +87,49 @@ def test_a_lock_that_is_a_link_to_another_file_is_never_written_through(tmp_path
     assert victim.read_text() == "keep\n"
 
 
+@pytest.mark.parametrize("holder", [
+    {"acquired_unix_s": "yesterday"}, {"renewed_unix_s": None}, {"ttl_s": float("nan")}, {"pid": "1"},
+    {"pid": -5}, {"host": ["a"]}, {"token": {"a": 1}},
+])
+def test_a_lock_held_with_a_holder_record_of_other_types_is_one_locked_error(tmp_path: Path, holder: dict) -> None:
+    """Whoever holds ``.ckptbench.lock`` wrote what it records: a field of another type is an unreadable
+    record (the save says the lock is held), not a TypeError from describing its holder."""
+    import fcntl
+
+    from ckptbench.checkpoint import lock
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    record = {**json.loads(lock.Holder.me(60.0).encode()), **holder}
+    (ckpt / lock.LOCK_NAME).write_text(json.dumps(record))
+    with open(ckpt / lock.LOCK_NAME, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(CheckpointLockedError):
+            ckptbench.save({"w": torch.ones(4)}, ckpt)
+    assert lock.Holder.decode(json.dumps(record).encode()) is None
+
+
+@pytest.mark.parametrize("sync_path", ["arena", "ring"])
+def test_a_shard_name_planted_as_a_hard_link_is_never_written_through(tmp_path: Path, monkeypatch,
+                                                                      sync_path: str) -> None:
+    """A name a save will create, planted beforehand as a hard link to another file (a save id learned
+    or guessed, the next rank's or shard's name once the first appears), is refused, not written into."""
+    from ckptbench.checkpoint import saver
+
+    monkeypatch.setattr(saver.secrets, "token_hex", lambda n: "0123abcd")
+    if sync_path == "ring":
+        monkeypatch.setattr(saver, "ring_bytes", lambda: 0)
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"keep" * 1024)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    os.link(victim, ckpt / "shard-0123abcd-00000.bin")
+    with pytest.raises(UnsafeFileError, match="hard link"):
+        ckptbench.save({"w": torch.ones(4096)}, ckpt)
+    assert victim.read_bytes() == b"keep" * 1024
+    assert not (ckpt / MANIFEST_NAME).exists()
+
+
 def test_a_checkpoint_path_planted_as_another_users_symlink_is_not_followed(arena: Arena,
                                                                              attacker: Attacker) -> None:
     """The attacker makes the name the victim will save to a link to the victim's directory."""

@@ -33,6 +33,16 @@ def test_a_symlink_is_refused_for_reading_and_writing(tmp_path: Path, victim: Pa
     assert victim.read_text() == "keep\n" and not (tmp_path / "would-be-created").exists()
 
 
+def test_a_hard_link_is_refused_for_writing_and_read_as_it_is(tmp_path: Path, victim: Path) -> None:
+    link = tmp_path / "link"
+    os.link(victim, link)
+    for flags in (os.O_WRONLY, os.O_WRONLY | os.O_CREAT, os.O_RDWR | os.O_CREAT):
+        with pytest.raises(UnsafeFileError, match="hard link"):
+            safeio.open_regular(link, flags)
+    os.close(safeio.open_regular(link, os.O_RDONLY))  # reading it leaks nothing its reader could not read
+    assert victim.read_text() == "keep\n"
+
+
 @pytest.mark.parametrize(("make", "says"), [
     (lambda p: os.mkfifo(p), "FIFO"),
     (lambda p: p.mkdir(), "directory"),
