@@ -10,6 +10,7 @@ only ever added at the end.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -100,8 +101,9 @@ _Found = list[tuple[dict[str, Any], dict[str, tuple[float, ...]]]]
 
 
 def _samples(values: Iterable[Any] | None) -> tuple[float, ...]:
-    out = tuple(float(v) for v in values or () if isinstance(v, (int, float)) and not isinstance(v, bool))
-    return out
+    """The runs' numbers: finite ones only (JSON's ``1e400`` reads as infinity; no run measures that)."""
+    return tuple(float(v) for v in values or ()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
 def _phase_runs(phase: dict[str, Any] | None) -> tuple[float, ...]:

@@ -148,3 +148,15 @@ def test_a_writer_that_failed_in_one_shoot_out_is_named_as_failed_not_only_missi
     assert doc["failed_old"] == {} and any("torch" in label for label in doc["only_old"])
     table = cli("compare-results", str(CKPT_RESULT), str(path))
     assert table.exit_code == 0 and "torch failed in NEW" in table.stdout and "Errno 28" in table.stdout
+
+
+def test_a_run_of_1e400_reads_as_no_run_not_a_traceback(cli, tmp_path: Path):
+    """JSON's 1e400 parses as infinity (NaN and Infinity themselves are refused): such a run is no
+    measurement, left out of the comparison rather than handed to statistics."""
+    document = json.loads(CKPT_RESULT.read_text())
+    document["async"][0]["runs_stall_s"] = ["HUGE"] + document["async"][0]["runs_stall_s"][1:]
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(document).replace('"HUGE"', "1e400"))
+    out = cli("compare-results", str(CKPT_RESULT), str(new), "--format", "json")
+    assert out.exit_code == 0, out.stderr
+    assert all(math.isfinite(s) for c in _doc(out)["changes"] for s in c["new_samples"])
