@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ckptbench.errors import (
@@ -155,10 +156,7 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
     def corrupt(what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"{where}: {what}", hint="the checkpoint is damaged; restore from another one")
 
-    checksum = manifest.get("checksum")
-    if checksum is not None and not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
-                                     and checksum["block_bytes"] > 0):
-        raise malformed(f"checksum is {checksum!r}, not null or {{'block_bytes': <positive int>, ...}}")
+    _check_checksum(manifest.get("checksum"), malformed)
     shards, tensors = part["shards"], part["tensors"]
     dtypes: dict[str, Any] = {}  # by name, looked up once
     if not isinstance(shards, list):
@@ -241,10 +239,7 @@ def check_layout(manifest: dict[str, Any], where: str) -> None:
         return NotACheckpointError(f"{where}/{MANIFEST_NAME} is not a valid manifest: {what}",
                                    hint="it was not written by a ckptbench save, or was damaged")
 
-    checksum = manifest.get("checksum")
-    if checksum is not None and not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
-                                     and checksum["block_bytes"] > 0):
-        raise malformed(f"checksum is {_clip(checksum)}, not null or {{'block_bytes': <positive int>, ...}}")
+    _check_checksum(manifest.get("checksum"), malformed)
     parts = manifest.get("ranks")
     if parts is not None and not isinstance(parts, list):
         raise malformed(f"ranks is {_clip(parts)}, not a list")
@@ -278,6 +273,22 @@ MAX_DIMS = 64
 MAX_ELEMENTS = 2**63 - 1
 _TENSOR_FIELDS = frozenset({"dtype", "shape", "nbytes", "shard", "offset", "alias_of", "crc32c"})
 _FLAT_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00]+$")
+
+
+#: The smallest checksum block a manifest may give (the writer's is 64 MiB): a load makes one range check per
+#: block, so a tiny one would have a small manifest make it build hundreds of millions of them.
+MIN_CHECKSUM_BLOCK_BYTES = 2**20
+
+
+def _check_checksum(checksum: Any, malformed: Callable[[str], Exception]) -> None:
+    """The manifest's ``checksum`` field: null, or a dict whose ``block_bytes`` is a whole number of at least
+    :data:`MIN_CHECKSUM_BLOCK_BYTES`; else ``malformed(what)`` raised."""
+    if checksum is None:
+        return
+    if not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
+            and checksum["block_bytes"] >= MIN_CHECKSUM_BLOCK_BYTES):
+        raise malformed(f"checksum is {_clip(checksum)}, not null or {{'block_bytes': <int >= "
+                        f"{MIN_CHECKSUM_BLOCK_BYTES}>, ...}}")
 
 
 def _is_count(value: Any) -> bool:

@@ -116,6 +116,8 @@ PART_DAMAGE: dict[str, Callable[[dict], None]] = {
     "shard-name-dotdot": lambda m: m["shards"][0].update(name=".."),
     "checksum-a-list": _set("checksum", [1]),
     "checksum-block-zero": lambda m: m["checksum"].update(block_bytes=0),
+    # one range check per block: a 1-byte block would have a small manifest build one per byte of the tensors
+    "checksum-block-one-byte": lambda m: m["checksum"].update(block_bytes=1),
     "skeleton-a-number": _set("skeleton", 5),
     "skeleton-unknown-node": _set("skeleton", {"__set__": []}),
     "skeleton-dict-not-pairs": _set("skeleton", {"__dict__": [["a"]]}),
