@@ -1432,11 +1432,12 @@ class _Reader:
         threads, block_size, direct: as for the engine's reads (defaults: ``knobs``, O_DIRECT).
         verify: check CRC-32C of raw tensors; a mismatch raises CorruptCheckpointError.
         buffer_bytes: bound of the read buffer, kept between loads until :meth:`close`.
-        safe: refuse metadata that a plain unpickle would let run code: ``.metadata`` is unpickled
-            with only DCP's own metadata classes allowed (anything else it names is refused with
-            NotACheckpointError), and a non-tensor value is refused unless ``torch.load`` reads it
-            with ``weights_only=True``. Without it, loading trusts the checkpoint's author, as
-            torch's FileSystemReader does: a crafted ``.metadata`` runs code.
+        safe: (default) refuse metadata that a plain unpickle would let run code: ``.metadata`` is
+            unpickled with only DCP's own metadata classes allowed (anything else it names is refused
+            with NotACheckpointError), and a non-tensor value is refused unless ``torch.load`` reads it
+            with ``weights_only=True``. ``safe=False`` is the opt-in for checkpoints whose author you
+            trust (values that are arbitrary Python objects): loading then unpickles as torch's
+            FileSystemReader does, and a crafted ``.metadata`` or value runs code.
         _extension_registry: stream extensions of FileSystemWriter checkpoints (default: torch's).
 
     Every file is opened inside ``path`` only, never through a symlink, and must be a regular file
@@ -1452,7 +1453,7 @@ class _Reader:
         direct: bool = True,
         verify: bool = True,
         buffer_bytes: int = READ_BUFFER_BYTES,
-        safe: bool = False,
+        safe: bool = True,
         _extension_registry: ExtensionRegistry | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:

@@ -361,7 +361,7 @@ def test_dcp_safe_mode_refuses_a_global_reached_through_the_allowed_modules(tmp_
                + b"tR.")
     (ckpt / ".metadata").write_bytes(payload)
     with pytest.raises(NotACheckpointError, match="a safe load does not build"):
-        Reader(ckpt, safe=True).read_metadata()
+        Reader(ckpt).read_metadata()  # the default: unpickling anything else is the safe=False opt-in
     assert not marker.exists()
 
 

@@ -122,7 +122,7 @@ def test_a_missing_data_object_is_a_corrupt_checkpoint(s3_server, s3_bucket):
         dcp.load(zeros_like(make_state()), storage_reader=Reader(url, storage_options=options))
     (failure, _trace), *_ = excinfo.value.failures.values()
     assert isinstance(failure, CorruptCheckpointError)
-    assert "a data file of the checkpoint is missing" in str(failure) and f"s3://{data_url}" in str(failure)
+    assert f"data file s3://{data_url} of the checkpoint is missing" in str(failure)
 
 
 # -- two ranks --------------------------------------------------------------------------------
