@@ -46,7 +46,7 @@ from ckptbench.errors import (
     StorageIOError,
     UsageError,
 )
-from ckptbench.storage.store import LocalStore, Store, open_store
+from ckptbench.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ def remove_checkpoint(store: Store, why: str, wait_s: float = 0.0) -> bool:
     or something else is left in it. A local directory is opened first without following a symlink as its
     last component (UnsafeFileError): one swapped in after the listing that found the step cannot turn the
     removal onto the checkpoint it points to."""
-    if isinstance(store, LocalStore):
-        store.hold_unlinked()
+    store.hold_unlinked()
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -228,6 +228,11 @@ class Store:
         """After a save that failed before its commit: remove what ``prepare`` created for it (directories
         it made that are still empty). Object stores create nothing there."""
 
+    def hold_unlinked(self) -> None:
+        """Before removing a checkpoint found by listing: pin the location so that a symlink swapped in for
+        it afterwards cannot redirect the removal. Only a mounted directory can be swapped so; elsewhere
+        nothing to do."""
+
     def remove_location(self) -> bool:
         """Remove the location itself once it holds nothing, on storage reached by URL that has real
         directories (``prepare`` made one: fsspec's memory://, sftp://, ...); otherwise nothing, as on
