@@ -314,8 +314,8 @@ def save(state_dict: Any, path: str | os.PathLike, *, async_: bool = False, thre
 
 def load(path: str | os.PathLike, map_location: Any = None, *, device: Any = None, verify: bool = True,
          into: dict | None = None, storage_options: dict | None = None, distributed: bool | None = None,
-         rank: int | None = None, allow_pickle: bool = False, weights_only: bool | None = None,
-         mmap: bool | None = None) -> dict:
+         rank: int | None = None, allow_pickle: bool = False, bounded_memory: bool = False,
+         weights_only: bool | None = None, mmap: bool | None = None) -> dict:
     """Load the checkpoint at ``path``; see :meth:`Checkpointer.load` for the arguments (``map_location``,
     ``weights_only`` and ``mmap`` as ``torch.load`` takes them, with their meaning here).
 
@@ -325,4 +325,5 @@ def load(path: str | os.PathLike, map_location: Any = None, *, device: Any = Non
     """
     return _default_checkpointer().load(path, map_location, device=device, verify=verify, into=into,
                                         storage_options=storage_options, distributed=distributed, rank=rank,
-                                        allow_pickle=allow_pickle, weights_only=weights_only, mmap=mmap)
+                                        allow_pickle=allow_pickle, bounded_memory=bounded_memory,
+                                        weights_only=weights_only, mmap=mmap)

@@ -176,6 +176,26 @@ def test_a_bounded_load_reads_through_the_ring_into_the_live_tensors(tmp_path: P
         assert ckpt._read_buffer.nbytes == 0  # no read buffer of the checkpoint's size
 
 
+def test_the_module_level_load_takes_bounded_memory_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``ckptbench.load`` takes what ``Checkpointer.load`` takes, ``bounded_memory`` included, and hands it on."""
+    import ckptbench
+
+    seen = []
+    real = Checkpointer.load
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("bounded_memory"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "load", spy)
+    state = _state()
+    ckptbench.save(state, tmp_path / "ckpt")
+    into = _zeros_like(state)
+    assert ckptbench.load(tmp_path / "ckpt", into=into, bounded_memory=True) is into
+    _assert_equal(into, state)
+    assert seen == [True]
+
+
 def test_a_bounded_load_checks_every_checksum_and_the_fit_first(tmp_path: Path):
     state = _state()
     with Checkpointer() as ckpt:
