@@ -223,16 +223,27 @@ def check_output_file(value: Any, *, allow_dash: bool = False) -> Path:
         if not os.access(text, os.W_OK):
             raise UsageError(f"{shown_path(text)} is not writable")
         return Path(text)
+    # The probe is created and removed through one descriptor of the directory: a directory renamed, or
+    # swapped for a symlink, between the two cannot turn the removal onto another directory's file.
+    name = os.path.basename(text)
     try:
-        os.close(os.open(text, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    except FileExistsError:
-        # Created since the stat: another process checks the same name (every rank of a torchrun
-        # launch validates its options) and is about to remove its probe. The name can be created.
-        return Path(text)
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise UsageError(f"{shown_path(text)} cannot be written ({exc.strerror})") from None
-    with contextlib.suppress(FileNotFoundError):  # (removed by such a process already)
-        os.unlink(text)
+        raise UsageError(f"{shown_path(text)}: directory {shown_path(parent)} cannot be opened ({exc.strerror})") from None
+    try:
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=parent_fd))
+        except FileExistsError:
+            # Created since the stat: another process checks the same name (every rank of a torchrun
+            # launch validates its options) and is about to remove its probe. The name can be created.
+            return Path(text)
+        except OSError as exc:
+            raise UsageError(f"{shown_path(text)} cannot be written ({exc.strerror})") from None
+        with contextlib.suppress(FileNotFoundError):  # (removed by such a process already)
+            os.unlink(name, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
     return Path(text)
 
 

@@ -15,11 +15,11 @@ def test_a_name_another_process_is_probing_is_accepted(tmp_path: Path, monkeypat
     target = tmp_path / "plot.png"
     real_open = os.open
 
-    def racing_open(path, flags, *args):
-        if os.fspath(path) == str(target) and flags & os.O_EXCL:
-            real_open(path, flags, *args)  # the other rank's probe lands first ...
-            return real_open(path, flags, *args)  # ... so ours finds the name taken
-        return real_open(path, flags, *args)
+    def racing_open(path, flags, *args, **kwargs):
+        if os.fspath(path) in (str(target), target.name) and flags & os.O_EXCL:
+            os.close(real_open(path, flags, *args, **kwargs))  # the other rank's probe lands first ...
+            return real_open(path, flags, *args, **kwargs)  # ... so ours finds the name taken
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(params.os, "open", racing_open)
     assert params.check_output_file(str(target)) == target
@@ -43,3 +43,26 @@ def test_real_problems_are_still_refused(tmp_path: Path):
         params.check_output_file(str(tmp_path / "missing" / "plot.png"))
     with pytest.raises(UsageError, match="File name too long"):
         params.check_output_file(str(tmp_path / ("x" * 300)))
+
+
+def test_a_directory_swapped_between_the_probe_and_its_removal_loses_nothing(tmp_path: Path, monkeypatch):
+    """Output into a directory someone else controls: after the probe is created, they rename the directory
+    and put a symlink to a directory of the victim's in its place, holding a file of the probe's name. The
+    probe's removal stays in the directory the probe was made in; the victim's file stays."""
+    shared, victims = tmp_path / "shared", tmp_path / "victims"
+    shared.mkdir()
+    victims.mkdir()
+    (victims / "report.html").write_text("the victim's report")
+    real_open = os.open
+
+    def swapping_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if os.fspath(path) in ("report.html", str(shared / "report.html")) and flags & os.O_EXCL:
+            shared.rename(tmp_path / "moved")
+            shared.symlink_to(victims)
+        return fd
+
+    monkeypatch.setattr(params.os, "open", swapping_open)
+    assert params.check_output_file(str(shared / "report.html")) == shared / "report.html"
+    assert (victims / "report.html").read_text() == "the victim's report"
+    assert not (tmp_path / "moved" / "report.html").exists()  # the probe itself is gone
