@@ -3,6 +3,7 @@ file of a measuring command (opened before the run, written after it, removed if
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -150,24 +151,42 @@ def _masked(pair: str) -> str:
 @dataclass
 class ResultFile:
     """A result file opened before a run: :meth:`write` fills it afterwards, :meth:`discard` removes it
-    and every directory :func:`open_output` created for it."""
+    and every directory :func:`open_output` created for it. The file is made and removed through one
+    descriptor of its directory (``dir_fd``): a directory renamed or swapped for a symlink meanwhile cannot
+    turn the removal onto another directory's file of the same name."""
 
     path: Path
     handle: IO[str]
     created_dirs: list[Path] = field(default_factory=list)  # deepest first
+    dir_fd: int | None = None
 
     def write(self, text: str) -> None:
-        with self.handle as fh:
-            fh.write(text)
+        try:
+            with self.handle as fh:
+                fh.write(text)
+        finally:
+            self._close_dir()
 
     def discard(self) -> None:
         self.handle.close()
-        self.path.unlink(missing_ok=True)
+        try:
+            if self.dir_fd is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path.name, dir_fd=self.dir_fd)
+            else:
+                self.path.unlink(missing_ok=True)
+        finally:
+            self._close_dir()
         for directory in self.created_dirs:
             try:
                 directory.rmdir()
             except OSError:  # something else was put there meanwhile: keep it
                 break
+
+    def _close_dir(self) -> None:
+        fd, self.dir_fd = self.dir_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def open_output(output_dir: Path | None, prefix: str) -> ResultFile | None:
@@ -180,12 +199,18 @@ def open_output(output_dir: Path | None, prefix: str) -> ResultFile | None:
         if directory.exists():
             break
         missing.append(directory)
+    dir_fd = None
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         path = output_dir / f"{prefix}-{socket.gethostname()}-{stamp}.json"
-        return ResultFile(path, path.open("x"), missing)
+        dir_fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                     dir_fd=dir_fd)
+        return ResultFile(path, os.fdopen(fd, "w"), missing, dir_fd)
     except OSError as exc:
+        if dir_fd is not None:
+            os.close(dir_fd)
         for directory in missing:
             try:
                 directory.rmdir()

@@ -66,3 +66,30 @@ def test_a_directory_swapped_between_the_probe_and_its_removal_loses_nothing(tmp
     assert params.check_output_file(str(shared / "report.html")) == shared / "report.html"
     assert (victims / "report.html").read_text() == "the victim's report"
     assert not (tmp_path / "moved" / "report.html").exists()  # the probe itself is gone
+
+
+def test_a_failed_runs_result_file_is_removed_from_its_own_directory_only(tmp_path: Path):
+    """--output into a directory someone else controls: a run that fails removes its result file; if the
+    directory was swapped for a symlink to a directory of the victim's meanwhile, holding a file of the same
+    name, the removal still happens in the directory the file was made in, and the victim's file stays."""
+    from ckptbench.cli.render import open_output
+
+    shared, victims = tmp_path / "shared", tmp_path / "victims"
+    shared.mkdir()
+    victims.mkdir()
+    result = open_output(shared, "bench")
+    (victims / result.path.name).write_text("the victim's result")
+    shared.rename(tmp_path / "moved")
+    shared.symlink_to(victims)
+    result.discard()
+    assert (victims / result.path.name).read_text() == "the victim's result"
+    assert not (tmp_path / "moved" / result.path.name).exists()
+    assert result.dir_fd is None  # closed
+
+
+def test_a_result_file_is_written_where_it_was_made(tmp_path: Path):
+    from ckptbench.cli.render import open_output
+
+    result = open_output(tmp_path / "new" / "dirs", "bench")
+    result.write('{"ok": true}')
+    assert result.path.read_text() == '{"ok": true}' and result.dir_fd is None
