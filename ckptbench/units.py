@@ -261,3 +261,9 @@ def runs_text(repeat: int, warmup: int) -> str:
 def count_text(count: int, noun: str) -> str:
     """``1 file``, ``8 files``: a count with its noun in the right number (nouns that take an ``s``)."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def clipped(value: object, width: int = 60) -> str:
+    """``repr(value)``, cut to ``width`` characters with "..." (a value from a file, shown in a one-line error)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."

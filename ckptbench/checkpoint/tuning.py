@@ -47,7 +47,7 @@ from ckptbench.config import MAX_BLOCK_BYTES, MAX_THREADS
 from ckptbench.errors import RankFailedError, UsageError
 from ckptbench.model.noise import beats, leaders
 from ckptbench.storage.local_target import MountInfo, is_network, mount_of
-from ckptbench.units import format_size
+from ckptbench.units import clipped, format_size
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def from_result(document: dict[str, Any], where: str) -> dict[str, Choice]:
         for key, name in (("threads", "threads"), ("block_size_bytes", "block_size"), ("direct", "direct")):
             entry = settings.get(key, {})
             if not isinstance(entry, dict):
-                raise UsageError(f"{where}: settings.{key} is {_clip(entry)}, not {{'value': ..., 'reason': ...}}")
+                raise UsageError(f"{where}: settings.{key} is {clipped(entry)}, not {{'value': ..., 'reason': ...}}")
             value = entry.get("value")
             if value is not None:
                 reason = entry.get("reason")
@@ -278,7 +278,7 @@ def from_result(document: dict[str, Any], where: str) -> dict[str, Choice]:
     index = document.get("best", 0)
     if type(index) is not int or not 0 <= index < len(results) or not isinstance(results[index], dict) \
             or not isinstance(results[index].get("config"), dict):
-        raise UsageError(f"{where}: best is {_clip(index)}, not the index of one of its {len(results)} results "
+        raise UsageError(f"{where}: best is {clipped(index)}, not the index of one of its {len(results)} results "
                          "with a config")
     best = results[index]
     config = best["config"]
@@ -299,17 +299,13 @@ def _checked_setting(name: str, value: Any, where: str) -> Any:
     """``value`` of the writer setting ``name`` from the result file ``where``, if it is one a caller may give."""
     if name == "direct":
         if type(value) is not bool:
-            raise UsageError(f"{where}: direct is {_clip(value)}, not true or false")
+            raise UsageError(f"{where}: direct is {clipped(value)}, not true or false")
         return value
     high = MAX_THREADS if name == "threads" else MAX_BLOCK_BYTES
     if type(value) is not int or not 1 <= value <= high:
-        raise UsageError(f"{where}: {name} is {_clip(value)}, not a whole number from 1 to {high}")
+        raise UsageError(f"{where}: {name} is {clipped(value)}, not a whole number from 1 to {high}")
     return value
 
-
-def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _result_file(mount: MountInfo | None) -> dict[str, Choice]:
