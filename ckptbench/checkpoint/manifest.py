@@ -26,7 +26,7 @@ from ckptbench.errors import (
     UsageError,
 )
 from ckptbench.storage.store import Store
-from ckptbench.units import format_size
+from ckptbench.units import clipped, format_size
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "ckptbench.checkpoint/1"
@@ -159,18 +159,12 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
     _check_checksum(manifest.get("checksum"), malformed)
     shards, tensors = part["shards"], part["tensors"]
     dtypes: dict[str, Any] = {}  # by name, looked up once
-    if not isinstance(shards, list):
-        raise malformed(f"shards is a {type(shards).__name__}, not a list")
-    for i, s in enumerate(shards):
-        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _is_count(s.get("nbytes"))):
-            raise malformed(f"shard {i} is {_clip(s)}, not {{'name': <str>, 'nbytes': <int >= 0>}}")
-        if not _FLAT_NAME.match(s["name"]):  # names are flat (store.py): never a path out of the checkpoint
-            raise malformed(f"shard {i} has the name {s['name']!r}, not a file name inside the checkpoint")
+    _check_shards(shards, malformed)
     if not isinstance(tensors, list):
         raise malformed(f"tensors is a {type(tensors).__name__}, not a list")
     for i, t in enumerate(tensors):
         if not isinstance(t, dict) or not isinstance(t.get("key"), str):
-            raise malformed(f"tensor {i} is {_clip(t)}, not an object with a 'key'")
+            raise malformed(f"tensor {i} is {clipped(t)}, not an object with a 'key'")
         key = t["key"]
         if not t.keys() >= _TENSOR_FIELDS:
             raise malformed(f"tensor {key!r} lacks {', '.join(sorted(_TENSOR_FIELDS - t.keys()))}")
@@ -178,25 +172,23 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
         if dtype is None and type(t["dtype"]) is str:
             dtype = dtypes[t["dtype"]] = getattr(torch, t["dtype"], None)
         if not isinstance(dtype, torch.dtype):
-            raise malformed(f"tensor {key!r} has dtype {_clip(t['dtype'])}, which torch does not know")
+            raise malformed(f"tensor {key!r} has dtype {clipped(t['dtype'])}, which torch does not know")
         shape = t["shape"]
         if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
-            raise malformed(f"tensor {key!r} has shape {_clip(shape)}, not a list of ints >= 0")
+            raise malformed(f"tensor {key!r} has shape {clipped(shape)}, not a list of ints >= 0")
         if len(shape) > MAX_DIMS or math.prod(max(n, 1) for n in shape) > MAX_ELEMENTS:
             # torch keeps sizes and strides in int64: beyond it, even an empty tensor cannot be made
-            raise malformed(f"tensor {key!r} has shape {_clip(shape)}: more than {MAX_DIMS} dimensions or "
+            raise malformed(f"tensor {key!r} has shape {clipped(shape)}: more than {MAX_DIMS} dimensions or "
                             f"2**63 elements, which no tensor can have")
         for field in ("nbytes", "offset"):
             if not _is_count(t[field]):
-                raise malformed(f"tensor {key!r} has {field} {_clip(t[field])}, not an int >= 0")
+                raise malformed(f"tensor {key!r} has {field} {clipped(t[field])}, not an int >= 0")
         if type(t["shard"]) is not int:
-            raise malformed(f"tensor {key!r} has shard {_clip(t['shard'])}, not an int")
+            raise malformed(f"tensor {key!r} has shard {clipped(t['shard'])}, not an int")
         alias = t["alias_of"]
         if alias is not None and type(alias) is not int:
-            raise malformed(f"tensor {key!r} has alias_of {_clip(alias)}, not null or an int")
-        crcs = t["crc32c"]
-        if crcs is not None and (type(crcs) is not list or not all(type(c) is int and 0 <= c < 2**32 for c in crcs)):
-            raise malformed(f"tensor {key!r} has crc32c {_clip(crcs)}, not null or a list of 32-bit ints")
+            raise malformed(f"tensor {key!r} has alias_of {clipped(alias)}, not null or an int")
+        _check_crcs(key, t["crc32c"], malformed)
         if math.prod(shape) * dtype.itemsize != t["nbytes"]:
             raise corrupt(f"tensor {key!r} has {t['nbytes']} bytes, but shape {shape} of {t['dtype']} "
                           f"needs {math.prod(shape) * dtype.itemsize}")
@@ -242,23 +234,18 @@ def check_layout(manifest: dict[str, Any], where: str) -> None:
     _check_checksum(manifest.get("checksum"), malformed)
     parts = manifest.get("ranks")
     if parts is not None and not isinstance(parts, list):
-        raise malformed(f"ranks is {_clip(parts)}, not a list")
+        raise malformed(f"ranks is {clipped(parts)}, not a list")
     for part in [manifest] if parts is None else parts:
         shards, tensors = (part.get("shards"), part.get("tensors")) if isinstance(part, dict) else (None, None)
         if not isinstance(shards, list) or not isinstance(tensors, list):
-            raise malformed(f"a part lacks its lists of shards and tensors: {_clip(part)}")
-        for i, s in enumerate(shards):
-            if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _FLAT_NAME.match(s["name"])
-                    and _is_count(s.get("nbytes"))):
-                raise malformed(f"shard {i} is {_clip(s)}, not {{'name': <a file name>, 'nbytes': <int >= 0>}}")
+            raise malformed(f"a part lacks its lists of shards and tensors: {clipped(part)}")
+        _check_shards(shards, malformed)
         for i, t in enumerate(tensors):
             if not (isinstance(t, dict) and isinstance(t.get("key"), str) and _is_count(t.get("nbytes"))
                     and _is_count(t.get("offset")) and type(t.get("shard")) is int
                     and (t.get("alias_of") is None or type(t["alias_of"]) is int)):
-                raise malformed(f"tensor {i} is {_clip(t)}, not one a save writes")
-            crcs = t.get("crc32c")
-            if crcs is not None and (type(crcs) is not list or not all(type(c) is int and 0 <= c < 2**32 for c in crcs)):
-                raise malformed(f"tensor {t['key']!r} has crc32c {_clip(crcs)}, not null or a list of 32-bit ints")
+                raise malformed(f"tensor {i} is {clipped(t)}, not one a save writes")
+            _check_crcs(t["key"], t.get("crc32c"), malformed)
             if t.get("alias_of") is None and t["nbytes"]:
                 if not 0 <= t["shard"] < len(shards):
                     raise CorruptCheckpointError(f"{where}: tensor {t['key']!r} is in shard {t['shard']}, but the "
@@ -287,18 +274,31 @@ def _check_checksum(checksum: Any, malformed: Callable[[str], Exception]) -> Non
         return
     if not (isinstance(checksum, dict) and _is_count(checksum.get("block_bytes"))
             and checksum["block_bytes"] >= MIN_CHECKSUM_BLOCK_BYTES):
-        raise malformed(f"checksum is {_clip(checksum)}, not null or {{'block_bytes': <int >= "
+        raise malformed(f"checksum is {clipped(checksum)}, not null or {{'block_bytes': <int >= "
                         f"{MIN_CHECKSUM_BLOCK_BYTES}>, ...}}")
+
+
+def _check_shards(shards: Any, malformed: Callable[[str], Exception]) -> None:
+    """A part's ``shards``: a list of ``{'name': <a flat file name>, 'nbytes': <int >= 0>}``; else ``malformed``."""
+    if not isinstance(shards, list):
+        raise malformed(f"shards is a {type(shards).__name__}, not a list")
+    for i, s in enumerate(shards):
+        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _is_count(s.get("nbytes"))):
+            raise malformed(f"shard {i} is {clipped(s)}, not {{'name': <str>, 'nbytes': <int >= 0>}}")
+        if not _FLAT_NAME.match(s["name"]):  # names are flat (store.py): never a path out of the checkpoint
+            raise malformed(f"shard {i} has the name {s['name']!r}, not a file name inside the checkpoint")
+
+
+def _check_crcs(key: str, crcs: Any, malformed: Callable[[str], Exception]) -> None:
+    """A tensor's ``crc32c``: null or a list of 32-bit ints; else ``malformed``."""
+    if crcs is not None and (type(crcs) is not list or not all(type(c) is int and 0 <= c < 2**32 for c in crcs)):
+        raise malformed(f"tensor {key!r} has crc32c {clipped(crcs)}, not null or a list of 32-bit ints")
 
 
 def _is_count(value: Any) -> bool:
     """An int >= 0 as JSON gives it (bool is an int to Python; not here)."""
     return type(value) is int and value >= 0
 
-
-def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 #: The node kinds of a skeleton, each with the optional keys it may carry besides its tag.
@@ -311,52 +311,52 @@ def _skeleton_problem(node: Any, tensors: int) -> str | None:
     """What is wrong with a skeleton (the grammar ``state_dict_format.flatten`` writes), or None."""
     tag = next((t for t in _NODE_EXTRAS if t in node), None) if isinstance(node, dict) else None
     if tag is None or not set(node) <= _NODE_EXTRAS[tag] | {tag}:
-        return f"{_clip(node)} is not a node"
+        return f"{clipped(node)} is not a node"
     problem = _extras_problem(node)
     if problem:
         return problem
     value = node[tag]
     if tag == "__tensor__":
         ok = type(value) is int and 0 <= value < tensors
-        return None if ok else f"tensor index {_clip(value)} is not one of 0..{tensors - 1}"
+        return None if ok else f"tensor index {clipped(value)} is not one of 0..{tensors - 1}"
     if tag in ("__list__", "__tuple__"):
         if not isinstance(value, list):
-            return f"{tag} holds {_clip(value)}, not a list"
+            return f"{tag} holds {clipped(value)}, not a list"
         return next((p for p in (_skeleton_problem(v, tensors) for v in value) if p), None)
     if tag == "__dict__":
         if not isinstance(value, list):
-            return f"__dict__ holds {_clip(value)}, not a list"
+            return f"__dict__ holds {clipped(value)}, not a list"
         for item in value:
             if not (isinstance(item, list) and len(item) == 2):
-                return f"dict item {_clip(item)} is not a [key, node] pair"
+                return f"dict item {clipped(item)} is not a [key, node] pair"
             key, child = item
             if not (isinstance(key, str) or isinstance(key, dict) and set(key) == {"__key__"}
                     and _value_ok(key["__key__"], hashable=True)):
-                return f"dict key {_clip(key)} is not a str or a {{'__key__': <hashable value>}}"
+                return f"dict key {clipped(key)} is not a str or a {{'__key__': <hashable value>}}"
             problem = _skeleton_problem(child, tensors)
             if problem:
                 return problem
         return None
-    return None if _value_ok(value, hashable=False) else f"value {_clip(value)} cannot be decoded"
+    return None if _value_ok(value, hashable=False) else f"value {clipped(value)} cannot be decoded"
 
 
 def _extras_problem(node: dict) -> str | None:
     """What is wrong with a node's optional keys (their types and shapes), or None."""
     for flag in ("__parameter__", "__requires_grad__", "__ordered__", "__counter__"):
         if flag in node and type(node[flag]) is not bool:
-            return f"{flag} is {_clip(node[flag])}, not true or false"
+            return f"{flag} is {clipped(node[flag])}, not true or false"
     if "__metadata__" in node:
         if node.get("__ordered__") is not True:
             return "__metadata__ belongs to an OrderedDict (__ordered__: true)"
         if not _metadata_ok(node["__metadata__"]):
-            return f"__metadata__ {_clip(node['__metadata__'])} is not [[prefix, [[name, value], ...]], ...]"
+            return f"__metadata__ {clipped(node['__metadata__'])} is not [[prefix, [[name, value], ...]], ...]"
     problem = _tuple_class_problem(node)
     if problem is not None:
         return problem
     if "__pickle__" in node and node["__pickle__"] is not True:
-        return f"__pickle__ is {_clip(node['__pickle__'])}, not true"
+        return f"__pickle__ is {clipped(node['__pickle__'])}, not true"
     if "__bytes__" in node and node["__bytes__"] not in ("bytes", "bytearray"):
-        return f"__bytes__ is {_clip(node['__bytes__'])}, not 'bytes' or 'bytearray'"
+        return f"__bytes__ is {clipped(node['__bytes__'])}, not 'bytes' or 'bytearray'"
     if sum(kind in node for kind in ("__numpy__", "__bytes__", "__pickle__")) > 1:
         return "a tensor node is at most one of a numpy array, bytes or a pickle"
     if "__numpy__" in node:
@@ -372,19 +372,19 @@ def _numpy_problem(spec: Any) -> str | None:
     if not (isinstance(spec, dict) and set(spec) == {"dtype", "shape", "scalar"} and isinstance(spec["dtype"], str)
             and type(spec["scalar"]) is bool and type(spec["shape"]) is list
             and all(type(n) is int and n >= 0 for n in spec["shape"])):
-        return f"__numpy__ {_clip(spec)} is not {{'dtype': <str>, 'shape': [<int >= 0>, ...], 'scalar': <bool>}}"
+        return f"__numpy__ {clipped(spec)} is not {{'dtype': <str>, 'shape': [<int >= 0>, ...], 'scalar': <bool>}}"
     try:
         dtype = np.dtype(spec["dtype"])
     except (TypeError, ValueError, SyntaxError):
-        return f"__numpy__ dtype {_clip(spec['dtype'])} is not a numpy dtype"
+        return f"__numpy__ dtype {clipped(spec['dtype'])} is not a numpy dtype"
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.str != spec["dtype"]:
-        return f"__numpy__ dtype {_clip(spec['dtype'])} is not one a save writes"
+        return f"__numpy__ dtype {clipped(spec['dtype'])} is not one a save writes"
     if spec["scalar"] and spec["shape"]:
-        return f"__numpy__ {_clip(spec)} is a scalar with a shape"
+        return f"__numpy__ {clipped(spec)} is a scalar with a shape"
     if len(spec["shape"]) > MAX_DIMS or math.prod(max(n, 1) for n in spec["shape"]) > MAX_ELEMENTS:
         # numpy counts elements in an intp: a shape past it (of a dtype of no bytes, whose size the
         # tensor's bytes do not bound) would overflow, not fail
-        return f"__numpy__ shape {_clip(spec['shape'])} has more than {MAX_DIMS} dimensions or 2**63 elements"
+        return f"__numpy__ shape {clipped(spec['shape'])} has more than {MAX_DIMS} dimensions or 2**63 elements"
     return None
 
 
@@ -428,11 +428,11 @@ def _metadata_ok(metadata: Any) -> bool:
 def _tuple_class_problem(node: dict) -> str | None:
     """What is wrong with a tuple node's ``__class__`` / ``__fields__`` (a tuple subclass), or None."""
     if "__class__" in node and not (isinstance(node["__class__"], str) and ":" in node["__class__"]):
-        return f"__class__ {_clip(node['__class__'])} is not a 'module:qualname'"
+        return f"__class__ {clipped(node['__class__'])} is not a 'module:qualname'"
     if "__fields__" in node:
         fields = node["__fields__"]
         if "__class__" not in node or not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
-            return f"__fields__ {_clip(fields)} of {_clip(node.get('__class__'))} are not a namedtuple's"
+            return f"__fields__ {clipped(fields)} of {clipped(node.get('__class__'))} are not a namedtuple's"
     return None
 
 
