@@ -240,4 +240,4 @@ def run_drain_bench(workload: CheckpointWorkload, local: LocalDirectory, remote:
                       runs_persist_alone_s=tuple(runs["persist_alone"]),
                       runs_persist_during_s=tuple(runs["persist_during"]), load_by_round=tuple(load),
                       stalls_alone_s=tuple(every["alone"]), stalls_during_s=tuple(every["during"]),
-                      remote_server_here=getattr(remote, "server_on_this_host", lambda: None)())
+                      remote_server_here=remote.server_on_this_host())

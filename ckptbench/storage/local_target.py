@@ -185,6 +185,11 @@ class LocalDirectory:
     def __str__(self) -> str:
         return str(self.path)
 
+    def server_on_this_host(self) -> bool | None:
+        """Whether the storage's server runs on this host (as :meth:`ObjectTarget.server_on_this_host`):
+        unknown for a directory (a network filesystem's servers are not looked up)."""
+        return None
+
     def free_bytes(self) -> int:
         return shutil.disk_usage(self.path).free
 
