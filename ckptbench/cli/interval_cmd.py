@@ -698,14 +698,13 @@ def _print_human(doc: dict[str, Any]) -> None:
         table.add_column("waste of wall time", justify="right")
         table.add_column("checkpoint overhead", justify="right")
         c_name = "(s + fP)" if asynchronous else "C"
-        cost = _cost(doc)
 
         def clamped(interval_s: float) -> str:
             below = interval_s < doc["min_interval_s"]
             return format_duration(interval_s) + (" (< bound)" if below else "")
 
         def overhead(interval_s: float) -> str:  # at the interval used: the bound when below it
-            return pct(model.overhead_fraction(max(interval_s, doc["min_interval_s"]), cost), 2)
+            return pct(_overhead_at(doc, interval_s), 2)
 
         table.add_row(f"Young  sqrt(2 {c_name} M)", clamped(doc["young_interval_s"]), pct(doc["waste_fraction_young"], 2),
                       overhead(doc["young_interval_s"]))
