@@ -258,11 +258,13 @@ def _cost_from(opts: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
              if opts[key] is not None]
     if given:
         raise UsageError(f"--from and {given[0]} both give the checkpoint's cost", hint="give one of them")
+    from ckptbench.decide.advice import as_fraction
+
     with reading_document(str(opts["from_result"]), doc["schema"]):
         p = doc["predictions"]
         if p["mode"] == "sync":
             return {"ckpt_time_s": _seconds(p["sync_checkpoint_s"])}
-        interference = opts["interference"] if opts["interference"] is not None else _fraction(p["interference"])
+        interference = opts["interference"] if opts["interference"] is not None else as_fraction(p["interference"])
         return {"stall_s": _seconds(p["async_stall_s"]), "persist_s": _seconds(p["async_persist_s"]),
                 "interference": interference}
 
@@ -270,12 +272,6 @@ def _cost_from(opts: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
 def _seconds(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:
         raise ValueError(f"{value!r} is not a number of seconds")
-    return float(value)
-
-
-def _fraction(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{value!r} is not a fraction")
     return float(value)
 
 

@@ -212,7 +212,7 @@ def preflight_job(doc: dict[str, Any]) -> PreflightJob:
             continue
         if not isinstance(span, list) or len(span) != 2:
             raise ValueError(f"{name}_range {span!r} is not a [low, high] pair")
-        low, high = (_fraction(v) if name == "interference" else _seconds(v) for v in span)
+        low, high = (as_fraction(v) if name == "interference" else _seconds(v) for v in span)
         if low > high:
             raise ValueError(f"{name}_range {span!r} runs from high to low")
         ranges[name] = (low, high)
@@ -226,7 +226,8 @@ def preflight_job(doc: dict[str, Any]) -> PreflightJob:
                         None if interval is None else _positive_seconds(interval), mode, ranges)
 
 
-def _fraction(value: Any) -> float:
+def as_fraction(value: Any) -> float:
+    """A fraction from a result file: a number in [0, 1); ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"{value!r} is not a fraction")
     return float(value)
