@@ -255,17 +255,31 @@ class _CkptbenchCheckpointIO:
 _TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80\x02")
 
 
-def _written_by_torch_save(path: os.PathLike) -> bool:
-    """Whether the regular file ``path`` begins as a ``torch.save`` file does (read without following a link
-    or blocking on a FIFO swapped in)."""
+def _open_if_torch_save(path: os.PathLike | str) -> int | None:
+    """A descriptor of the regular file ``path`` (opened without following a link or blocking on a FIFO
+    swapped in) when it begins as a ``torch.save`` file does; else None. A failed read raises."""
     try:
         fd = safeio.open_regular(path)
     except (OSError, UnsafeFileError):
-        return False
+        return None
     try:
-        return os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC)
-    finally:
+        if os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC):
+            return fd
+    except BaseException:
         os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def _written_by_torch_save(path: os.PathLike) -> bool:
+    """Whether the regular file ``path`` begins as a ``torch.save`` file does (read without following a link
+    or blocking on a FIFO swapped in)."""
+    fd = _open_if_torch_save(path)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
 
 
 def _torch_save_file(path: os.PathLike | None) -> int | None:
@@ -276,16 +290,9 @@ def _torch_save_file(path: os.PathLike | None) -> int | None:
     try:
         if stat.S_ISDIR(os.stat(path).st_mode):
             return None
-        fd = safeio.open_regular(os.path.realpath(path))
-    except (OSError, UnsafeFileError):
-        return None
-    try:
-        if os.pread(fd, 4, 0).startswith(_TORCH_SAVE_MAGIC):
-            return fd
+        return _open_if_torch_save(os.path.realpath(path))
     except OSError:
-        pass
-    os.close(fd)
-    return None
+        return None
 
 
 def load_from_checkpoint(cls: type, checkpoint_path: str | os.PathLike, map_location: Any | None = None,
