@@ -116,8 +116,12 @@ def write(
     sample_interval_ns: int = 1_000_000_000,
     deadline_ns: int = 0,
     preallocate: bool = False,
+    fds: Sequence[int] = (),
 ) -> IoResult:
     """Write each (buffer, path, offset) job; durable per ``sync`` when it returns (see ``_native.write``).
+
+    ``fds``: one descriptor per file, opened (and closed) by the caller, in the order the jobs first name each
+    file; every file is written through a reopening of its descriptor, never opened by its path again.
 
     ``deadline_ns`` is a ``time.monotonic_ns()`` time (the engine's clock) after which no block starts.
     ``preallocate``: on ext4, reserve each file's O_DIRECT range first (fallocate), so threads and side-by-side
@@ -126,7 +130,7 @@ def write(
     """
     return _native.write(jobs, threads, block_size, direct, _member("sync", sync, SyncMode), sync_dir, record_latency,
                          _member("schedule", schedule, Schedule), control, after, sample_interval_ns, deadline_ns,
-                         preallocate)
+                         preallocate, list(fds))
 
 
 def write_gathered(

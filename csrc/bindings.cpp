@@ -306,12 +306,13 @@ NB_MODULE(_native, m) {
         "write",
         [](const IoJobs &jobs, int threads, std::size_t block_size, bool direct, ckpt::SyncMode sync, bool sync_dir,
            bool record_latency, ckpt::Schedule schedule, ckpt::Control *control, PyCowCopy *after,
-           std::int64_t sample_interval_ns, std::int64_t deadline_ns, bool preallocate) {
+           std::int64_t sample_interval_ns, std::int64_t deadline_ns, bool preallocate, std::vector<int> fds) {
             HeldBuffers held;
             auto parsed = to_jobs(jobs, held, false);
             auto opts = make_options(threads, block_size, direct, sync, sync_dir, true, record_latency, schedule,
                                      sample_interval_ns, deadline_ns);
             opts.preallocate = preallocate;
+            opts.fds = std::move(fds);
             if (after) {
                 ckpt::CowCopy *cow_copy = after->cow_copy.get();
                 opts.before_write = [cow_copy](const char *end) { cow_copy->wait_copied(end); };
@@ -322,14 +323,16 @@ NB_MODULE(_native, m) {
         "jobs"_a, "threads"_a = 1, "block_size"_a = 4u << 20, "direct"_a = true, "sync"_a = ckpt::SyncMode::Fdatasync,
         "sync_dir"_a = true, "record_latency"_a = true, "schedule"_a = ckpt::Schedule::Shared,
         "control"_a = nb::none(), "after"_a = nb::none(), "sample_interval_ns"_a = 1000000000, "deadline_ns"_a = 0,
-        "preallocate"_a = false,
+        "preallocate"_a = false, "fds"_a = std::vector<int>{},
         "Write each (buffer, path, offset) job; durable per `sync` when it returns. `after`: a CowCopy still "
         "copying into the buffers; each block is written once its bytes are copied (if the CowCopy fails, "
         "they are written as they are: its finish() raises). `sample_interval_ns`: the timeline's interval. "
         "`deadline_ns` (CLOCK_MONOTONIC, 0: none): no block starts after it; the files written are still synced. "
         "`preallocate`: on ext4, each file's range of O_DIRECT blocks is reserved with fallocate first (sizing "
         "the file to its end), so blocks written side by side into one file do not take turns on its inode "
-        "lock (ignored with a deadline).");
+        "lock (ignored with a deadline). `fds`: one descriptor per file, open for writing, in the order the jobs "
+        "first name each file; each file is written through a reopening of its descriptor (/proc/self/fd), not "
+        "opened by its path, which then serves the O_DIRECT probe, the directory sync and messages.");
 
     m.def(
         "write_gathered",

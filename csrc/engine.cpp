@@ -66,6 +66,18 @@ UniqueFd open_file(const std::string &path, int flags, mode_t mode = 0) {
     return fd;
 }
 
+// A new open file description of what the caller's descriptor `fd` holds, for writing, with `extra` flags
+// (O_DIRECT needs a description of its own): through /proc/self/fd, so the file is the one the caller
+// opened and checked, whatever its name now names. Checked to be that file.
+UniqueFd reopen_for_writing(int fd, int extra, const std::string &path) {
+    UniqueFd reopened = open_file("/proc/self/fd/" + std::to_string(fd), O_WRONLY | O_CLOEXEC | extra);
+    struct stat given {}, got {};
+    if (::fstat(fd, &given) != 0 || ::fstat(reopened.get(), &got) != 0) throw IoError(errno, "fstat", path);
+    if (given.st_dev != got.st_dev || given.st_ino != got.st_ino || !S_ISREG(got.st_mode))
+        throw IoError(EXDEV, "reopen (not the file the descriptor holds)", path);
+    return reopened;
+}
+
 void sync_directory(const std::string &dir) {
     UniqueFd fd = open_file(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (retry_eintr([&] { return ::fsync(fd.get()); }) != 0) {
@@ -353,6 +365,19 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
     }
     result.files = files.size();
+    if (!opts.fds.empty()) {
+        if (kind != Kind::Write) throw std::invalid_argument("descriptors are given for writes only");
+        if (opts.fds.size() != files.size())
+            throw std::invalid_argument(std::to_string(opts.fds.size()) + " descriptors given for " +
+                                        std::to_string(files.size()) + " files: one per file, as the jobs first name them");
+        for (std::size_t i = 0; i < files.size(); ++i) {
+            int flags = ::fcntl(opts.fds[i], F_GETFL);
+            if (flags < 0) throw IoError(errno, "fcntl", files[i]->path);
+            if ((flags & O_ACCMODE) == O_RDONLY || (flags & O_APPEND))
+                throw std::invalid_argument("the descriptor given for " + files[i]->path +
+                                            " must be open for writing, without O_APPEND");
+        }
+    }
 
     bool direct = opts.direct;
     if (direct) {
@@ -420,9 +445,15 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
     result.start_ns = now_ns();
     // Writes never follow a symlink planted under a file's name (reads may name /proc/self/fd links).
     int base_flags = (kind == Kind::Write ? (O_WRONLY | O_CREAT | O_NOFOLLOW) : O_RDONLY) | O_CLOEXEC;
-    for (auto &f : files) {
-        if (f->wants_direct) f->fd_direct = open_file(f->path, base_flags | O_DIRECT, 0644);
-        if (f->wants_buffered || !f->wants_direct) f->fd_buffered = open_file(f->path, base_flags, 0644);
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        FileState &f = *files[i];
+        if (!opts.fds.empty()) {
+            if (f.wants_direct) f.fd_direct = reopen_for_writing(opts.fds[i], O_DIRECT, f.path);
+            if (f.wants_buffered || !f.wants_direct) f.fd_buffered = reopen_for_writing(opts.fds[i], 0, f.path);
+            continue;
+        }
+        if (f.wants_direct) f.fd_direct = open_file(f.path, base_flags | O_DIRECT, 0644);
+        if (f.wants_buffered || !f.wants_direct) f.fd_buffered = open_file(f.path, base_flags, 0644);
     }
     if (kind == Kind::Write && opts.preallocate && opts.deadline_ns == 0)
         for (auto &f : files)

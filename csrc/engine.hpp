@@ -94,6 +94,11 @@ struct IoOptions {
     // Writes: called before each block is written with the end of its bytes in memory; returns once
     // they may be written (a copy-on-write staging still filling the buffer, see cow_copy.hpp).
     std::function<void(const char *end)> before_write;
+    // Writes: one descriptor per file, in the order the jobs first name each file, opened (and closed) by
+    // the caller. Each file is then written through a reopening of its descriptor (/proc/self/fd), the very
+    // file the caller checked, never looked up by its path again; the paths serve the O_DIRECT probe, the
+    // directory sync and messages. Empty: every file is opened by its path (created, never through a symlink).
+    std::vector<int> fds;
 };
 
 struct ThreadStat {

@@ -78,6 +78,13 @@ def engine_calls() -> Iterator[list[native.IoResult]]:
             _engine_calls.remove(calls)
 
 
+def _through(fds: list[int]) -> list[int]:
+    """The descriptors the engine writes files through (``native.write``'s ``fds``): the files created and
+    checked here, whatever their names come to name; none where there is no ``/proc`` to reopen them by
+    (the engine then opens the paths, never through a symlink)."""
+    return list(fds) if safeio.have_proc_fd() else []
+
+
 def _engine_result(result: native.IoResult) -> native.IoResult:
     """``result``, kept by every :func:`engine_calls` block open."""
     if _engine_calls:
@@ -308,8 +315,10 @@ class PieceWriter:
         ext4 each piece's range is reserved first (``native.write``'s ``preallocate``): pieces of one file
         written side by side then do not take turns on its inode lock."""
         jobs = [(view, self._directory.path_of(name), offset) for name, offset, view in pieces]
+        named = dict.fromkeys(name for name, _, _ in pieces)  # each file once, in the order the jobs name it
         result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
-                                             sync="none", sync_dir=False, preallocate=True))
+                                             sync="none", sync_dir=False, preallocate=True,
+                                             fds=_through([self._fds[name] for name in named])))
         self._direct = result.direct_used if self._direct is None else self._direct and result.direct_used
         self._fallback = self._fallback or result.fallback_reason or None
         return result
@@ -423,19 +432,20 @@ class LocalStore(Store):
         ``per_file``: each file written by one thread from start to end (None: on a network or FUSE
         mount, ``_schedule``), else the threads share every file's blocks.
 
-        Each file is created here first (regular, not through a symlink), then written by the engine
-        through the directory's descriptor; the engine does not follow a symlink either. On ext4 the
+        Each file is created here first (regular, not through a symlink, no other hard link), then
+        written by the engine through that very descriptor (reopened, never looked up by name again). On ext4 the
         engine reserves each file's O_DIRECT blocks first (``preallocate``), so threads sharing a file's
         blocks write them at once."""
         if not files:
             return WriteReport(direct=direct, sync="fdatasync")
         directory = self.directory()
         try:
-            with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT):
+            with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT) as fds:
                 jobs = [(view, directory.path_of(name), 0) for name, view in files]
                 result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
                                                      sync="fdatasync", sync_dir=True, after=after,
-                                                     schedule=self._schedule(per_file), preallocate=True))
+                                                     schedule=self._schedule(per_file), preallocate=True,
+                                                     fds=_through(fds)))
                 self._await_entries()
         except OSError as exc:
             self.remove([name for name, _ in files])

@@ -136,7 +136,7 @@ def test_a_quota_is_named_as_such(tmp_path: Path, monkeypatch):
     real = native.write
 
     def over_quota(jobs, **kwargs):
-        real(jobs[:1], **kwargs)  # one file written, then the quota bites
+        real(jobs[:1], **{**kwargs, "fds": kwargs.get("fds", ())[:1]})  # one file written, then the quota bites
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), jobs[1][1])
 
     monkeypatch.setattr(native, "write", over_quota)

@@ -209,6 +209,43 @@ def test_sync_none_and_fsync_are_recorded(tmp_path: Path):
         native.write([(src, str(tmp_path / "z"), 0)], sync="sometimes")
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_write_through_given_descriptors_reaches_their_files_whatever_the_names_now_name(tmp_path: Path,
+                                                                                         direct: bool):
+    """With ``fds`` the engine writes each file through a reopening of its descriptor: a file put under
+    the name after the caller opened it (a hard link, a rename) is left alone."""
+    src = [filled(MiB + 512, seed=1), filled(2 * MiB, seed=2)]  # an unaligned tail: O_DIRECT and buffered
+    names = [tmp_path / "a", tmp_path / "b"]
+    fds = [os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) for name in names]
+    try:
+        for name in names:  # each name now names another file, and the opened ones have none
+            os.rename(name, tmp_path / f"{name.name}.opened")
+            name.write_bytes(b"other")
+        jobs = [(src[0], str(names[0]), 0), (src[1], str(names[1]), 0)]
+        native.write(jobs, block_size=256 * 1024, direct=direct, fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for name, buf in zip(names, src, strict=True):
+        assert name.read_bytes() == b"other"
+        assert (tmp_path / f"{name.name}.opened").read_bytes() == bytes(buf)
+
+
+def test_given_descriptors_must_be_one_per_file_and_writable(tmp_path: Path):
+    src = filled(4096)
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="2 descriptors given for 1 files"):
+            native.write([(src, str(path), 0), (src, str(path), 4096)], fds=[fd, fd])
+        with pytest.raises(ValueError, match="must be open for writing"):
+            native.write([(src, str(path), 0)], fds=[fd])
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x"
+
+
 def test_direct_falls_back_on_ramfs_and_records_it(mount_fs):
     """ramfs has no O_DIRECT: the engine writes buffered + fdatasync and says why."""
     where = mount_fs("ramfs")

@@ -9,6 +9,7 @@ target unchanged (compared before and after), and no hang (every step bounded by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -128,6 +129,36 @@ def test_a_shard_name_planted_as_a_hard_link_is_never_written_through(tmp_path: 
         ckptbench.save({"w": torch.ones(4096)}, ckpt)
     assert victim.read_bytes() == b"keep" * 1024
     assert not (ckpt / MANIFEST_NAME).exists()
+
+
+@pytest.mark.parametrize("sync_path", ["arena", "ring"])
+def test_a_shard_name_swapped_for_a_hard_link_after_the_check_is_not_written_through(tmp_path: Path, monkeypatch,
+                                                                                   sync_path: str) -> None:
+    """The shard is created and checked (regular, one link), then, before the engine writes it, its name
+    is replaced by a hard link to another file: the engine writes through the descriptor that was
+    checked, so the other file keeps its bytes."""
+    from ckptbench import native
+    from ckptbench.checkpoint import saver
+
+    if sync_path == "ring":
+        monkeypatch.setattr(saver, "ring_bytes", lambda: 0)
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"keep" * 4096)
+    ckpt = tmp_path / "ckpt"
+    real, swapped = native.write, []
+
+    def swap_then_write(jobs, **kwargs):
+        for name in {os.path.basename(path) for _, path, _ in jobs if "shard-" in path}:
+            os.link(victim, ckpt / f".{name}.planted")
+            os.replace(ckpt / f".{name}.planted", ckpt / name)
+            swapped.append(name)
+        return real(jobs, **kwargs)
+
+    monkeypatch.setattr(native, "write", swap_then_write)
+    with contextlib.suppress(UnsafeFileError):  # refusing the save would be as safe as finishing it
+        ckptbench.save({"w": torch.ones(16384)}, ckpt, async_=False)
+    assert swapped, "the attack never ran: the save did not write its shards through native.write"
+    assert victim.read_bytes() == b"keep" * 4096
 
 
 def test_a_checkpoint_path_planted_as_another_users_symlink_is_not_followed(arena: Arena,
