@@ -280,7 +280,11 @@ def _flatten_s3fs_style(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
-    """``"s3://bucket/a/b/"`` -> ``("bucket", "a/b")``; UsageError for anything that is not such a URL."""
+    """``"s3://bucket/a/b/"`` -> ``("bucket", "a/b")``; UsageError for anything that is not such a URL.
+
+    The prefix is the key prefix as written, less trailing slashes: ``a//b`` stays ``a//b`` (S3 keys are
+    strings, and ``a//b/x`` is another object than ``a/b/x``, as boto3, the AWS CLI and s3torchconnector
+    name it)."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("s3", "s3a"):
         raise TargetError(f"{url!r} is not an s3:// URL")
@@ -300,10 +304,10 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise TargetError(f"{shown!r}: {bucket!r} is not a valid bucket name",
                           hint="3-63 characters: lowercase letters, digits, '.', '-'")
-    parts = [p for p in prefix.split("/") if p]
-    if any(p in (".", "..") for p in parts):
+    prefix = prefix.rstrip("/")
+    if any(p in (".", "..") for p in prefix.split("/")):
         raise TargetError(f"{shown!r}: '.' and '..' are not allowed in an S3 prefix")
-    return bucket, "/".join(parts)
+    return bucket, prefix
 
 
 @dataclass

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import ckptbench
+from ckptbench.checkpoint.manifest import NotACheckpointError
 from ckptbench.errors import CkptbenchError, MissingDependencyError, StorageIOError, TargetError, UsageError
-from ckptbench.storage.s3 import S3Options, S3Store
+from ckptbench.storage.s3 import S3Options, S3Store, parse_s3_url
 from ckptbench.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +66,18 @@ def test_malformed_url(url: str, expected: str):
     text = one_line_usage_error(info.value)
     assert expected in text
     assert FAKE_SECRET not in text
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("s3://bucket/a/b/", ("bucket", "a/b")),
+    ("s3://bucket/a//b", ("bucket", "a//b")),
+    ("s3://bucket//a", ("bucket", "/a")),
+    ("s3://bucket", ("bucket", "")),
+    ("s3a://bucket/a/", ("bucket", "a")),
+])
+def test_the_prefix_is_the_key_prefix_as_written(url: str, expected: tuple[str, str]):
+    """S3 keys are strings: ``a//b/x`` is another object than ``a/b/x``, so a prefix is never collapsed."""
+    assert parse_s3_url(url) == expected
 
 
 def test_unknown_protocol():
@@ -180,6 +193,19 @@ def test_missing_bucket_is_named(s3_server):
     with pytest.raises(TargetError) as info:
         ckptbench.load(url, storage_options=s3_server.options())
     assert "'ckptbench-no-such-bucket'" in one_line_usage_error(info.value)
+
+
+@pytest.mark.s3
+def test_a_double_slash_in_the_prefix_names_the_keys_other_clients_name(s3_server, s3_bucket):
+    """A checkpoint saved to ``s3://B/runs//c`` is under the keys ``runs//c/...`` (where boto3 and the AWS
+    CLI put and find ``s3://B/runs//c/...``), not under ``runs/c/``."""
+    ckptbench.save({"x": torch.arange(8.0)}, f"s3://{s3_bucket}/runs//c", storage_options=s3_server.options())
+    keys = [item["Key"] for item in s3_server.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
+    assert keys and all(key.startswith("runs//c/") for key in keys), keys
+    loaded = ckptbench.load(f"s3://{s3_bucket}/runs//c/", storage_options=s3_server.options())
+    assert torch.equal(loaded["x"], torch.arange(8.0))
+    with pytest.raises(NotACheckpointError):
+        ckptbench.load(f"s3://{s3_bucket}/runs/c", storage_options=s3_server.options())
 
 
 @pytest.mark.s3
