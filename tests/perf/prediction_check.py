@@ -84,7 +84,16 @@ def main() -> None:
     parser.add_argument("--measure-time", default=None,
                         help="preflight's --measure-time (its default when left out; 0: two sizes of 512 MiB and less)")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="a PNG of every row: predicted range and point against the measured runs (with --output: "
+                             "this run's; with --replot: those results side by side)")
+    parser.add_argument("--replot", type=Path, nargs="+", default=None, metavar="RESULT.json",
+                        help="measure nothing: draw --plot from these results of this script")
     args = parser.parse_args()
+    if args.replot:
+        plot([json.loads(path.read_text()) for path in args.replot], [path.stem for path in args.replot], args.plot
+             or args.replot[-1].with_suffix(".png"))
+        return
     rows = []
     for shape in args.shapes:
         name, params, ranks_text = shape.split(":")
@@ -118,6 +127,8 @@ def main() -> None:
                   f"{median:7.3f} s ({values[0]:.3f}-{values[-1]:.3f})  {'inside' if r['inside'] else 'OUTSIDE'}  "
                   f"error {r['point_error']:+.0%}  width {r['range_width']:.2f}x", flush=True)
         _write(args, rows)  # after each shape: a run stopped early keeps the shapes it finished
+    if args.plot and args.output:
+        plot([json.loads(args.output.read_text())], [args.output.stem], args.plot)
     held = sum(r["inside"] for r in rows)
     print(f"\n{held}/{len(rows)} measured medians inside their predicted ranges; point errors "
           f"{min(r['point_error'] for r in rows):+.0%} to {max(r['point_error'] for r in rows):+.0%}; widest range "
@@ -133,6 +144,44 @@ def _write(args: argparse.Namespace, rows: list[dict]) -> None:
             "goals": {"inside": "every measured median inside its range", "point_error": "<= 20 %",
                       "range_width": "<= 2.5x"},
         }, indent=2) + "\n")
+
+
+def plot(results: list[dict], labels: list[str], path: Path) -> None:
+    """One panel per quantity; per shape and result, the predicted range as a bar, its point as a tick and
+    the measured runs as dots, all relative to the measured median (1.0), with the goal's +-20 % shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [key for key, _, _, _ in QUANTITIES]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.5), sharey=True)
+    for ax, key in zip(axes, keys, strict=True):
+        ticks = []
+        for i, (doc, label) in enumerate(zip(results, labels, strict=True)):
+            for j, row in enumerate(r for r in doc["rows"] if r["quantity"] == key):
+                x = j * (len(results) + 1) + i
+                median = row["measured_median_s"]
+                low, high = row["predicted_range_s"]
+                ax.vlines(x, low / median, high / median, color=f"C{i}", linewidth=6, alpha=0.4,
+                          label=label if j == 0 else None)
+                ax.plot(x, row["predicted_s"] / median, "_", color=f"C{i}", markersize=18, markeredgewidth=2)
+                ax.plot([x] * len(row["measured_runs_s"]), [v / median for v in row["measured_runs_s"]], ".",
+                        color="black", markersize=4)
+                if i == 0:
+                    ticks.append((x + (len(results) - 1) / 2, row["shape"]))
+        ax.axhspan(0.8, 1.2, color="green", alpha=0.08)
+        ax.axhline(1.0, color="black", linewidth=0.5)
+        ax.set_xticks([x for x, _ in ticks], [name for _, name in ticks], fontsize=8)
+        ax.set_title(key)
+    axes[0].set_ylabel("÷ measured median\n(bar: predicted range, tick: point, dots: measured runs)", fontsize=8)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"preflight's prediction (one process, sampled) vs the real shape; {results[-1]['host']}, "
+                 f"{results[-1]['cpus']} CPUs", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
