@@ -109,6 +109,11 @@ STAGE_GATHER_MAPPED = _env_int("STAGE_GATHER_MAPPED", _env_int("STAGE_GATHER_DIR
 #: 0 copies them before save() returns. The chunk is what a write to a page not yet copied waits for.
 STAGE_COW = _env_int("STAGE_COW", 1, _OFF, _ON)
 STAGE_COW_CHUNK_BYTES = _env_int("STAGE_COW_CHUNK_BYTES", 1 << 20, 4096)
+#: The staging arena (and a Checkpointer's read buffer) is left untouched when allocated: its pages are
+#: faulted in by the first copy into them, by the staging threads (behind the caller of an async save
+#: staged copy-on-write), or pinned by cudaHostRegister where a GPU is. 1 touches every page on the
+#: caller's thread first, inside the first save's stall.
+ARENA_PREFAULT = _env_int("ARENA_PREFAULT", 0, _OFF, _ON)
 #: Sync saves of contiguous CPU tensors to a directory pass through a bounded staging ring
 #: (``checkpoint.ring``): this many aligned slots of this many bytes, one staged while the engine writes
 #: the others, instead of an arena the size of the checkpoint (the ring is used when the checkpoint is

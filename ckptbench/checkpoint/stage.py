@@ -66,8 +66,8 @@ class Arena:
                 hint="free memory, save fewer tensors at once, or shard the model over more ranks",
             )
         self.close()
-        log.info("allocating a %s staging arena (touched once, reused)", format_size(nbytes))
-        self.buffer = native.AlignedBuffer(nbytes)
+        log.info("allocating a %s staging arena (reused)", format_size(nbytes))
+        self.buffer = native.AlignedBuffer(nbytes, prefault=bool(knobs.ARENA_PREFAULT))
         self._register_with_cuda()
 
     def _register_with_cuda(self) -> None:
