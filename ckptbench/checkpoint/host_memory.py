@@ -49,3 +49,50 @@ def reports_free_memory(devices: str = "/sys/bus/virtio/devices") -> bool:
                 and features[_VIRTIO_BALLOON_F_REPORTING] == "1":
             return True
     return False
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def proactive_reclaim(damon: str = "/sys/kernel/mm/damon/admin/kdamonds",
+                      module: str = "/sys/module/damon_reclaim/parameters") -> float | None:
+    """The seconds after which this host's kernel pages out memory left unaccessed (DAMON running a
+    ``pageout`` scheme, or the ``damon_reclaim`` module enabled), the shortest where there are several;
+    None when it does not. Page cache and, with swap, a process's idle memory then leave memory on a timer
+    that has nothing to do with the storage measured."""
+    found: list[float] = []
+    if _read(os.path.join(module, "enabled")) in ("Y", "1"):
+        min_age_us = _read(os.path.join(module, "min_age"))
+        if min_age_us is not None and min_age_us.isdigit():
+            found.append(int(min_age_us) / 1e6)
+    try:
+        kdamonds = [k for k in os.listdir(damon) if k.isdigit()]
+    except OSError:
+        kdamonds = []
+    for kdamond in kdamonds:
+        if _read(os.path.join(damon, kdamond, "state")) != "on":
+            continue
+        contexts = os.path.join(damon, kdamond, "contexts")
+        for context in _numbered(contexts):
+            aggr_us = _read(os.path.join(contexts, context, "monitoring_attrs", "intervals", "aggr_us"))
+            schemes = os.path.join(contexts, context, "schemes")
+            for scheme in _numbered(schemes):
+                if _read(os.path.join(schemes, scheme, "action")) != "pageout":
+                    continue
+                age = _read(os.path.join(schemes, scheme, "access_pattern", "age", "min"))
+                ok = aggr_us is not None and aggr_us.isdigit() and age is not None and age.isdigit()
+                found.append(int(age) * int(aggr_us) / 1e6 if ok else 0.0)  # type: ignore[union-attr]
+    return min(found) if found else None
+
+
+def _numbered(directory: str) -> list[str]:
+    try:
+        return sorted((n for n in os.listdir(directory) if n.isdigit()), key=int)
+    except OSError:
+        return []
+

@@ -273,6 +273,7 @@ class PreflightReport:
                 "sustained": self.bench.get("sustained"),
                 "fresh_memory": self.bench.get("fresh_memory"),
                 "hypervisor_reclaims": v.measurements.hypervisor_reclaims,
+                "proactive_reclaim_s": v.measurements.proactive_reclaim_s,
                 "checkpoint_bench": self.bench,
             },
             "assumptions": list(v.assumptions),
@@ -400,7 +401,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
     from ckptbench.bench.records import MEMORY_FILESYSTEMS
     from ckptbench.bench.shootout import plan, run_checkpoint_bench
     from ckptbench.bench.sustained import write_slowdown
-    from ckptbench.checkpoint.host_memory import reports_free_memory
+    from ckptbench.checkpoint.host_memory import proactive_reclaim, reports_free_memory
     from ckptbench.decide.scaling import fit_sizes
     from ckptbench.decide.verdict import Measurements, evaluate
     from ckptbench.storage.local_target import LocalDirectory
@@ -513,6 +514,7 @@ def measure_and_evaluate(job: Any, spec: Any, storage: Any, workload: Any, progr
         per_rank_bytes=max(largest_doc["rank_bytes"]) if writers > 1 else largest_bytes, device=spec.device,
         fresh_memory_bps=fresh.bps if fresh is not None else None,
         hypervisor_reclaims=fresh.hypervisor_reclaims if fresh is not None else reports_free_memory(),
+        proactive_reclaim_s=proactive_reclaim(),
     )
     if writers > 1:
         doc["together"] = largest_doc
@@ -732,7 +734,9 @@ def _print(doc: dict[str, Any]) -> None:
             f"(chunks {format_rate(fresh['slowest_chunk_bps'])}–{format_rate(fresh['fastest_chunk_bps'])})"
             + (": slower than the slowest cold reads; a restore's new tensors wait for it, and its range reaches "
                "that far" if slow else "")
-            + ("; a VM handing free memory back to its hypervisor" if fresh["hypervisor_reclaims"] else ""))
+            + ("; a VM handing free memory back to its hypervisor" if fresh["hypervisor_reclaims"] else "")
+            + (f"; the kernel pages out memory unaccessed for {format_duration(m['proactive_reclaim_s'])} (DAMON)"
+               if m.get("proactive_reclaim_s") is not None else ""))
     console.print(f"interference used: {p['interference']:.0%} ({p['interference_source']})")
     console.print(
         f"checkpoint: {format_size(p['checkpoint_total_bytes'])} in all, {format_size(p['checkpoint_per_rank_bytes'])} "

@@ -147,6 +147,8 @@ class Measurements:
     # a restore allocates its tensors new, so it is no faster than this; None: not measured
     fresh_memory_bps: float | None = None
     hypervisor_reclaims: bool = False  # a VM that hands free memory back to its hypervisor
+    # seconds after which the kernel pages out memory left unaccessed (DAMON), None: it does not
+    proactive_reclaim_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -653,4 +655,8 @@ def _fresh_memory_assumptions(job: Job, m: Measurements) -> list[str]:
         out.append("this host is a VM that hands its free memory back to the hypervisor (virtio balloon, free page "
                    "reporting): faulting memory in again costs what the hypervisor's state makes it, so loads and "
                    "large saves here vary more than the storage does; measure on the training nodes to settle it")
+    if m.proactive_reclaim_s is not None:
+        out.append(f"this host's kernel pages out memory left unaccessed for {format_duration(m.proactive_reclaim_s)} "
+                   "(DAMON): page cache, and with swap idle process memory, leave memory on that timer, so times "
+                   "here drift with what ran before them; measure on the training nodes to settle it")
     return out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptbench.checkpoint import host_memory
 from ckptbench.cli.preflight import session_runs
 from ckptbench.decide.scaling import fit_sizes, widen_end
 from ckptbench.decide.verdict import EXIT_CODES
@@ -58,6 +59,7 @@ def test_small_job_passes_with_json_and_plot(cli, tmp_path: Path):
     assert fresh["target_bytes"] == p["checkpoint_per_node_bytes"] and fresh["faulted_bytes"] > 0
     assert p["restore_s_range"][1] >= p["checkpoint_per_node_bytes"] / fresh["bps"] * (1 - 1e-9)
     assert m["hypervisor_reclaims"] == fresh["hypervisor_reclaims"]
+    assert m["proactive_reclaim_s"] == host_memory.proactive_reclaim()
     low, high = p["optimal_interval_plateau_s"]
     interval = next(a["value"] for a in doc["recommendation"] if a["setting"] == "interval_s")
     assert low <= interval <= high

@@ -8,7 +8,7 @@ import pytest
 
 from ckptbench.bench import fresh_memory
 from ckptbench.bench.fresh_memory import FreshMemory, measure_fresh_memory
-from ckptbench.checkpoint.host_memory import reports_free_memory
+from ckptbench.checkpoint.host_memory import proactive_reclaim, reports_free_memory
 
 MiB = 2**20
 
@@ -35,6 +35,33 @@ def test_no_virtio_devices_or_unreadable_ones_are_not_a_reporting_vm(tmp_path):
     _device(tmp_path, "virtio1", "not hex", "0110010100")
     _device(tmp_path, "virtio2", "0x0005", "01100")  # too short to hold bit 5
     assert not reports_free_memory(str(tmp_path))
+
+
+def _scheme(root, kdamond: str, state: str, action: str, age: str, aggr_us: str = "5000000") -> None:
+    context = root / "kdamonds" / kdamond / "contexts" / "0"
+    scheme = context / "schemes" / "0"
+    (scheme / "access_pattern" / "age").mkdir(parents=True)
+    (context / "monitoring_attrs" / "intervals").mkdir(parents=True)
+    (root / "kdamonds" / kdamond / "state").write_text(state + "\n")
+    (scheme / "action").write_text(action + "\n")
+    (scheme / "access_pattern" / "age" / "min").write_text(age + "\n")
+    (context / "monitoring_attrs" / "intervals" / "aggr_us").write_text(aggr_us + "\n")
+
+
+def test_damon_paging_out_idle_memory_is_recognised_with_its_age(tmp_path):
+    kdamonds, module = str(tmp_path / "kdamonds"), str(tmp_path / "module")
+    assert proactive_reclaim(kdamonds, module) is None  # no DAMON here
+    _scheme(tmp_path, "0", "off", "pageout", "12")  # a scheme, but its kdamond is not running
+    _scheme(tmp_path, "1", "on", "stat", "12")  # running, but only counting
+    assert proactive_reclaim(kdamonds, module) is None
+    _scheme(tmp_path, "2", "on", "pageout", "12")  # this VM's: 12 aggregations of 5 s
+    assert proactive_reclaim(kdamonds, module) == pytest.approx(60.0)
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "enabled").write_text("Y\n")
+    (tmp_path / "module" / "min_age").write_text("30000000\n")  # damon_reclaim's, in microseconds: the shorter wins
+    assert proactive_reclaim(kdamonds, module) == pytest.approx(30.0)
+    (tmp_path / "module" / "enabled").write_text("N\n")
+    assert proactive_reclaim(kdamonds, module) == pytest.approx(60.0)
 
 
 def test_bytes_not_reached_are_counted_at_the_tail_chunks_rate():

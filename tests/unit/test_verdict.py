@@ -179,6 +179,14 @@ def test_fresh_memory_slower_than_the_reads_reaches_the_restore_range_and_says_s
     assert fast.predictions["restore_memory_bound"] is False and plain.predictions["restore_memory_bound"] is False
 
 
+def test_a_kernel_paging_out_idle_memory_is_said_and_changes_no_number():
+    reclaiming = evaluate(job(), measured(proactive_reclaim_s=60.0))
+    plain = evaluate(job(), measured())
+    said = [a for a in reclaiming.assumptions if a not in plain.assumptions]
+    assert len(said) == 1 and "pages out memory left unaccessed for 1m" in said[0] and "DAMON" in said[0]
+    assert reclaiming.predictions == plain.predictions and reclaiming.verdict == plain.verdict
+
+
 def test_a_range_across_a_threshold_is_borderline_with_exit_3():
     # 14 GB per node at 2 GB/s (1.5-2.5 GB/s over the runs): a sync save of 7 s (5.6-9.3 s) against 8 s
     m = measured(write_bps_range=(1.5 * GB, 2.5 * GB))
