@@ -467,9 +467,12 @@ def write_output(path: str | os.PathLike, write: Callable[[IO[bytes]], Any] | by
 
 
 @contextlib.contextmanager
-def opened_files(directory: Directory, names: list[str], flags: int, mode: int = 0o644) -> Iterator[list[int]]:
-    """Each of ``names`` opened through :meth:`Directory.open_file`; all closed on exit."""
-    ensure_descriptors(len(names))
+def opened_files(directory: Directory, names: list[str], flags: int, mode: int = 0o644, *,
+                 reopened: int = 0) -> Iterator[list[int]]:
+    """Each of ``names`` opened through :meth:`Directory.open_file`; all closed on exit. The soft limit of
+    open files is raised for them and for ``reopened`` more descriptors per name, opened while these stay
+    open (the engine's reopenings of them through ``/proc``)."""
+    ensure_descriptors(len(names) * (1 + reopened))
     fds: list[int] = []
     try:
         for name in names:

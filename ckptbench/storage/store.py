@@ -85,6 +85,11 @@ def _through(fds: list[int]) -> list[int]:
     return list(fds) if safeio.have_proc_fd() else []
 
 
+#: Descriptors the engine opens per file while the caller's stay open (``safeio.opened_files``'s ``reopened``):
+#: one for O_DIRECT, one buffered (an unaligned tail), each through ``/proc`` or the file's path.
+_ENGINE_OPENS_PER_FILE = 2
+
+
 def _engine_result(result: native.IoResult) -> native.IoResult:
     """``result``, kept by every :func:`engine_calls` block open."""
     if _engine_calls:
@@ -440,7 +445,8 @@ class LocalStore(Store):
             return WriteReport(direct=direct, sync="fdatasync")
         directory = self.directory()
         try:
-            with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT) as fds:
+            with safeio.opened_files(directory, [name for name, _ in files], os.O_WRONLY | os.O_CREAT,
+                                     reopened=_ENGINE_OPENS_PER_FILE) as fds:
                 jobs = [(view, directory.path_of(name), 0) for name, view in files]
                 result = _engine_result(native.write(jobs, threads=threads, block_size=block_size, direct=direct,
                                                      sync="fdatasync", sync_dir=True, after=after,
@@ -463,7 +469,7 @@ class LocalStore(Store):
         symlink) and the engine writes through that very descriptor: one open per file."""
         if not files:
             return WriteReport(direct=False, sync="fdatasync"), []
-        with self._new_files([name for name, _, _ in files]) as (directory, fds):
+        with self._new_files([name for name, _, _ in files], reopened=0) as (directory, fds):
             jobs = [(directory.path_of(name), segments, size) for name, segments, size in files]
             result, crcs = native.write_gathered(jobs, ranges, threads=threads, block_size=block_size,
                                                  sync="fdatasync", sync_dir=True, schedule=self._schedule(per_file),
@@ -478,12 +484,13 @@ class LocalStore(Store):
         return self._schedule(None) == "shared"
 
     @contextlib.contextmanager
-    def _new_files(self, names: list[str]) -> Iterator[tuple[safeio.Directory, list[int]]]:
+    def _new_files(self, names: list[str], *, reopened: int) -> Iterator[tuple[safeio.Directory, list[int]]]:
         """The directory and the files ``names`` created in it (regular, not through a symlink), held open
-        for the block; all removed when it raises (an OSError names the file)."""
+        for the block (``reopened``: as ``safeio.opened_files``'s); all removed when it raises (an OSError
+        names the file)."""
         directory = self.directory()
         try:
-            with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT) as fds:
+            with safeio.opened_files(directory, names, os.O_WRONLY | os.O_CREAT, reopened=reopened) as fds:
                 yield directory, fds
         except OSError as exc:
             self.remove(names)
@@ -497,7 +504,7 @@ class LocalStore(Store):
         """The files ``names`` created here (regular, not through a symlink) and held open while the
         block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
         writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
-        with self._new_files(names) as (directory, fds):
+        with self._new_files(names, reopened=_ENGINE_OPENS_PER_FILE) as (directory, fds):
             writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
             yield writer
             writer.finish()
@@ -521,7 +528,7 @@ class LocalStore(Store):
         # No part smaller than a block: a small file is one stream.
         parts = [max(1, min(streams, -(-len(view) // block_size))) for _, view in files]
         names = [name for (name, _), n in zip(files, parts, strict=True) for _ in range(n)]
-        with safeio.opened_files(directory, names, os.O_RDONLY) as fds:
+        with safeio.opened_files(directory, names, os.O_RDONLY, reopened=_ENGINE_OPENS_PER_FILE) as fds:
             jobs, first = [], 0
             for (name, view), n in zip(files, parts, strict=True):
                 own, first = fds[first:first + n], first + n
@@ -552,7 +559,7 @@ class LocalStore(Store):
             return
         directory = self.directory()
         names = sorted({name for name, _, _ in ranges})
-        with safeio.opened_files(directory, names, os.O_RDONLY) as fds:
+        with safeio.opened_files(directory, names, os.O_RDONLY, reopened=_ENGINE_OPENS_PER_FILE) as fds:
             by_name = dict(zip(names, fds, strict=True))
             for name, offset, view in ranges:
                 size = os.fstat(by_name[name]).st_size
