@@ -224,9 +224,10 @@ def check_part(manifest: dict[str, Any], part: dict[str, Any], where: str) -> No
 
 def check_layout(manifest: dict[str, Any], where: str) -> None:
     """Check, without torch, what a copy of the checkpoint byte for byte relies on (``checkpoint/drain.py``):
-    every part's shards flat file names with sizes, every stored tensor's range inside its shard, its
-    checksums 32-bit ints. NotACheckpointError for a malformed field, CorruptCheckpointError for a range
-    past its shard; :func:`check_part` checks the rest (dtypes, shapes, the skeleton) for a load."""
+    every part's shards flat file names with sizes, each name once in the manifest, every stored tensor's
+    range inside its shard, its checksums 32-bit ints. NotACheckpointError for a malformed field,
+    CorruptCheckpointError for a range past its shard; :func:`check_part` checks the rest (dtypes, shapes,
+    the skeleton) for a load."""
     def malformed(what: str) -> NotACheckpointError:
         return NotACheckpointError(f"{where}/{MANIFEST_NAME} is not a valid manifest: {what}",
                                    hint="it was not written by a ckptbench save, or was damaged")
@@ -235,11 +236,16 @@ def check_layout(manifest: dict[str, Any], where: str) -> None:
     parts = manifest.get("ranks")
     if parts is not None and not isinstance(parts, list):
         raise malformed(f"ranks is {clipped(parts)}, not a list")
+    named: set[str] = set()
     for part in [manifest] if parts is None else parts:
         shards, tensors = (part.get("shards"), part.get("tensors")) if isinstance(part, dict) else (None, None)
         if not isinstance(shards, list) or not isinstance(tensors, list):
             raise malformed(f"a part lacks its lists of shards and tensors: {clipped(part)}")
         _check_shards(shards, malformed)
+        for s in shards:  # a copy writes each file once: one name, one size
+            if s["name"] in named:
+                raise malformed(f"the shard {s['name']!r} is named twice")
+            named.add(s["name"])
         for i, t in enumerate(tensors):
             if not (isinstance(t, dict) and isinstance(t.get("key"), str) and _is_count(t.get("nbytes"))
                     and _is_count(t.get("offset")) and type(t.get("shard")) is int

@@ -128,6 +128,23 @@ def test_a_copy_reads_and_writes_no_shard_named_outside_the_checkpoint(tmp_path:
     assert not target.exists() or not any(target.iterdir())
 
 
+def test_a_copy_refuses_a_manifest_that_names_a_shard_twice(tmp_path: Path):
+    """A save names each shard once; a manifest edited to list one twice (two sizes for one file) is
+    refused as malformed before anything is written, with ckptbench's error, not a ValueError of the
+    engine after the file was created."""
+    from ckptbench.errors import NotACheckpointError
+
+    source = tmp_path / "local" / "step-00000001"
+    ckptbench.save({"w": torch.arange(256, dtype=torch.float32)}, source)
+    document = json.loads((source / "manifest.json").read_text())
+    document["shards"].append(dict(document["shards"][0]))
+    (source / "manifest.json").write_text(json.dumps(document))
+    target = tmp_path / "remote" / "step-00000001"
+    with pytest.raises(NotACheckpointError, match="named twice"):
+        copy_checkpoint(LocalStore(source), LocalStore(target), step=1, threads=2, block_size=1 << 20, direct=False)
+    assert not target.exists() or not any(target.iterdir())
+
+
 def test_local_saves_go_on_while_the_remote_tier_is_unreachable(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(knobs, "DRAIN_RETRY_S", 0.2)
     mount = tmp_path / "mount"
