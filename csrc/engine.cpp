@@ -68,9 +68,12 @@ UniqueFd open_file(const std::string &path, int flags, mode_t mode = 0) {
 
 // A new open file description of what the caller's descriptor `fd` holds, for writing, with `extra` flags
 // (O_DIRECT needs a description of its own): through /proc/self/fd, so the file is the one the caller
-// opened and checked, whatever its name now names. Checked to be that file.
+// opened and checked, whatever its name now names. Checked to be that file. A failure (too many open
+// files, O_DIRECT refused) names the file by `path`, not by the link it was reopened through.
 UniqueFd reopen_for_writing(int fd, int extra, const std::string &path) {
-    UniqueFd reopened = open_file("/proc/self/fd/" + std::to_string(fd), O_WRONLY | O_CLOEXEC | extra);
+    std::string link = "/proc/self/fd/" + std::to_string(fd);
+    UniqueFd reopened(retry_eintr([&] { return ::open(link.c_str(), O_WRONLY | O_CLOEXEC | extra); }));
+    if (!reopened) throw IoError(errno, "open", path);
     struct stat given {}, got {};
     if (::fstat(fd, &given) != 0 || ::fstat(reopened.get(), &got) != 0) throw IoError(errno, "fstat", path);
     if (given.st_dev != got.st_dev || given.st_ino != got.st_ino || !S_ISREG(got.st_mode))

@@ -2,7 +2,8 @@
 
 The saver opens each shard (``safeio``) and the engine writes it through reopenings of that descriptor
 (``/proc/self/fd``): one for the O_DIRECT head, one for a buffered tail, while the first stays open. The
-soft limit is raised (up to the hard one) for all of them.
+soft limit is raised (up to the hard one) for all of them; where the hard limit is too low, the error
+names the shard that could not be opened, not a descriptor number.
 
 Each case runs in a child process, whose limits it lowers.
 """
@@ -59,3 +60,15 @@ def test_a_save_of_more_files_than_the_soft_limit_leaves_room_for_the_engine_s_r
     assert len([name for name in outcome["files"] if name.startswith("shard-")]) == FILES
     assert "manifest.json" in outcome["files"]
 
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
+def test_a_save_past_the_hard_limit_names_the_shard_it_could_not_open(tmp_path: Path):
+    """The hard limit leaves room for the shards but not for the engine's reopenings: the save fails
+    naming a shard of the checkpoint (not ``ckpt/57``, the number of a descriptor) and leaves none."""
+    where = tmp_path / "ckpt"
+    outcome = _save_under_limit(where, margin=40, keep_hard=False)
+    assert outcome.get("error") == "StorageIOError", outcome
+    assert "Too many open files" in outcome["message"]
+    assert f"{where}/shard-" in outcome["message"], outcome["message"]
+    assert "/proc/" not in outcome["message"]
+    assert not where.exists() or not [p.name for p in where.iterdir() if p.name.startswith("shard-")]
