@@ -90,6 +90,12 @@ def _through(fds: list[int]) -> list[int]:
 _ENGINE_OPENS_PER_FILE = 2
 
 
+def _fallback_named(reason: str, directory: safeio.Directory, path: Path) -> str | None:
+    """The engine's reason for not using O_DIRECT (None: it did), with the directory named by ``path``, the
+    one the user gave, instead of the /proc/PID/fd path the engine reached it by (gone with the process)."""
+    return reason.replace(directory.path_of(), str(path)) if reason else None
+
+
 def _engine_result(result: native.IoResult) -> native.IoResult:
     """``result``, kept by every :func:`engine_calls` block open."""
     if _engine_calls:
@@ -306,8 +312,9 @@ class PieceWriter:
     """Files of a :class:`LocalStore` open for writing, written piece by piece by the engine (no sync per
     piece); :meth:`finish` makes them durable. From ``LocalStore.pieces``."""
 
-    def __init__(self, directory: safeio.Directory, fds: dict[str, int]) -> None:
+    def __init__(self, directory: safeio.Directory, fds: dict[str, int], path: Path) -> None:
         self._directory = directory
+        self._path = path
         self._fds = fds
         self._direct: bool | None = None
         self._fallback: str | None = None
@@ -325,7 +332,7 @@ class PieceWriter:
                                              sync="none", sync_dir=False, preallocate=True,
                                              fds=_through([self._fds[name] for name in named])))
         self._direct = result.direct_used if self._direct is None else self._direct and result.direct_used
-        self._fallback = self._fallback or result.fallback_reason or None
+        self._fallback = self._fallback or _fallback_named(result.fallback_reason, self._directory, self._path)
         return result
 
     def finish(self) -> WriteReport:
@@ -459,7 +466,7 @@ class LocalStore(Store):
         except safeio.UnsafeFileError:
             self.remove([name for name, _ in files])
             raise
-        return WriteReport(result.direct_used, result.sync, result.fallback_reason or None)
+        return WriteReport(result.direct_used, result.sync, _fallback_named(result.fallback_reason, directory, self.path))
 
     writes_gathered = True
 
@@ -505,7 +512,7 @@ class LocalStore(Store):
         block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
         writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
         with self._new_files(names, reopened=_ENGINE_OPENS_PER_FILE) as (directory, fds):
-            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
+            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)), self.path)
             yield writer
             writer.finish()
             self._await_entries()

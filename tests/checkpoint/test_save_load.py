@@ -551,3 +551,16 @@ def test_only_empty_tensors_and_values(tmp_path):
     ckptbench.save({"step": 3, "e": torch.empty(0, 4)}, tmp_path / "c")
     out = ckptbench.load(tmp_path / "c")
     assert out["step"] == 3 and out["e"].shape == (0, 4)
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["ring", "arena"])
+def test_a_fallback_from_o_direct_names_the_checkpoint_directory(mount_fs, async_: bool):
+    """ramfs has no O_DIRECT: the save writes buffered and its reason names the directory the user gave,
+    not the /proc/PID/fd path the engine reached it by (gone once the process ends)."""
+    where = mount_fs("ramfs") / "ckpt"
+    with Checkpointer(direct=True, threads=2, block_size=1 << 20) as ckpt:
+        result = ckpt.save({"w": torch.arange(300_000, dtype=torch.float32)}, where, async_=async_)
+        result = result.result() if async_ else result
+    assert result.direct is False
+    assert result.direct_fallback_reason and str(where) in result.direct_fallback_reason
+    assert "/proc/" not in result.direct_fallback_reason
