@@ -32,6 +32,27 @@ def test_manager_on_s3(s3_server, s3_bucket):
     assert not any(k.endswith(".ckptbench.lock") for k in keys)
 
 
+@pytest.mark.parametrize("root", ["run//a", "/run"])
+def test_retention_under_a_prefix_with_empty_segments_keeps_to_its_own_keys(s3_server, s3_bucket, root):
+    """A root whose prefix has empty segments (``run//a``, ``/run``) is its keys as written: its steps are
+    listed and retired there, and the steps under the prefix it would collapse to (``run/a``, ``run``), which
+    are another location's, are neither listed nor removed."""
+    options = s3_server.options()
+    client = s3_server.client()
+    other = root.strip("/").replace("//", "/")
+    foreign = [f"{other}/step-00000001/manifest.json", f"{other}/step-00000001/shard-0123abcd-00000.bin"]
+    for key in foreign:
+        client.put_object(Bucket=s3_bucket, Key=key, Body=b"{}")
+    with ckptbench.CheckpointManager(f"s3://{s3_bucket}/{root}", keep_last=1, storage_options=options) as manager:
+        for step in (2, 3):
+            manager.save(step, {"w": torch.full((4096,), float(step))})
+        assert manager.steps() == [3]
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket).get("Contents", []))
+    ours = [k for k in keys if k not in foreign]
+    assert ours and all(k.startswith(f"{root}/step-00000003/") for k in ours), keys
+    assert set(foreign) <= set(keys)
+
+
 def test_a_remote_tier_on_s3_serves_the_steps_the_local_one_lost(s3_server, s3_bucket, tmp_path):
     import shutil
 
