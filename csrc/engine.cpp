@@ -66,6 +66,16 @@ UniqueFd open_file(const std::string &path, int flags, mode_t mode = 0) {
     return fd;
 }
 
+// Checks that the caller's descriptor `fd` for the file `path` is open for writing, without O_APPEND nor
+// any of the `refused` flags (O_DIRECT where the file is written through that very descriptor).
+void check_given_fd(int fd, int refused, const std::string &path) {
+    int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) throw IoError(errno, "fcntl", path);
+    if ((flags & O_ACCMODE) == O_RDONLY || (flags & (O_APPEND | refused)))
+        throw std::invalid_argument("the descriptor given for " + path + " must be open for writing, without O_APPEND" +
+                                    (refused & O_DIRECT ? " or O_DIRECT" : ""));
+}
+
 // A new open file description of what the caller's descriptor `fd` holds, for writing, with `extra` flags
 // (O_DIRECT needs a description of its own): through /proc/self/fd, so the file is the one the caller
 // opened and checked, whatever its name now names. Checked to be that file. A failure (too many open
@@ -373,13 +383,7 @@ IoResult run_jobs(Kind kind, const std::vector<Job> &jobs, const IoOptions &opts
         if (opts.fds.size() != files.size())
             throw std::invalid_argument(std::to_string(opts.fds.size()) + " descriptors given for " +
                                         std::to_string(files.size()) + " files: one per file, as the jobs first name them");
-        for (std::size_t i = 0; i < files.size(); ++i) {
-            int flags = ::fcntl(opts.fds[i], F_GETFL);
-            if (flags < 0) throw IoError(errno, "fcntl", files[i]->path);
-            if ((flags & O_ACCMODE) == O_RDONLY || (flags & O_APPEND))
-                throw std::invalid_argument("the descriptor given for " + files[i]->path +
-                                            " must be open for writing, without O_APPEND");
-        }
+        for (std::size_t i = 0; i < files.size(); ++i) check_given_fd(opts.fds[i], 0, files[i]->path);
     }
 
     bool direct = opts.direct;
@@ -588,13 +592,7 @@ IoResult write_gathered(const std::vector<GatherFile> &gathered, const std::vect
             if (seg.nbytes && seg.src == nullptr) throw std::invalid_argument("a segment's source address is null");
             end = seg.offset + seg.nbytes;
         }
-        if (g.fd >= 0) {
-            int flags = ::fcntl(g.fd, F_GETFL);
-            if (flags < 0) throw IoError(errno, "fcntl", g.path);
-            if ((flags & O_ACCMODE) == O_RDONLY || (flags & (O_APPEND | O_DIRECT)))
-                throw std::invalid_argument("the descriptor given for " + g.path +
-                                            " must be open for writing, without O_APPEND or O_DIRECT");
-        }
+        if (g.fd >= 0) check_given_fd(g.fd, O_DIRECT, g.path);
         files.push_back(std::make_unique<FileState>());
         files.back()->path = g.path;
         std::string dir = parent_dir(g.path);

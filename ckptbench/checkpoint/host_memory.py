@@ -59,6 +59,12 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _count(path: str) -> int | None:
+    """The whole number a sysfs file holds, None when it cannot be read or holds something else."""
+    text = _read(path)
+    return int(text) if text is not None and text.isdigit() else None
+
+
 def proactive_reclaim(damon: str = "/sys/kernel/mm/damon/admin/kdamonds",
                       module: str = "/sys/module/damon_reclaim/parameters") -> float | None:
     """The seconds after which this host's kernel pages out memory left unaccessed (DAMON running a
@@ -67,9 +73,9 @@ def proactive_reclaim(damon: str = "/sys/kernel/mm/damon/admin/kdamonds",
     that has nothing to do with the storage measured."""
     found: list[float] = []
     if _read(os.path.join(module, "enabled")) in ("Y", "1"):
-        min_age_us = _read(os.path.join(module, "min_age"))
-        if min_age_us is not None and min_age_us.isdigit():
-            found.append(int(min_age_us) / 1e6)
+        min_age_us = _count(os.path.join(module, "min_age"))
+        if min_age_us is not None:
+            found.append(min_age_us / 1e6)
     try:
         kdamonds = [k for k in os.listdir(damon) if k.isdigit()]
     except OSError:
@@ -79,14 +85,13 @@ def proactive_reclaim(damon: str = "/sys/kernel/mm/damon/admin/kdamonds",
             continue
         contexts = os.path.join(damon, kdamond, "contexts")
         for context in _numbered(contexts):
-            aggr_us = _read(os.path.join(contexts, context, "monitoring_attrs", "intervals", "aggr_us"))
+            aggr_us = _count(os.path.join(contexts, context, "monitoring_attrs", "intervals", "aggr_us"))
             schemes = os.path.join(contexts, context, "schemes")
             for scheme in _numbered(schemes):
                 if _read(os.path.join(schemes, scheme, "action")) != "pageout":
                     continue
-                age = _read(os.path.join(schemes, scheme, "access_pattern", "age", "min"))
-                ok = aggr_us is not None and aggr_us.isdigit() and age is not None and age.isdigit()
-                found.append(int(age) * int(aggr_us) / 1e6 if ok else 0.0)  # type: ignore[union-attr]
+                age = _count(os.path.join(schemes, scheme, "access_pattern", "age", "min"))
+                found.append(age * aggr_us / 1e6 if age is not None and aggr_us is not None else 0.0)
     return min(found) if found else None
 
 
@@ -95,4 +100,3 @@ def _numbered(directory: str) -> list[str]:
         return sorted((n for n in os.listdir(directory) if n.isdigit()), key=int)
     except OSError:
         return []
-

@@ -90,10 +90,10 @@ def _through(fds: list[int]) -> list[int]:
 _ENGINE_OPENS_PER_FILE = 2
 
 
-def _fallback_named(reason: str, directory: safeio.Directory, path: Path) -> str | None:
-    """The engine's reason for not using O_DIRECT (None: it did), with the directory named by ``path``, the
-    one the user gave, instead of the /proc/PID/fd path the engine reached it by (gone with the process)."""
-    return reason.replace(directory.path_of(), str(path)) if reason else None
+def _fallback_named(reason: str, directory: safeio.Directory) -> str | None:
+    """The engine's reason for not using O_DIRECT (None: it did), with the directory named as the user gave
+    it instead of the /proc/PID/fd path the engine reached it by (gone with the process)."""
+    return reason.replace(directory.path_of(), directory.shown) if reason else None
 
 
 def _engine_result(result: native.IoResult) -> native.IoResult:
@@ -312,9 +312,8 @@ class PieceWriter:
     """Files of a :class:`LocalStore` open for writing, written piece by piece by the engine (no sync per
     piece); :meth:`finish` makes them durable. From ``LocalStore.pieces``."""
 
-    def __init__(self, directory: safeio.Directory, fds: dict[str, int], path: Path) -> None:
+    def __init__(self, directory: safeio.Directory, fds: dict[str, int]) -> None:
         self._directory = directory
-        self._path = path
         self._fds = fds
         self._direct: bool | None = None
         self._fallback: str | None = None
@@ -332,7 +331,7 @@ class PieceWriter:
                                              sync="none", sync_dir=False, preallocate=True,
                                              fds=_through([self._fds[name] for name in named])))
         self._direct = result.direct_used if self._direct is None else self._direct and result.direct_used
-        self._fallback = self._fallback or _fallback_named(result.fallback_reason, self._directory, self._path)
+        self._fallback = self._fallback or _fallback_named(result.fallback_reason, self._directory)
         return result
 
     def finish(self) -> WriteReport:
@@ -466,7 +465,7 @@ class LocalStore(Store):
         except safeio.UnsafeFileError:
             self.remove([name for name, _ in files])
             raise
-        return WriteReport(result.direct_used, result.sync, _fallback_named(result.fallback_reason, directory, self.path))
+        return WriteReport(result.direct_used, result.sync, _fallback_named(result.fallback_reason, directory))
 
     writes_gathered = True
 
@@ -512,7 +511,7 @@ class LocalStore(Store):
         block writes them piece by piece; fdatasynced and the directory fsynced when it ends (the
         writer's ``report`` says how), all removed when it raises (an OSError names the file)."""
         with self._new_files(names, reopened=_ENGINE_OPENS_PER_FILE) as (directory, fds):
-            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)), self.path)
+            writer = PieceWriter(directory, dict(zip(names, fds, strict=True)))
             yield writer
             writer.finish()
             self._await_entries()

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckptbench.units import parse_size
+
 WRITERS = ("ckptbench", "ckptbench-prefault", "dcp")
 
 _CHILD = r"""
@@ -60,12 +62,6 @@ print(json.dumps(out))
 """
 
 
-def _parse_size(text: str) -> int:
-    from ckptbench.units import parse_size
-
-    return parse_size(text)
-
-
 def run_one(writer: str, directory: Path, nbytes: int) -> list[tuple[float, float]]:
     env = {**os.environ, "CKPTBENCH_LOG_PROGRESS": "0", "CKPTBENCH_TUNE": "0",
            "CKPTBENCH_ARENA_PREFAULT": "1" if writer == "ckptbench-prefault" else "0"}
@@ -88,7 +84,7 @@ def main() -> None:
     parser.add_argument("--writers", nargs="+", default=list(WRITERS), choices=WRITERS)
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
-    nbytes = _parse_size(args.size)
+    nbytes = parse_size(args.size)
     runs: dict[str, list[dict]] = {w: [] for w in args.writers}
     for round_ in range(args.rounds):
         order = args.writers[round_ % len(args.writers):] + args.writers[:round_ % len(args.writers)]
